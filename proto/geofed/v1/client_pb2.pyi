@@ -1,0 +1,96 @@
+from geofed.v1 import geo_pb2 as _geo_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ConnectRequest(_message.Message):
+    __slots__ = ("client", "location")
+    CLIENT_FIELD_NUMBER: _ClassVar[int]
+    LOCATION_FIELD_NUMBER: _ClassVar[int]
+    client: str
+    location: _geo_pb2.LatLon
+    def __init__(self, client: _Optional[str] = ..., location: _Optional[_Union[_geo_pb2.LatLon, _Mapping]] = ...) -> None: ...
+
+class Redirect(_message.Message):
+    __slots__ = ("broker_id", "endpoint")
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    broker_id: str
+    endpoint: str
+    def __init__(self, broker_id: _Optional[str] = ..., endpoint: _Optional[str] = ...) -> None: ...
+
+class ConnectResponse(_message.Message):
+    __slots__ = ("broker_id", "accepted", "redirect")
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    REDIRECT_FIELD_NUMBER: _ClassVar[int]
+    broker_id: str
+    accepted: bool
+    redirect: Redirect
+    def __init__(self, broker_id: _Optional[str] = ..., accepted: _Optional[bool] = ..., redirect: _Optional[_Union[Redirect, _Mapping]] = ...) -> None: ...
+
+class UpdateLocationRequest(_message.Message):
+    __slots__ = ("client", "location")
+    CLIENT_FIELD_NUMBER: _ClassVar[int]
+    LOCATION_FIELD_NUMBER: _ClassVar[int]
+    client: str
+    location: _geo_pb2.LatLon
+    def __init__(self, client: _Optional[str] = ..., location: _Optional[_Union[_geo_pb2.LatLon, _Mapping]] = ...) -> None: ...
+
+class SubscribeRequest(_message.Message):
+    __slots__ = ("client", "subscription")
+    CLIENT_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    client: str
+    subscription: _geo_pb2.Subscription
+    def __init__(self, client: _Optional[str] = ..., subscription: _Optional[_Union[_geo_pb2.Subscription, _Mapping]] = ...) -> None: ...
+
+class Delivery(_message.Message):
+    __slots__ = ("subscription_id", "event", "deliver_time")
+    SUBSCRIPTION_ID_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    DELIVER_TIME_FIELD_NUMBER: _ClassVar[int]
+    subscription_id: str
+    event: _geo_pb2.Event
+    deliver_time: float
+    def __init__(self, subscription_id: _Optional[str] = ..., event: _Optional[_Union[_geo_pb2.Event, _Mapping]] = ..., deliver_time: _Optional[float] = ...) -> None: ...
+
+class UnsubscribeRequest(_message.Message):
+    __slots__ = ("client", "subscription_id")
+    CLIENT_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_ID_FIELD_NUMBER: _ClassVar[int]
+    client: str
+    subscription_id: str
+    def __init__(self, client: _Optional[str] = ..., subscription_id: _Optional[str] = ...) -> None: ...
+
+class UnsubscribeResponse(_message.Message):
+    __slots__ = ("existed",)
+    EXISTED_FIELD_NUMBER: _ClassVar[int]
+    existed: bool
+    def __init__(self, existed: _Optional[bool] = ...) -> None: ...
+
+class PublishRequest(_message.Message):
+    __slots__ = ("client", "event")
+    CLIENT_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    client: str
+    event: _geo_pb2.Event
+    def __init__(self, client: _Optional[str] = ..., event: _Optional[_Union[_geo_pb2.Event, _Mapping]] = ...) -> None: ...
+
+class PublishResponse(_message.Message):
+    __slots__ = ("event_id",)
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    event_id: str
+    def __init__(self, event_id: _Optional[str] = ...) -> None: ...
+
+class PublishBatchResponse(_message.Message):
+    __slots__ = ("accepted", "event_ids")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    EVENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    accepted: int
+    event_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, accepted: _Optional[int] = ..., event_ids: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -1,0 +1,80 @@
+from geofed.v1 import geo_pb2 as _geo_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Hello(_message.Message):
+    __slots__ = ("broker_id", "strategy", "federation_digest", "protocol_version", "epoch")
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    FEDERATION_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    broker_id: str
+    strategy: str
+    federation_digest: str
+    protocol_version: int
+    epoch: int
+    def __init__(self, broker_id: _Optional[str] = ..., strategy: _Optional[str] = ..., federation_digest: _Optional[str] = ..., protocol_version: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class RemoteSubscription(_message.Message):
+    __slots__ = ("subscription", "home")
+    SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    HOME_FIELD_NUMBER: _ClassVar[int]
+    subscription: _geo_pb2.Subscription
+    home: str
+    def __init__(self, subscription: _Optional[_Union[_geo_pb2.Subscription, _Mapping]] = ..., home: _Optional[str] = ...) -> None: ...
+
+class Unsubscription(_message.Message):
+    __slots__ = ("subscription_id", "home")
+    SUBSCRIPTION_ID_FIELD_NUMBER: _ClassVar[int]
+    HOME_FIELD_NUMBER: _ClassVar[int]
+    subscription_id: str
+    home: str
+    def __init__(self, subscription_id: _Optional[str] = ..., home: _Optional[str] = ...) -> None: ...
+
+class EventDelivery(_message.Message):
+    __slots__ = ("event", "subscription_ids")
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_IDS_FIELD_NUMBER: _ClassVar[int]
+    event: _geo_pb2.Event
+    subscription_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, event: _Optional[_Union[_geo_pb2.Event, _Mapping]] = ..., subscription_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SubscriptionSnapshot(_message.Message):
+    __slots__ = ("subscriptions",)
+    SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
+    subscriptions: _containers.RepeatedCompositeFieldContainer[RemoteSubscription]
+    def __init__(self, subscriptions: _Optional[_Iterable[_Union[RemoteSubscription, _Mapping]]] = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("seq",)
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    def __init__(self, seq: _Optional[int] = ...) -> None: ...
+
+class Frame(_message.Message):
+    __slots__ = ("seq", "hello", "ack", "events", "subscribes", "unsubscribes", "deliveries", "snapshot", "refuse_reason")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBES_FIELD_NUMBER: _ClassVar[int]
+    UNSUBSCRIBES_FIELD_NUMBER: _ClassVar[int]
+    DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    REFUSE_REASON_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    hello: Hello
+    ack: Ack
+    events: _containers.RepeatedCompositeFieldContainer[_geo_pb2.Event]
+    subscribes: _containers.RepeatedCompositeFieldContainer[RemoteSubscription]
+    unsubscribes: _containers.RepeatedCompositeFieldContainer[Unsubscription]
+    deliveries: _containers.RepeatedCompositeFieldContainer[EventDelivery]
+    snapshot: SubscriptionSnapshot
+    refuse_reason: str
+    def __init__(self, seq: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_geo_pb2.Event, _Mapping]]] = ..., subscribes: _Optional[_Iterable[_Union[RemoteSubscription, _Mapping]]] = ..., unsubscribes: _Optional[_Iterable[_Union[Unsubscription, _Mapping]]] = ..., deliveries: _Optional[_Iterable[_Union[EventDelivery, _Mapping]]] = ..., snapshot: _Optional[_Union[SubscriptionSnapshot, _Mapping]] = ..., refuse_reason: _Optional[str] = ...) -> None: ...
