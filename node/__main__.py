@@ -1,0 +1,5 @@
+import sys
+
+from geofed.node.cli import main
+
+sys.exit(main())

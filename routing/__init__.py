@@ -1,0 +1,102 @@
+"""geofed routing core: pure, synchronous geo-context routing logic.
+
+Geometry, broker areas, topic filters, the match predicate, the subscription
+index, the four routing strategies with their cost model, the broker state
+machine and an in-memory federation simulator. No network, no clocks.
+"""
+
+# AREAGEN from ._areagen import Site, generate_areas, read_sites
+from ._broker import (
+    BrokerCore,
+    Delivery,
+    DeliveryMsg,
+    EventMsg,
+    Kind,
+    Moved,
+    Outcome,
+    PeerMessage,
+    Send,
+    SubscribeMsg,
+    UnsubscribeMsg,
+)
+from ._cost import CostReport, predict
+from ._errors import FederationMismatch, GeofedError, InvalidInput, NotFound, TooLarge, WrongBroker
+from ._federation import Broker, Federation
+from ._geometry import (
+    DEFAULT_MAX_VERTICES,
+    Geofence,
+    LatLon,
+    circle,
+    covers,
+    great_circle_m,
+    latlon,
+    parse_geofence,
+    parse_geojson,
+    parse_wkt,
+)
+from ._index import SubscriptionIndex
+from ._model import Event, Subscription, make_event, make_subscription, matches, validate_id
+from ._oracle import reference_deliveries, reference_topic_match
+from ._simulate import SimResult, Simulator, simulate
+from ._strategies import STRATEGIES, Strategy, strategy_for
+from ._topics import topic_matches, validate_filter, validate_topic
+from ._trace import TraceOp, op_to_record, parse_op, read_trace
+
+__all__ = [
+    "DEFAULT_MAX_VERTICES",
+    "STRATEGIES",
+    "Broker",
+    "BrokerCore",
+    "CostReport",
+    "Delivery",
+    "DeliveryMsg",
+    "Event",
+    "EventMsg",
+    "Federation",
+    "FederationMismatch",
+    "Geofence",
+    "GeofedError",
+    "InvalidInput",
+    "Kind",
+    "LatLon",
+    "Moved",
+    "NotFound",
+    "Outcome",
+    "PeerMessage",
+    "Send",
+    "SimResult",
+    "Simulator",
+    "Site",
+    "Strategy",
+    "SubscribeMsg",
+    "Subscription",
+    "SubscriptionIndex",
+    "TooLarge",
+    "TraceOp",
+    "UnsubscribeMsg",
+    "WrongBroker",
+    "circle",
+    "covers",
+    "generate_areas",
+    "great_circle_m",
+    "latlon",
+    "make_event",
+    "make_subscription",
+    "matches",
+    "op_to_record",
+    "parse_geofence",
+    "parse_geojson",
+    "parse_op",
+    "parse_wkt",
+    "predict",
+    "read_sites",
+    "read_trace",
+    "reference_deliveries",
+    "reference_topic_match",
+    "simulate",
+    "strategy_for",
+    "topic_matches",
+    "validate_filter",
+    "validate_id",
+    "validate_topic",
+]

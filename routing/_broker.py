@@ -1,0 +1,286 @@
+"""The broker's routing state machine: pure, synchronous, no I/O.
+
+`BrokerCore` holds what one broker knows (client sessions, local and remote
+subscriptions) and turns client actions and peer messages into local
+deliveries and messages for other brokers. The node drives it from gRPC; the
+simulator drives N of them over in-memory queues. Both therefore send exactly
+the same messages for the same inputs.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from ._errors import InvalidInput, NotFound, WrongBroker
+from ._federation import Federation
+from ._geometry import LatLon, covers
+from ._index import SubscriptionIndex
+from ._model import Event, Subscription
+from ._strategies import Strategy
+
+
+class Kind(StrEnum):
+    """Kinds of inter-broker messages (metric label ``kind``)."""
+
+    EVENT = "event"
+    SUBSCRIBE = "subscribe"
+    UNSUBSCRIBE = "unsubscribe"
+    DELIVERY = "delivery"
+    CONTROL = "control"
+
+
+@dataclass(frozen=True, slots=True)
+class EventMsg:
+    """An event forwarded for matching at the receiving broker."""
+
+    event: Event
+    kind = Kind.EVENT
+
+
+@dataclass(frozen=True, slots=True)
+class SubscribeMsg:
+    """A subscription (or its new version) made at broker `home`."""
+
+    sub: Subscription
+    home: str
+    kind = Kind.SUBSCRIBE
+
+
+@dataclass(frozen=True, slots=True)
+class UnsubscribeMsg:
+    """Withdrawal of a subscription made at broker `home`."""
+
+    sub_id: str
+    home: str
+    kind = Kind.UNSUBSCRIBE
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryMsg:
+    """An event matched at the publisher's broker, for these subscriptions."""
+
+    event: Event
+    sub_ids: tuple[str, ...]
+    kind = Kind.DELIVERY
+
+
+PeerMessage = EventMsg | SubscribeMsg | UnsubscribeMsg | DeliveryMsg
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """One logical message to one destination broker."""
+
+    dst: str
+    msg: PeerMessage
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """An event handed to a local subscriber."""
+
+    event: Event
+    subscription: str
+    client: str
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What a step produced: deliveries here and messages to other brokers."""
+
+    deliveries: list[Delivery] = field(default_factory=list)
+    sends: list[Send] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Moved:
+    """Result of a location update.
+
+    Attributes:
+        redirect: the responsible broker's id if the client left this area.
+        sends: messages withdrawing the client's subscriptions (on redirect).
+        dropped: the subscriptions the client must renew at `redirect`.
+    """
+
+    redirect: str | None = None
+    sends: list[Send] = field(default_factory=list)
+    dropped: list[Subscription] = field(default_factory=list)
+
+
+class BrokerCore:
+    """Routing state of broker `broker_id` under `strategy`."""
+
+    def __init__(self, broker_id: str, federation: Federation, strategy: Strategy) -> None:
+        federation.broker(broker_id)  # raises NotFound for an unknown id
+        self.id = broker_id
+        self.federation = federation
+        self.strategy = strategy
+        self.sessions: dict[str, LatLon] = {}
+        self.local = SubscriptionIndex()
+        self.remote = SubscriptionIndex()
+        self._remote_home: dict[str, str] = {}
+        self._client_subs: dict[str, dict[str, Subscription]] = defaultdict(dict)
+
+    # -- client side -----------------------------------------------------
+
+    def connect(self, client: str, location: LatLon) -> str | None:
+        """Open or refresh a session; return the responsible broker if not this one."""
+        owner = self.federation.responsible(location)
+        if owner != self.id:
+            return owner
+        self.sessions[client] = location
+        return None
+
+    def update_location(self, client: str, location: LatLon) -> Moved:
+        """Record a client's new location; redirect it if it left this area.
+
+        Location updates never cross regions. When the client leaves, its
+        session ends here and its subscriptions are withdrawn (they follow
+        their own path), to be renewed at the responsible broker.
+        """
+        self._session(client)
+        owner = self.federation.responsible(location)
+        if owner == self.id:
+            self.sessions[client] = location
+            return Moved()
+        moved = Moved(redirect=owner)
+        for sub in list(self._client_subs.get(client, {}).values()):
+            moved.sends.extend(self.unsubscribe(client, sub.id))
+            moved.dropped.append(sub)
+        self.disconnect(client)
+        return moved
+
+    def disconnect(self, client: str) -> list[Send]:
+        """End a session and withdraw its remaining subscriptions."""
+        sends: list[Send] = []
+        for sub_id in list(self._client_subs.get(client, {})):
+            sends.extend(self.unsubscribe(client, sub_id))
+        self._client_subs.pop(client, None)
+        self.sessions.pop(client, None)
+        return sends
+
+    def subscribe(self, sub: Subscription) -> list[Send]:
+        """Add or change a local subscription; return the messages it causes.
+
+        A subscription id is federation-wide; here it must not belong to
+        another client. Changing a geofence sends the new version along its
+        new path and withdraws it where the new path no longer goes.
+        """
+        self._session(sub.client)
+        old = self.local.get(sub.id)
+        if old is not None and old.client != sub.client:
+            raise InvalidInput("subscription.id", f"{sub.id!r} is used by another client")
+        self.local.add(sub)
+        self._client_subs[sub.client][sub.id] = sub
+        targets = self.strategy.subscription_targets(self.id, sub.geofence)
+        sends = [Send(dst, SubscribeMsg(sub, self.id)) for dst in sorted(targets)]
+        if old is not None:
+            gone = self.strategy.subscription_targets(self.id, old.geofence) - targets
+            sends.extend(Send(dst, UnsubscribeMsg(sub.id, self.id)) for dst in sorted(gone))
+        return sends
+
+    def unsubscribe(self, client: str, sub_id: str) -> list[Send]:
+        """Remove a client's subscription; return the withdrawal messages.
+
+        Raises:
+            NotFound: if the client has no subscription with that id.
+        """
+        sub = self._client_subs.get(client, {}).get(sub_id)
+        if sub is None:
+            raise NotFound("subscription", sub_id)
+        del self._client_subs[client][sub_id]
+        self.local.remove(sub_id)
+        targets = self.strategy.subscription_targets(self.id, sub.geofence)
+        return [Send(dst, UnsubscribeMsg(sub_id, self.id)) for dst in sorted(targets)]
+
+    def publish(self, event: Event) -> Outcome:
+        """Match an event published here and route it on.
+
+        Raises:
+            WrongBroker: if another broker is responsible for the publisher's
+                location (the client must publish there).
+        """
+        owner = self.federation.responsible(event.location)
+        if owner != self.id:
+            broker = self.federation.broker(owner)
+            raise WrongBroker("event.publisher", owner, broker.client_endpoint)
+        out = Outcome(deliveries=self._match_local(event))
+        if self.strategy.matches_at_publisher:
+            by_home: dict[str, list[str]] = defaultdict(list)
+            for sub in self.remote.match(event.topic, event.location):
+                by_home[self._remote_home[sub.id]].append(sub.id)
+            for dst in sorted(self.strategy.delivery_targets(self.id, event.geofence, by_home)):
+                out.sends.append(Send(dst, DeliveryMsg(event, tuple(sorted(by_home[dst])))))
+        else:
+            for dst in sorted(self.strategy.event_targets(self.id, event.geofence)):
+                out.sends.append(Send(dst, EventMsg(event)))
+        return out
+
+    # -- peer side -------------------------------------------------------
+
+    def on_message(self, src: str, msg: PeerMessage) -> Outcome:
+        """Apply a message from broker `src`."""
+        if isinstance(msg, EventMsg):
+            return Outcome(deliveries=self._match_local(msg.event))
+        if isinstance(msg, DeliveryMsg):
+            return Outcome(deliveries=self._deliver(msg))
+        if isinstance(msg, SubscribeMsg):
+            self.remote.add(msg.sub)
+            self._remote_home[msg.sub.id] = msg.home
+        elif isinstance(msg, UnsubscribeMsg):
+            # A newer version from another home (the subscriber moved) stays.
+            if self._remote_home.get(msg.sub_id) == msg.home:
+                self.remote.remove(msg.sub_id)
+                del self._remote_home[msg.sub_id]
+        return Outcome()
+
+    def snapshot_for(self, peer: str) -> list[SubscribeMsg]:
+        """Every local subscription `peer` must hold: re-sent after a reconnect."""
+        return [
+            SubscribeMsg(sub, self.id)
+            for sub in self.local
+            if peer in self.strategy.subscription_targets(self.id, sub.geofence)
+        ]
+
+    def replace_remote(self, src: str, snapshot: list[SubscribeMsg]) -> None:
+        """Replace everything held from `src` by its snapshot."""
+        for sub_id, home in list(self._remote_home.items()):
+            if home == src:
+                self.remote.remove(sub_id)
+                del self._remote_home[sub_id]
+        for msg in snapshot:
+            self.on_message(src, msg)
+
+    def remote_home(self, sub_id: str) -> str | None:
+        """The home broker of a remote subscription held here."""
+        return self._remote_home.get(sub_id)
+
+    # -- internals -------------------------------------------------------
+
+    def _session(self, client: str) -> LatLon:
+        try:
+            return self.sessions[client]
+        except KeyError:
+            raise NotFound("client session", client) from None
+
+    def _match_local(self, event: Event) -> list[Delivery]:
+        out: list[Delivery] = []
+        for sub in self.local.match(event.topic, event.location):
+            where = self.sessions.get(sub.client)
+            if where is not None and covers(event.geofence, where):
+                out.append(Delivery(event, sub.id, sub.client))
+        out.sort(key=lambda d: d.subscription)
+        return out
+
+    def _deliver(self, msg: DeliveryMsg) -> list[Delivery]:
+        out: list[Delivery] = []
+        for sub_id in msg.sub_ids:
+            sub = self.local.get(sub_id)
+            if sub is None:
+                continue  # withdrawn while the event was in flight
+            where = self.sessions.get(sub.client)
+            if where is not None and covers(msg.event.geofence, where):
+                out.append(Delivery(msg.event, sub.id, sub.client))
+        return out

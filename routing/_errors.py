@@ -1,0 +1,58 @@
+"""The exception hierarchy shared by every geofed package.
+
+One root (`GeofedError`) so callers can catch everything geofed raises; a few
+subclasses carry the data a caller needs (which field, which limit). The node
+maps them onto gRPC status codes in one place.
+"""
+
+from __future__ import annotations
+
+
+class GeofedError(Exception):
+    """Root of every error geofed raises on purpose."""
+
+
+class InvalidInput(GeofedError, ValueError):
+    """Input rejected; `field` names what was wrong (e.g. ``event.geofence``)."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+    def within(self, prefix: str) -> InvalidInput:
+        """The same error with its field qualified by `prefix` (``prefix.field``)."""
+        return InvalidInput(f"{prefix}.{self.field}" if self.field else prefix, self.reason)
+
+
+class TooLarge(GeofedError):
+    """A payload, batch or geometry exceeds a configured limit."""
+
+    def __init__(self, field: str, size: int, limit: int) -> None:
+        super().__init__(f"{field}: {size} exceeds the limit of {limit}")
+        self.field = field
+        self.size = size
+        self.limit = limit
+
+
+class NotFound(GeofedError):
+    """A referenced subscription, client or broker does not exist."""
+
+    def __init__(self, what: str, key: str) -> None:
+        super().__init__(f"{what} {key!r} not found")
+        self.what = what
+        self.key = key
+
+
+class FederationMismatch(GeofedError):
+    """A peer runs another strategy or another federation file."""
+
+
+class WrongBroker(GeofedError):
+    """This broker is not responsible for a location; `broker_id` is."""
+
+    def __init__(self, field: str, broker_id: str, endpoint: str = "") -> None:
+        super().__init__(f"{field}: location belongs to broker {broker_id!r}")
+        self.field = field
+        self.broker_id = broker_id
+        self.endpoint = endpoint

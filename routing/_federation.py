@@ -1,0 +1,250 @@
+"""The federation file: brokers, their areas, and who is responsible where (DESIGN §2)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import shapely
+from shapely.geometry import Point, box
+from shapely.geometry.base import BaseGeometry
+from shapely.strtree import STRtree
+
+from ._errors import InvalidInput, NotFound
+from ._geometry import Geofence, LatLon, latlon, parse_geojson
+from ._model import validate_id
+
+_WORLD = box(-180.0, -90.0, 180.0, 90.0)
+_GAP_TOLERANCE_SQ_DEG = 1e-9
+_ROUTE_CACHE_SIZE = 4096
+
+
+@dataclass(frozen=True, eq=False)
+class Broker:
+    """One broker of the federation.
+
+    Attributes:
+        id: unique broker id.
+        area: the broker area.
+        endpoint: ``host:port`` of its federation gRPC port ("" for analysis-only use).
+        client_endpoint: ``host:port`` clients connect to ("" if not given).
+        site: where the broker itself is, if given.
+        name: a human-readable name.
+    """
+
+    id: str
+    area: Geofence
+    endpoint: str = ""
+    client_endpoint: str = ""
+    site: LatLon | None = None
+    name: str = ""
+
+
+class Federation:
+    """The brokers of a federation and the geometry questions routing asks.
+
+    Responsibility (DESIGN §2): a location covered by one or more areas belongs
+    to the smallest covering id; a location covered by none to the nearest area
+    (planar distance in degrees, across the antimeridian). If the areas leave
+    such a gap, a geofence that meets the gap is routed to every broker, since
+    any of them may be responsible for a point of it: exact, but not frugal;
+    `geofed areas` produces gap-free federations.
+    """
+
+    def __init__(self, brokers: list[Broker]) -> None:
+        if not brokers:
+            raise InvalidInput("features", "a federation needs at least one broker")
+        self.brokers: tuple[Broker, ...] = tuple(sorted(brokers, key=lambda b: b.id))
+        self.ids: tuple[str, ...] = tuple(b.id for b in self.brokers)
+        self._by_id = {b.id: b for b in self.brokers}
+        part_geoms: list[BaseGeometry] = []
+        self._part_owner: list[int] = []
+        for idx, b in enumerate(self.brokers):
+            for part in b.area.parts:
+                part_geoms.append(part)
+                self._part_owner.append(idx)
+        self._tree = STRtree(part_geoms)
+        union = shapely.union_all([b.area.geometry for b in self.brokers])
+        gap = shapely.difference(_WORLD, union)
+        self.gap: BaseGeometry | None = None
+        if not gap.is_empty and gap.area > _GAP_TOLERANCE_SQ_DEG:
+            shapely.prepare(gap)
+            self.gap = gap
+        self.digest = hashlib.sha256(
+            json.dumps([[b.id, b.area.wkt] for b in self.brokers]).encode()
+        ).hexdigest()
+        self._all = frozenset(self.ids)
+        self._route_cache: OrderedDict[str, frozenset[str]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self.brokers)
+
+    def __iter__(self) -> Iterator[Broker]:
+        return iter(self.brokers)
+
+    def __contains__(self, broker_id: object) -> bool:
+        return broker_id in self._by_id
+
+    def broker(self, broker_id: str) -> Broker:
+        """The broker with this id.
+
+        Raises:
+            NotFound: if no broker has that id.
+        """
+        try:
+            return self._by_id[broker_id]
+        except KeyError:
+            raise NotFound("broker", broker_id) from None
+
+    def responsible(self, location: LatLon) -> str:
+        """Id of the broker responsible for `location` (its local broker)."""
+        owners = self._owners_at(location.lon, location.lat)
+        if abs(location.lon) == 180.0:
+            owners |= self._owners_at(-location.lon, location.lat)
+        if owners:
+            return min(owners)
+        return self._nearest(location)
+
+    def _owners_at(self, lon: float, lat: float) -> set[str]:
+        hits = self._tree.query(Point(lon, lat), predicate="intersects")
+        return {self.brokers[self._part_owner[int(i)]].id for i in hits}
+
+    def _nearest(self, location: LatLon) -> str:
+        best: tuple[float, str] | None = None
+        for shift in (-360.0, 0.0, 360.0):
+            p = Point(location.lon + shift, location.lat)
+            for b in self.brokers:
+                d = float(b.area.geometry.distance(p))
+                if best is None or (d, b.id) < best:
+                    best = (d, b.id)
+        assert best is not None
+        return best[1]
+
+    def brokers_meeting(self, geofence: Geofence | None) -> frozenset[str]:
+        """Ids of the brokers that may be responsible for some point of `geofence`.
+
+        Without a gap these are exactly the brokers whose area intersects it;
+        ``None`` (the whole world) meets every broker.
+        """
+        if geofence is None:
+            return self._all
+        cached = self._route_cache.get(geofence.wkt)
+        if cached is not None:
+            self._route_cache.move_to_end(geofence.wkt)
+            return cached
+        if self.gap is not None and geofence.intersects(self.gap):
+            result = self._all
+        else:
+            hits = self._tree.query(geofence.geometry, predicate="intersects")
+            result = frozenset(self.brokers[self._part_owner[int(i)]].id for i in hits)
+        self._route_cache[geofence.wkt] = result
+        if len(self._route_cache) > _ROUTE_CACHE_SIZE:
+            self._route_cache.popitem(last=False)
+        return result
+
+    def with_endpoints(self, endpoints: Mapping[str, tuple[str, str]]) -> Federation:
+        """A copy whose brokers have the given (peer endpoint, client endpoint)."""
+        return Federation(
+            [
+                Broker(b.id, b.area, *endpoints.get(b.id, (b.endpoint, b.client_endpoint)), b.site, b.name)
+                for b in self.brokers
+            ]
+        )
+
+    def to_geojson(self) -> dict[str, Any]:
+        """The federation as a GeoJSON FeatureCollection (DESIGN §2)."""
+        features = []
+        for b in self.brokers:
+            props: dict[str, Any] = {"id": b.id}
+            if b.name:
+                props["name"] = b.name
+            if b.endpoint:
+                props["endpoint"] = b.endpoint
+            if b.client_endpoint:
+                props["client_endpoint"] = b.client_endpoint
+            if b.site is not None:
+                props["site"] = [b.site.lon, b.site.lat]
+            features.append(
+                {"type": "Feature", "geometry": b.area.geometry.__geo_interface__, "properties": props}
+            )
+        return {"type": "FeatureCollection", "features": features}
+
+    @classmethod
+    def from_geojson(cls, obj: Any, *, source: str = "federation") -> Federation:
+        """Build from a parsed GeoJSON FeatureCollection.
+
+        Raises:
+            InvalidInput: naming the feature and field that is wrong.
+        """
+        if not isinstance(obj, dict) or obj.get("type") != "FeatureCollection":
+            raise InvalidInput(source, "must be a GeoJSON FeatureCollection")
+        features = obj.get("features")
+        if not isinstance(features, list) or not features:
+            raise InvalidInput(f"{source}.features", "must be a non-empty list")
+        brokers: list[Broker] = []
+        seen: set[str] = set()
+        for i, feat in enumerate(features):
+            where = f"{source}.features[{i}]"
+            if not isinstance(feat, dict):
+                raise InvalidInput(where, "must be a Feature object")
+            props = feat.get("properties")
+            if not isinstance(props, dict):
+                raise InvalidInput(f"{where}.properties", "must be an object")
+            bid = validate_id(props.get("id"), f"{where}.properties.id")
+            if bid in seen:
+                raise InvalidInput(f"{where}.properties.id", f"duplicate broker id {bid!r}")
+            seen.add(bid)
+            area = parse_geojson(feat.get("geometry"), f"{where}.geometry", max_vertices=1_000_000)
+            site = props.get("site")
+            site_ll = None
+            if site is not None:
+                if not isinstance(site, list) or len(site) != 2:
+                    raise InvalidInput(f"{where}.properties.site", "must be [lon, lat]")
+                site_ll = latlon(site[1], site[0], f"{where}.properties.site")
+            brokers.append(
+                Broker(
+                    id=bid,
+                    area=area,
+                    endpoint=_endpoint(props.get("endpoint"), f"{where}.properties.endpoint"),
+                    client_endpoint=_endpoint(
+                        props.get("client_endpoint"), f"{where}.properties.client_endpoint"
+                    ),
+                    site=site_ll,
+                    name=str(props.get("name") or ""),
+                )
+            )
+        return cls(brokers)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Federation:
+        """Read a federation file.
+
+        Raises:
+            InvalidInput: naming the file (unreadable, not JSON) or the bad field.
+        """
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise InvalidInput("federation", f"cannot read {p}: {exc.strerror}") from None
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InvalidInput("federation", f"{p} is not JSON: {exc.msg} (line {exc.lineno})") from None
+        return cls.from_geojson(obj, source=f"federation {p.name}")
+
+
+def _endpoint(value: Any, field: str) -> str:
+    if value is None or value == "":
+        return ""
+    if not isinstance(value, str):
+        raise InvalidInput(field, "must be a 'host:port' string")
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidInput(field, f"must be 'host:port', got {value!r}")
+    return value

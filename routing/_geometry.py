@@ -1,0 +1,380 @@
+"""Geometry of geo-context: points, geofences, parsing and the *covers* check.
+
+Everything is in WGS84 longitude/latitude degrees. Polygon edges are straight
+lines in coordinate space (as GeoJSON, RFC 7946, reads them). Circles are
+geodesic: their boundary is densified once, when they are parsed.
+
+Antimeridian: an edge whose longitude span exceeds 180 degrees is read as
+crossing the antimeridian the short way, and such a polygon is cut at ±180 into
+a MultiPolygon (RFC 7946 §3.1.9). Shapes wider than 180 degrees of longitude
+must therefore carry intermediate vertices.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import shapely
+from shapely import affinity
+from shapely.geometry import MultiPolygon, Polygon, box
+from shapely.geometry.base import BaseGeometry
+
+from ._errors import InvalidInput
+
+EARTH_RADIUS_M = 6_371_008.8
+"""Mean Earth radius (IUGG), used for circles and great-circle distances."""
+
+DEFAULT_MAX_VERTICES = 10_000
+"""Default limit on the vertices of one geofence (configurable per node)."""
+
+MAX_CIRCLE_RADIUS_M = 5_000_000.0
+"""Largest accepted circle radius; larger areas should be given as polygons."""
+
+CIRCLE_SEGMENTS = 64
+
+_WORLD_BOX = box(-180.0, -90.0, 180.0, 90.0)
+_SHEETS = (-360.0, 0.0, 360.0)
+
+Ring = list[tuple[float, float]]
+
+
+@dataclass(frozen=True, slots=True)
+class LatLon:
+    """A WGS84 point. Build it with `latlon()` to validate untrusted input."""
+
+    lat: float
+    lon: float
+
+
+def latlon(lat: Any, lon: Any, field: str = "location") -> LatLon:
+    """Validate and build a point.
+
+    Raises:
+        InvalidInput: naming ``field.lat`` / ``field.lon`` when a coordinate is
+            not a finite number or out of range.
+    """
+    lat_f = _finite(lat, f"{field}.lat")
+    lon_f = _finite(lon, f"{field}.lon")
+    if not -90.0 <= lat_f <= 90.0:
+        raise InvalidInput(f"{field}.lat", f"must be within [-90, 90], got {lat_f!r}")
+    if not -180.0 <= lon_f <= 180.0:
+        raise InvalidInput(f"{field}.lon", f"must be within [-180, 180], got {lon_f!r}")
+    return LatLon(lat_f, lon_f)
+
+
+def _finite(value: Any, field: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidInput(field, f"must be a number, got {value!r}")
+    f = float(value)
+    if not math.isfinite(f):
+        raise InvalidInput(field, f"must be finite, got {f!r}")
+    return f
+
+
+@dataclass(frozen=True, eq=False)
+class Geofence:
+    """An area (Polygon or MultiPolygon) within [-180, 180] x [-90, 90].
+
+    ``None`` stands for the whole world wherever a geofence is optional.
+    Instances are immutable and hashable by identity; `wkt` is canonical text.
+    """
+
+    geometry: BaseGeometry
+    wkt: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        shapely.prepare(self.geometry)
+        object.__setattr__(self, "wkt", shapely.to_wkt(self.geometry, rounding_precision=-1))
+
+    def covers(self, point: LatLon) -> bool:
+        """True when `point` lies inside or on the boundary."""
+        return _covers_xy(self.geometry, point.lon, point.lat)
+
+    def intersects(self, other: BaseGeometry) -> bool:
+        """True when this area and `other` share at least one point."""
+        return bool(self.geometry.intersects(other))
+
+    @property
+    def parts(self) -> Sequence[Polygon]:
+        """The polygons this geofence consists of."""
+        geom = self.geometry
+        return list(geom.geoms) if isinstance(geom, MultiPolygon) else [geom]
+
+    @property
+    def vertex_count(self) -> int:
+        """Number of coordinates, holes included."""
+        return int(shapely.get_num_coordinates(self.geometry))
+
+    def __repr__(self) -> str:
+        text = self.wkt if len(self.wkt) < 80 else self.wkt[:77] + "..."
+        return f"Geofence({text})"
+
+
+def covers(geofence: Geofence | None, point: LatLon) -> bool:
+    """The GeoCheck: `point` lies in `geofence` (``None`` is the whole world)."""
+    return True if geofence is None else _covers_xy(geofence.geometry, point.lon, point.lat)
+
+
+def _covers_xy(geom: BaseGeometry, lon: float, lat: float) -> bool:
+    # For a point, intersects == covers (interior or boundary). Longitudes
+    # -180 and 180 are the same meridian, so test both.
+    if abs(lon) == 180.0:
+        return bool(shapely.intersects_xy(geom, 180.0, lat)) or bool(
+            shapely.intersects_xy(geom, -180.0, lat)
+        )
+    return bool(shapely.intersects_xy(geom, lon, lat))
+
+
+def great_circle_m(a: LatLon, b: LatLon) -> float:
+    """Great-circle distance in metres (haversine)."""
+    p1, p2 = math.radians(a.lat), math.radians(b.lat)
+    dp, dl = p2 - p1, math.radians(b.lon - a.lon)
+    h = math.sin(dp / 2) ** 2 + math.cos(p1) * math.cos(p2) * math.sin(dl / 2) ** 2
+    return 2 * EARTH_RADIUS_M * math.asin(min(1.0, math.sqrt(h)))
+
+
+# --------------------------------------------------------------------------
+# Parsing
+
+
+def parse_geofence(
+    value: Any, field: str = "geofence", *, max_vertices: int = DEFAULT_MAX_VERTICES
+) -> Geofence | None:
+    """Parse any accepted geofence notation; ``None`` (or "") is the whole world.
+
+    Accepted: WKT text (POLYGON / MULTIPOLYGON), GeoJSON text or mapping
+    (Polygon / MultiPolygon geometry, or a Feature holding one), or a circle
+    mapping ``{"circle": {"lat": .., "lon": .., "radius_m": ..}}``.
+
+    Raises:
+        InvalidInput: naming `field` for anything unparsable or invalid.
+    """
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("{"):
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise InvalidInput(field, f"unparsable GeoJSON: {exc.msg}") from None
+        else:
+            return parse_wkt(text, field, max_vertices=max_vertices)
+    if isinstance(value, dict):
+        if "circle" in value:
+            c = value["circle"]
+            if not isinstance(c, dict):
+                raise InvalidInput(f"{field}.circle", "must be an object with lat, lon, radius_m")
+            center = latlon(c.get("lat"), c.get("lon"), f"{field}.circle")
+            return circle(center, c.get("radius_m"), f"{field}.circle")
+        return parse_geojson(value, field, max_vertices=max_vertices)
+    raise InvalidInput(field, f"must be WKT text, GeoJSON or a circle, got {type(value).__name__}")
+
+
+def parse_wkt(text: str, field: str = "geofence", *, max_vertices: int = DEFAULT_MAX_VERTICES) -> Geofence:
+    """Parse a WKT POLYGON or MULTIPOLYGON (lon lat order)."""
+    try:
+        geom = shapely.from_wkt(text)
+    except (shapely.errors.GEOSException, ValueError) as exc:
+        raise InvalidInput(field, f"unparsable WKT: {exc}") from None
+    if geom is None or geom.is_empty:
+        raise InvalidInput(field, "empty geometry")
+    if isinstance(geom, Polygon):
+        polygons = [_rings_of(geom)]
+    elif isinstance(geom, MultiPolygon):
+        polygons = [_rings_of(p) for p in geom.geoms]
+    else:
+        raise InvalidInput(field, f"must be a POLYGON or MULTIPOLYGON, got {geom.geom_type}")
+    return build_geofence(polygons, field, max_vertices=max_vertices)
+
+
+def _rings_of(p: Polygon) -> list[Ring]:
+    return [list(p.exterior.coords), *(list(r.coords) for r in p.interiors)]
+
+
+def parse_geojson(
+    obj: Any, field: str = "geofence", *, max_vertices: int = DEFAULT_MAX_VERTICES
+) -> Geofence:
+    """Parse a GeoJSON Polygon / MultiPolygon geometry (or a Feature holding one)."""
+    if not isinstance(obj, dict):
+        raise InvalidInput(field, "GeoJSON must be an object")
+    if obj.get("type") == "Feature":
+        return parse_geojson(obj.get("geometry"), f"{field}.geometry", max_vertices=max_vertices)
+    kind, coords = obj.get("type"), obj.get("coordinates")
+    if kind not in ("Polygon", "MultiPolygon"):
+        raise InvalidInput(f"{field}.type", f"must be Polygon or MultiPolygon, got {kind!r}")
+    if not isinstance(coords, list) or not coords:
+        raise InvalidInput(f"{field}.coordinates", "empty geometry")
+    raw = [coords] if kind == "Polygon" else coords
+    polygons: list[list[Ring]] = []
+    for i, poly in enumerate(raw):
+        where = f"{field}.coordinates" if kind == "Polygon" else f"{field}.coordinates[{i}]"
+        if not isinstance(poly, list) or not poly:
+            raise InvalidInput(where, "a polygon needs at least an exterior ring")
+        rings: list[Ring] = []
+        for j, ring in enumerate(poly):
+            if not isinstance(ring, list):
+                raise InvalidInput(f"{where}[{j}]", "a ring must be a list of positions")
+            pts: Ring = []
+            for k, pos in enumerate(ring):
+                if not isinstance(pos, list | tuple) or len(pos) < 2:
+                    raise InvalidInput(f"{where}[{j}][{k}]", "a position is [lon, lat]")
+                pts.append((pos[0], pos[1]))
+            rings.append(pts)
+        polygons.append(rings)
+    return build_geofence(polygons, field, max_vertices=max_vertices)
+
+
+def circle(center: LatLon, radius_m: Any, field: str = "geofence.circle") -> Geofence:
+    """A geodesic circle, densified into a polygon (split at the antimeridian).
+
+    Raises:
+        InvalidInput: naming ``field.radius_m`` unless 0 < radius <= 5000 km.
+    """
+    r = _finite(radius_m, f"{field}.radius_m")
+    if not 0.0 < r <= MAX_CIRCLE_RADIUS_M:
+        raise InvalidInput(
+            f"{field}.radius_m", f"must be within (0, {MAX_CIRCLE_RADIUS_M:.0f}], got {r!r}"
+        )
+    delta = r / EARTH_RADIUS_M
+    lat1, lon1 = math.radians(center.lat), math.radians(center.lon)
+    ring: Ring = []
+    # Longitudes are kept continuous around the centre (not wrapped), so the
+    # generic antimeridian cut below handles circles across ±180.
+    for i in range(CIRCLE_SEGMENTS):
+        brg = 2 * math.pi * i / CIRCLE_SEGMENTS
+        lat2 = math.asin(
+            math.sin(lat1) * math.cos(delta) + math.cos(lat1) * math.sin(delta) * math.cos(brg)
+        )
+        dlon = math.atan2(
+            math.sin(brg) * math.sin(delta) * math.cos(lat1),
+            math.cos(delta) - math.sin(lat1) * math.sin(lat2),
+        )
+        ring.append((math.degrees(lon1 + dlon), math.degrees(lat2)))
+    pole_dist = math.radians(90.0 - abs(center.lat))
+    if delta >= pole_dist:
+        # The cap holds a pole: walk the boundary by longitude and close it
+        # through the pole, so the shape is a band in lon/lat space.
+        ring = _pole_cap_ring(ring, center)
+    else:
+        ring.append(ring[0])
+    return Geofence(_cut_antimeridian(Polygon(ring)))
+
+
+def _pole_cap_ring(ring: Ring, center: LatLon) -> Ring:
+    pole = 90.0 if center.lat >= 0 else -90.0
+    # Boundary points ordered by longitude over one full turn from the centre's
+    # antipodal meridian; the band closes through the pole.
+    start = center.lon - 180.0
+    pts = sorted(((lon - start) % 360.0 + start, lat) for lon, lat in ring)
+    first = pts[0]
+    return [*pts, (first[0] + 360.0, first[1]), (first[0] + 360.0, pole), (first[0], pole), first]
+
+
+def build_geofence(
+    polygons: Iterable[Sequence[Sequence[Any]]],
+    field: str = "geofence",
+    *,
+    max_vertices: int = DEFAULT_MAX_VERTICES,
+) -> Geofence:
+    """Validate rings of (lon, lat) positions and build a geofence.
+
+    Each element of `polygons` is an exterior ring followed by its holes.
+    """
+    parts: list[BaseGeometry] = []
+    total = 0
+    for p_idx, rings in enumerate(polygons):
+        if not rings:
+            raise InvalidInput(field, "empty polygon")
+        checked: list[Ring] = []
+        for r_idx, ring in enumerate(rings):
+            pts: Ring = []
+            for v_idx, pos in enumerate(ring):
+                where = f"{field} (polygon {p_idx}, ring {r_idx}, vertex {v_idx})"
+                lon = _finite(pos[0], f"{where} lon")
+                lat = _finite(pos[1], f"{where} lat")
+                if not -180.0 <= lon <= 180.0:
+                    raise InvalidInput(field, f"longitude {lon!r} out of [-180, 180] at {where}")
+                if not -90.0 <= lat <= 90.0:
+                    raise InvalidInput(field, f"latitude {lat!r} out of [-90, 90] at {where}")
+                pts.append((lon, lat))
+            total += len(pts)
+            if total > max_vertices:
+                raise InvalidInput(field, f"more than {max_vertices} vertices")
+            if len(pts) < 4 or pts[0] != pts[-1]:
+                raise InvalidInput(
+                    field, f"ring {r_idx} of polygon {p_idx} must be closed with at least 4 positions"
+                )
+            checked.append(pts)
+        exterior = _unwrap(checked[0])
+        holes = [_align(_unwrap(h), exterior) for h in checked[1:]]
+        for ring in (exterior, *holes):
+            if ring[-1][0] != ring[0][0]:
+                raise InvalidInput(
+                    field, f"polygon {p_idx} winds around a pole; cut it at the antimeridian"
+                )
+        poly = Polygon(exterior, holes)
+        if not poly.is_valid:
+            raise InvalidInput(field, f"invalid polygon {p_idx}: {shapely.is_valid_reason(poly)}")
+        if poly.area == 0.0:
+            raise InvalidInput(field, f"polygon {p_idx} has no area")
+        parts.append(_cut_antimeridian(poly))
+    if not parts:
+        raise InvalidInput(field, "empty geometry")
+    geom = parts[0] if len(parts) == 1 else shapely.union_all(parts)
+    if len(parts) > 1:
+        # Parts of a MultiPolygon must not overlap (OGC validity).
+        whole = MultiPolygon([p for g in parts for p in _polygons(g)])
+        if not whole.is_valid:
+            raise InvalidInput(field, f"invalid multipolygon: {shapely.is_valid_reason(whole)}")
+    if geom.is_empty:
+        raise InvalidInput(field, "empty geometry")
+    return Geofence(geom)
+
+
+def _polygons(geom: BaseGeometry) -> list[Polygon]:
+    if isinstance(geom, Polygon):
+        return [geom]
+    if isinstance(geom, MultiPolygon):
+        return list(geom.geoms)
+    return [g for g in getattr(geom, "geoms", []) if isinstance(g, Polygon)]
+
+
+def _unwrap(ring: Ring) -> Ring:
+    """Make longitudes continuous: an edge spanning > 180 degrees crosses ±180."""
+    out: Ring = [ring[0]]
+    offset = 0.0
+    for (lon0, _), (lon1, lat1) in zip(ring, ring[1:], strict=False):
+        # Both ends on the antimeridian: the edge runs along it, not across.
+        if abs(lon1 - lon0) > 180.0 and not (abs(lon0) == 180.0 and abs(lon1) == 180.0):
+            offset += -360.0 if lon1 > lon0 else 360.0
+        out.append((lon1 + offset, lat1))
+    return out
+
+
+def _align(hole: Ring, exterior: Ring) -> Ring:
+    lo = min(x for x, _ in exterior)
+    shift = 360.0 * math.floor((hole[0][0] - lo) / 360.0)
+    return [(x - shift, y) for x, y in hole] if shift else hole
+
+
+def _cut_antimeridian(poly: Polygon) -> BaseGeometry:
+    minx, _, maxx, _ = poly.bounds
+    if minx >= -180.0 and maxx <= 180.0:
+        return poly
+    pieces: list[BaseGeometry] = []
+    for sheet in _SHEETS:
+        window = box(sheet - 180.0, -90.0, sheet + 180.0, 90.0)
+        if not poly.intersects(window):
+            continue
+        piece = shapely.intersection(poly, window)
+        piece = affinity.translate(piece, xoff=-sheet) if sheet else piece
+        pieces.extend(_polygons(piece))
+    merged = shapely.union_all(pieces)
+    merged = shapely.intersection(merged, _WORLD_BOX)
+    polys = [p for p in _polygons(merged) if p.area > 0]
+    return polys[0] if len(polys) == 1 else MultiPolygon(polys)

@@ -1,0 +1,115 @@
+"""Events, subscriptions and the match predicate (DESIGN §1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ._errors import InvalidInput
+from ._geometry import DEFAULT_MAX_VERTICES, Geofence, LatLon, covers, parse_geofence
+from ._topics import topic_matches, validate_filter, validate_topic
+
+MAX_ID_LENGTH = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A published event with its geo-context.
+
+    Attributes:
+        id: globally unique event id.
+        topic: topic name.
+        location: the publisher's location.
+        geofence: where subscribers must be; ``None`` is the whole world.
+        payload_size: payload bytes (the routing core never needs the payload).
+        t: publish time (seconds; trace time in simulations).
+    """
+
+    id: str
+    topic: str
+    location: LatLon
+    geofence: Geofence | None = None
+    payload_size: int = 0
+    t: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Subscription:
+    """A subscription: topic filter plus where publishers must be.
+
+    Attributes:
+        id: subscription id, unique within the federation.
+        client: the subscriber's client id.
+        topic_filter: MQTT topic filter.
+        geofence: where publishers must be; ``None`` is the whole world.
+    """
+
+    id: str
+    client: str
+    topic_filter: str
+    geofence: Geofence | None = None
+
+
+def validate_id(value: object, field: str) -> str:
+    """Check an identifier (event, subscription, client, broker)."""
+    if not isinstance(value, str) or not value:
+        raise InvalidInput(field, "must be a non-empty string")
+    if len(value) > MAX_ID_LENGTH:
+        raise InvalidInput(field, f"longer than {MAX_ID_LENGTH} characters")
+    if any(ch < " " for ch in value):
+        raise InvalidInput(field, "must not contain control characters")
+    return value
+
+
+def make_event(
+    id: object,
+    topic: object,
+    location: LatLon,
+    geofence: Any = None,
+    *,
+    payload_size: int = 0,
+    t: float = 0.0,
+    field: str = "event",
+    max_vertices: int = DEFAULT_MAX_VERTICES,
+) -> Event:
+    """Validate untrusted parts and build an `Event`; errors name ``field.<part>``."""
+    return Event(
+        id=validate_id(id, f"{field}.id"),
+        topic=validate_topic(topic, f"{field}.topic"),
+        location=location,
+        geofence=geofence
+        if isinstance(geofence, Geofence)
+        else parse_geofence(geofence, f"{field}.geofence", max_vertices=max_vertices),
+        payload_size=payload_size,
+        t=t,
+    )
+
+
+def make_subscription(
+    id: object,
+    client: object,
+    topic_filter: object,
+    geofence: Any = None,
+    *,
+    field: str = "subscription",
+    max_vertices: int = DEFAULT_MAX_VERTICES,
+) -> Subscription:
+    """Validate untrusted parts and build a `Subscription`; errors name ``field.<part>``."""
+    return Subscription(
+        id=validate_id(id, f"{field}.id"),
+        client=validate_id(client, f"{field}.client"),
+        topic_filter=validate_filter(topic_filter, f"{field}.topic_filter"),
+        geofence=geofence
+        if isinstance(geofence, Geofence)
+        else parse_geofence(geofence, f"{field}.geofence", max_vertices=max_vertices),
+    )
+
+
+def content_and_subscription_geocheck(event: Event, sub: Subscription) -> bool:
+    """ContentCheck and Subscription GeoCheck: what a publisher's broker can test."""
+    return topic_matches(sub.topic_filter, event.topic) and covers(sub.geofence, event.location)
+
+
+def matches(event: Event, sub: Subscription, subscriber: LatLon) -> bool:
+    """The full match predicate: ContentCheck, Subscription and Event GeoCheck."""
+    return content_and_subscription_geocheck(event, sub) and covers(event.geofence, subscriber)

@@ -1,0 +1,156 @@
+"""In-memory federation: N broker cores, no network, exact message accounting.
+
+The client side follows the trace semantics (see `TraceOp`): an action that
+carries a location first moves the client there; a client that leaves its
+broker's area is redirected, reconnects at the responsible broker and renews
+its subscriptions there. Messages between brokers are delivered in FIFO order
+before the next action, as if links were instantaneous.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from ._broker import BrokerCore, Delivery, Send
+from ._errors import GeofedError
+from ._federation import Federation
+from ._geometry import LatLon
+from ._model import Event, Subscription
+from ._strategies import strategy_for
+from ._trace import TraceOp
+
+MessageKey = tuple[str, str, str]
+"""(kind, src broker, dst broker)."""
+
+
+@dataclass
+class SimResult:
+    """What a simulated run produced.
+
+    Attributes:
+        deliveries: (event id, subscription id) per delivery, in order.
+        messages: inter-broker messages by (kind, src, dst).
+        payload_bytes: payload bytes carried by event and delivery messages, by (src, dst).
+        errors: trace actions that were rejected, with their line numbers.
+    """
+
+    deliveries: list[tuple[str, str]] = field(default_factory=list)
+    messages: Counter[MessageKey] = field(default_factory=Counter)
+    payload_bytes: Counter[tuple[str, str]] = field(default_factory=Counter)
+    errors: list[str] = field(default_factory=list)
+
+    def by_kind(self) -> Counter[str]:
+        """Message totals per kind."""
+        out: Counter[str] = Counter()
+        for (kind, _, _), n in self.messages.items():
+            out[kind] += n
+        return out
+
+    @property
+    def total_messages(self) -> int:
+        """All inter-broker messages."""
+        return sum(self.messages.values())
+
+
+@dataclass
+class _Client:
+    location: LatLon
+    home: str
+    subs: dict[str, Subscription] = field(default_factory=dict)
+
+
+class Simulator:
+    """Runs trace actions through one `BrokerCore` per broker."""
+
+    def __init__(self, federation: Federation, strategy: str) -> None:
+        self.federation = federation
+        self.strategy = strategy_for(strategy, federation)
+        self.cores = {b.id: BrokerCore(b.id, federation, self.strategy) for b in federation}
+        self.result = SimResult()
+        self._clients: dict[str, _Client] = {}
+        self._owner: dict[str, str] = {}  # live subscription id -> client
+
+    def run(self, ops: Iterable[TraceOp]) -> SimResult:
+        """Apply every action in order; return the accumulated result."""
+        for op in ops:
+            self.apply(op)
+        return self.result
+
+    def apply(self, op: TraceOp) -> None:
+        """Apply one trace action; a rejected action is recorded in `errors`."""
+        try:
+            self._apply(op)
+        except GeofedError as exc:
+            self.result.errors.append(f"line {op.line}: {exc}")
+
+    def _apply(self, op: TraceOp) -> None:
+        if op.location is not None:
+            self._move(op.client, op.location)
+        client = self._clients.get(op.client)
+        if op.op == "subscribe":
+            assert client is not None
+            owner = self._owner.get(op.id)
+            if owner is not None and owner != op.client:
+                raise _Rejected(f"subscription id {op.id!r} is used by client {owner!r}")
+            sub = Subscription(op.id, op.client, op.topic, op.geofence)
+            self._flush(client.home, self.cores[client.home].subscribe(sub))
+            client.subs[op.id] = sub
+            self._owner[op.id] = op.client
+        elif op.op == "unsubscribe":
+            if client is None or op.id not in client.subs:
+                raise _Rejected(f"client {op.client!r} has no subscription {op.id!r}")
+            self._flush(client.home, self.cores[client.home].unsubscribe(op.client, op.id))
+            del client.subs[op.id]
+            del self._owner[op.id]
+        elif op.op == "publish":
+            assert client is not None and op.location is not None
+            event = Event(op.id, op.topic, op.location, op.geofence, op.payload_size, op.t)
+            out = self.cores[client.home].publish(event)
+            self._record(out.deliveries)
+            self._flush(client.home, out.sends)
+
+    def _move(self, client_id: str, location: LatLon) -> None:
+        client = self._clients.get(client_id)
+        if client is None:
+            home = self.federation.responsible(location)
+            redirect = self.cores[home].connect(client_id, location)
+            assert redirect is None
+            self._clients[client_id] = _Client(location, home)
+            return
+        moved = self.cores[client.home].update_location(client_id, location)
+        self._flush(client.home, moved.sends)
+        client.location = location
+        if moved.redirect is None:
+            return
+        client.home = moved.redirect
+        new = self.cores[client.home]
+        assert new.connect(client_id, location) is None
+        for sub in client.subs.values():
+            self._flush(client.home, new.subscribe(sub))
+
+    def _flush(self, src: str, sends: list[Send]) -> None:
+        queue: deque[tuple[str, Send]] = deque((src, s) for s in sends)
+        while queue:
+            origin, send = queue.popleft()
+            msg = send.msg
+            self.result.messages[(msg.kind.value, origin, send.dst)] += 1
+            size = getattr(msg, "event", None)
+            if size is not None:
+                self.result.payload_bytes[(origin, send.dst)] += size.payload_size
+            out = self.cores[send.dst].on_message(origin, msg)
+            self._record(out.deliveries)
+            queue.extend((send.dst, s) for s in out.sends)
+
+    def _record(self, deliveries: list[Delivery]) -> None:
+        self.result.deliveries.extend((d.event.id, d.subscription) for d in deliveries)
+
+
+class _Rejected(GeofedError):
+    """A trace action the federation refuses (recorded, not raised)."""
+
+
+def simulate(federation: Federation, strategy: str, ops: Iterable[TraceOp]) -> SimResult:
+    """Run a workload through an in-memory federation under `strategy`."""
+    return Simulator(federation, strategy).run(ops)

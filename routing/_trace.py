@@ -1,0 +1,145 @@
+"""Workload traces (DESIGN §4): one client action per JSON line, in time order."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ._errors import InvalidInput
+from ._geometry import DEFAULT_MAX_VERTICES, Geofence, LatLon, latlon, parse_geofence
+from ._model import validate_id
+from ._topics import validate_filter, validate_topic
+
+OpName = Literal["subscribe", "move", "publish", "unsubscribe"]
+OPS: tuple[OpName, ...] = ("subscribe", "move", "publish", "unsubscribe")
+
+
+@dataclass(frozen=True, slots=True)
+class TraceOp:
+    """One client action of a workload trace.
+
+    Every action that carries a location first moves the client there (which
+    may re-home it to another broker), then performs the action.
+
+    Attributes:
+        t: seconds from the start of the trace.
+        op: subscribe, move, publish or unsubscribe.
+        client: client id.
+        location: the client's location (None for unsubscribe).
+        id: subscription id (subscribe, unsubscribe) or event id (publish).
+        topic: topic filter (subscribe) or topic name (publish).
+        geofence: subscription or event geofence; None is the whole world.
+        payload_size: payload bytes of a publish.
+        line: 1-based line (or row) number in the trace.
+    """
+
+    t: float
+    op: OpName
+    client: str
+    location: LatLon | None = None
+    id: str = ""
+    topic: str = ""
+    geofence: Geofence | None = None
+    payload_size: int = 0
+    line: int = 0
+
+
+class _GeofenceCache:
+    """Traces repeat geofences (one per client, say): parse each text once."""
+
+    def __init__(self, max_vertices: int, size: int = 10_000) -> None:
+        self._cache: dict[str, Geofence | None] = {}
+        self._max_vertices = max_vertices
+        self._size = size
+
+    def get(self, text: Any, field: str) -> Geofence | None:
+        if not isinstance(text, str):
+            return parse_geofence(text, field, max_vertices=self._max_vertices)
+        hit = self._cache.get(text, ...)
+        if hit is not ...:
+            return hit
+        fence = parse_geofence(text, field, max_vertices=self._max_vertices)
+        if len(self._cache) >= self._size:
+            self._cache.clear()  # bounded; traces rarely have this many distinct fences
+        self._cache[text] = fence
+        return fence
+
+
+def parse_op(
+    record: Mapping[str, Any], line: int, cache: _GeofenceCache | None = None
+) -> TraceOp:
+    """Validate one trace record.
+
+    Raises:
+        InvalidInput: whose field reads ``line N: <field>``.
+    """
+    where = f"line {line}"
+    cache = cache or _GeofenceCache(DEFAULT_MAX_VERTICES)
+    if not isinstance(record, Mapping):
+        raise InvalidInput(where, "a record must be a JSON object")
+    op = record.get("op")
+    if op not in OPS:
+        raise InvalidInput(f"{where}: op", f"must be one of {', '.join(OPS)}, got {op!r}")
+    t = record.get("t")
+    if isinstance(t, bool) or not isinstance(t, int | float) or not t >= 0 or t == float("inf"):
+        raise InvalidInput(f"{where}: t", f"must be a finite number >= 0, got {t!r}")
+    client = validate_id(record.get("client"), f"{where}: client")
+    if op == "unsubscribe":
+        return TraceOp(float(t), op, client, id=validate_id(record.get("id"), f"{where}: id"), line=line)
+    location = latlon(record.get("lat"), record.get("lon"), where)
+    if op == "move":
+        return TraceOp(float(t), op, client, location, line=line)
+    op_id = validate_id(record.get("id"), f"{where}: id")
+    fence = cache.get(record.get("geofence"), f"{where}: geofence")
+    if op == "subscribe":
+        topic = validate_filter(record.get("topic"), f"{where}: topic")
+        return TraceOp(float(t), op, client, location, op_id, topic, fence, line=line)
+    topic = validate_topic(record.get("topic"), f"{where}: topic")
+    size = record.get("payload_size", 0)
+    if size is None:
+        size = 0
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise InvalidInput(f"{where}: payload_size", f"must be an integer >= 0, got {size!r}")
+    return TraceOp(float(t), op, client, location, op_id, topic, fence, size, line)
+
+
+def read_trace(
+    lines: Iterable[str], *, max_vertices: int = DEFAULT_MAX_VERTICES
+) -> Iterator[TraceOp]:
+    """Parse JSON Lines; blank lines are skipped.
+
+    Raises:
+        InvalidInput: at the first malformed line, naming its number and field.
+    """
+    cache = _GeofenceCache(max_vertices)
+    last_t = 0.0
+    for n, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InvalidInput(f"line {n}", f"not JSON: {exc.msg}") from None
+        op = parse_op(record, n, cache)
+        if op.t < last_t:
+            raise InvalidInput(f"line {n}: t", f"goes back in time ({op.t} < {last_t})")
+        last_t = op.t
+        yield op
+
+
+def op_to_record(op: TraceOp) -> dict[str, Any]:
+    """The JSON object for a trace line (inverse of `parse_op`)."""
+    rec: dict[str, Any] = {"t": op.t, "op": op.op, "client": op.client}
+    if op.location is not None:
+        rec["lat"] = op.location.lat
+        rec["lon"] = op.location.lon
+    if op.op in ("subscribe", "publish", "unsubscribe"):
+        rec["id"] = op.id
+    if op.op in ("subscribe", "publish"):
+        rec["topic"] = op.topic
+        rec["geofence"] = op.geofence.wkt if op.geofence is not None else None
+    if op.op == "publish":
+        rec["payload_size"] = op.payload_size
+    return rec
