@@ -39,7 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, module in SUBCOMMANDS.items():
-        importlib.import_module(module).register(sub, name)
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+            continue  # an optional part that is not installed
+        mod.register(sub, name)
     return parser
 
 

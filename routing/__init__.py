@@ -5,7 +5,7 @@ index, the four routing strategies with their cost model, the broker state
 machine and an in-memory federation simulator. No network, no clocks.
 """
 
-# AREAGEN from ._areagen import Site, generate_areas, read_sites
+from ._areagen import Site, generate_areas, read_sites
 from ._broker import (
     BrokerCore,
     Delivery,

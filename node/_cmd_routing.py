@@ -1,0 +1,203 @@
+"""``geofed areas``, ``geofed route`` and ``geofed simulate``: the routing core from the shell."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from geofed.routing import (
+    STRATEGIES,
+    Federation,
+    InvalidInput,
+    generate_areas,
+    parse_geofence,
+    predict,
+    read_sites,
+    read_trace,
+    reference_deliveries,
+    simulate,
+    strategy_for,
+)
+
+DEFAULT_FEDERATION = "aws-2020"
+
+
+def federation_path(name_or_path: str) -> Path:
+    """Resolve a federation argument: a file path, or the name of a bundled one."""
+    p = Path(name_or_path)
+    if p.exists():
+        return p
+    from importlib import resources
+
+    candidate = resources.files("geofed.federations").joinpath(f"{name_or_path}.geojson")
+    if candidate.is_file():
+        return Path(str(candidate))
+    raise InvalidInput("federation", f"no such file or bundled federation: {name_or_path!r}")
+
+
+def load_federation(name_or_path: str) -> Federation:
+    """Load a federation file or a bundled federation by name."""
+    return Federation.load(federation_path(name_or_path))
+
+
+def register(sub: Any, name: str) -> None:
+    """Add the ``areas``, ``route`` or ``simulate`` subcommand."""
+    if name == "areas":
+        p = sub.add_parser(name, help="broker sites (CSV or GeoJSON points) -> federation file")
+        p.add_argument("sites", help="CSV (id,name,lat,lon[,endpoint,client_endpoint]) or GeoJSON")
+        p.add_argument("-o", "--out", help="write the federation here (default: stdout)")
+        p.add_argument("--step", type=float, default=0.5, help="boundary densification (degrees)")
+        p.set_defaults(func=_areas)
+    elif name == "route":
+        p = sub.add_parser(name, help="which brokers an event / subscription geofence reaches")
+        p.add_argument("geofence", help="WKT, GeoJSON, 'circle:LAT,LON,RADIUS_M' or 'world'")
+        p.add_argument("--federation", default=DEFAULT_FEDERATION, help="file or bundled name")
+        p.add_argument("--at", help="origin broker id (default: broker of --location)")
+        p.add_argument("--location", help="LAT,LON of the client (default: centre of the geofence)")
+        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        p.set_defaults(func=_route)
+    elif name == "simulate":
+        p = sub.add_parser(name, help="workload trace -> per-strategy inter-broker messages")
+        p.add_argument("trace", help="workload trace (JSON Lines)")
+        p.add_argument("--federation", default=DEFAULT_FEDERATION, help="file or bundled name")
+        p.add_argument("--strategy", action="append", choices=list(STRATEGIES))
+        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        p.set_defaults(func=_simulate)
+
+
+def _areas(args: argparse.Namespace) -> int:
+    path = Path(args.sites)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InvalidInput("sites", f"cannot read {path}: {exc.strerror}") from None
+    fmt = "geojson" if text.lstrip().startswith("{") else "csv"
+    collection = generate_areas(read_sites(text, fmt), step_deg=args.step)
+    out = json.dumps(collection, separators=(",", ":"))
+    if args.out:
+        Path(args.out).write_text(out + "\n", encoding="utf-8")
+        print(f"wrote {len(collection['features'])} broker areas to {args.out}", file=sys.stderr)
+    else:
+        print(out)
+    return 0
+
+
+def _parse_cli_geofence(text: str) -> Any:
+    if text.strip().lower() == "world":
+        return None
+    if text.startswith("circle:"):
+        lat, lon, radius = (float(v) for v in text[len("circle:") :].split(","))
+        return parse_geofence({"circle": {"lat": lat, "lon": lon, "radius_m": radius}}, "geofence")
+    return parse_geofence(text, "geofence")
+
+
+def _route(args: argparse.Namespace) -> int:
+    from geofed.routing import latlon
+
+    fed = load_federation(args.federation)
+    fence = _parse_cli_geofence(args.geofence)
+    if args.at:
+        fed.broker(args.at)
+        origin = args.at
+    else:
+        if args.location:
+            lat, lon = (float(v) for v in args.location.split(","))
+            where = latlon(lat, lon, "location")
+        elif fence is not None:
+            c = fence.geometry.representative_point()
+            where = latlon(c.y, c.x, "location")
+        else:
+            raise InvalidInput("at", "give --at or --location for a world geofence")
+        origin = fed.responsible(where)
+    flood = len(fed) - 1
+    rows = []
+    for name in STRATEGIES:
+        s = strategy_for(name, fed)
+        ev = sorted(s.event_targets(origin, fence))
+        sub = sorted(s.subscription_targets(origin, fence))
+        rows.append({"strategy": name, "event_to": ev, "subscription_to": sub})
+    meeting = sorted(fed.brokers_meeting(fence) - {origin})
+    result = {
+        "origin": origin,
+        "geofence": None if fence is None else fence.wkt,
+        "brokers_meeting": meeting,
+        "flooding_messages": flood,
+        "geofence_messages": len(meeting),
+        "saved": flood - len(meeting),
+        "saved_pct": round(100.0 * (flood - len(meeting)) / flood, 1) if flood else 0.0,
+        "strategies": rows,
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"origin broker: {origin}    federation: {len(fed)} brokers")
+    print(f"remote brokers whose area meets the geofence ({len(meeting)}): {', '.join(meeting) or '-'}")
+    print(f"{'strategy':<24} {'event ->':>9} {'subscription ->':>16}")
+    for r in rows:
+        print(f"{r['strategy']:<24} {len(r['event_to']):>9} {len(r['subscription_to']):>16}")
+    print(
+        f"geofence routing sends {len(meeting)} of {flood} flooding messages: "
+        f"saves {result['saved']} ({result['saved_pct']}%)"
+    )
+    return 0
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    fed = load_federation(args.federation)
+    path = Path(args.trace)
+    try:
+        with path.open(encoding="utf-8") as f:
+            ops = list(read_trace(f))
+    except OSError as exc:
+        raise InvalidInput("trace", f"cannot read {path}: {exc.strerror}") from None
+    expected = reference_deliveries(ops)
+    names = args.strategy or list(STRATEGIES)
+    table: list[dict[str, Any]] = []
+    lower = None
+    for name in names:
+        res = simulate(fed, name, ops)
+        pred = predict(fed, name, ops)
+        lower = pred.lower_bound_total
+        kinds = res.by_kind()
+        table.append(
+            {
+                "strategy": name,
+                "event": kinds["event"],
+                "subscribe": kinds["subscribe"],
+                "unsubscribe": kinds["unsubscribe"],
+                "delivery": kinds["delivery"],
+                "total": res.total_messages,
+                "deliveries": len(res.deliveries),
+                "exact": sorted(res.deliveries) == sorted(expected),
+                "matches_cost_model": res.messages == pred.messages,
+                "rejected": len(res.errors),
+            }
+        )
+    summary = {
+        "federation": len(fed),
+        "operations": len(ops),
+        "events": sum(1 for o in ops if o.op == "publish"),
+        "oracle_deliveries": len(expected),
+        "lower_bound": lower,
+        "strategies": table,
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    print(
+        f"{summary['operations']} operations, {summary['events']} events, "
+        f"{len(expected)} deliveries expected, {len(fed)} brokers"
+    )
+    head = f"{'strategy':<24}{'event':>8}{'subscribe':>10}{'unsub':>7}{'delivery':>9}{'total':>8}"
+    print(head + f"{'deliveries':>11}  exact  model")
+    for r in table:
+        print(
+            f"{r['strategy']:<24}{r['event']:>8}{r['subscribe']:>10}{r['unsubscribe']:>7}"
+            f"{r['delivery']:>9}{r['total']:>8}{r['deliveries']:>11}  "
+            f"{'yes' if r['exact'] else 'NO':>5}  {'yes' if r['matches_cost_model'] else 'NO':>5}"
+        )
+    print(f"lower bound (remote brokers with a matching subscriber, summed over events): {lower}")
+    return 0 if all(r["exact"] and r["matches_cost_model"] for r in table) else 1

@@ -1,0 +1,164 @@
+"""Node configuration: one frozen dataclass, settable from file, environment and flags.
+
+Precedence: command-line flag > environment variable (``GEOFED_<FIELD>``) >
+config file (JSON, ``--config`` / ``GEOFED_CONFIG``) > default. Values are
+validated once, at start, and a bad one raises `InvalidInput` naming the field.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from geofed.routing import STRATEGIES, InvalidInput
+
+ENV_PREFIX = "GEOFED_"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _doc(text: str, **kw: Any) -> Any:
+    return field(metadata={"doc": text}, **kw)
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """Everything one broker node needs to run."""
+
+    broker_id: str = _doc("this broker's id in the federation file", default="")
+    federation: str = _doc("path of the federation file (GeoJSON)", default="")
+    strategy: str = _doc("routing strategy, the same on every broker", default="event-geofence")
+    client_listen: str = _doc("host:port of the client gRPC service", default="0.0.0.0:7400")
+    peer_listen: str = _doc("host:port of the federation gRPC service", default="0.0.0.0:7401")
+    metrics_listen: str = _doc("host:port of the Prometheus /metrics endpoint", default="0.0.0.0:9400")
+    trace_path: str = _doc("node message trace file (JSON Lines); empty = off", default="")
+    log_level: str = _doc("debug, info, warning or error", default="info")
+    max_payload_bytes: int = _doc("largest accepted event payload", default=1_048_576)
+    max_geofence_vertices: int = _doc("most vertices one geofence may have", default=10_000)
+    max_publish_batch: int = _doc("most events one PublishStream call may carry", default=100_000)
+    peer_queue_size: int = _doc("messages queued per peer before new ones are dropped", default=100_000)
+    subscriber_queue_size: int = _doc("deliveries queued per subscription before the oldest is dropped", default=10_000)
+    batch_max_messages: int = _doc("most messages per frame to a peer", default=512)
+    batch_max_delay_ms: float = _doc("longest a message waits for its frame to fill", default=2.0)
+    reconnect_initial_s: float = _doc("first reconnect delay to a peer", default=0.05)
+    reconnect_max_s: float = _doc("longest reconnect delay (exponential backoff, jittered)", default=5.0)
+    dedup_window: int = _doc("recent event ids remembered per peer to drop duplicates", default=100_000)
+    wan_latency: str = _doc("inter-broker delay: 'off', 'model' (per km) or a latency matrix file", default="off")
+    wan_ms_per_km: float = _doc("delay per km of great-circle distance when wan_latency=model", default=0.021)
+    shutdown_grace_s: float = _doc("how long shutdown waits for in-flight work", default=5.0)
+
+    def __post_init__(self) -> None:
+        if not self.broker_id:
+            raise InvalidInput("broker_id", "is required (flag --broker-id or GEOFED_BROKER_ID)")
+        if not self.federation:
+            raise InvalidInput("federation", "is required (flag --federation or GEOFED_FEDERATION)")
+        if self.strategy not in STRATEGIES:
+            raise InvalidInput("strategy", f"unknown {self.strategy!r}; one of {', '.join(STRATEGIES)}")
+        for name in ("client_listen", "peer_listen", "metrics_listen"):
+            _check_listen(name, getattr(self, name))
+        if self.log_level not in LOG_LEVELS:
+            raise InvalidInput("log_level", f"one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
+        for name in (
+            "max_payload_bytes",
+            "max_geofence_vertices",
+            "max_publish_batch",
+            "peer_queue_size",
+            "subscriber_queue_size",
+            "batch_max_messages",
+            "dedup_window",
+        ):
+            if getattr(self, name) < 1:
+                raise InvalidInput(name, f"must be >= 1, got {getattr(self, name)!r}")
+        for name in ("batch_max_delay_ms", "reconnect_initial_s", "wan_ms_per_km", "shutdown_grace_s"):
+            if getattr(self, name) < 0:
+                raise InvalidInput(name, f"must be >= 0, got {getattr(self, name)!r}")
+        if self.reconnect_max_s < self.reconnect_initial_s:
+            raise InvalidInput("reconnect_max_s", "must be >= reconnect_initial_s")
+
+    @classmethod
+    def load(
+        cls,
+        overrides: Mapping[str, Any] | None = None,
+        env: Mapping[str, str] | None = None,
+        config_file: str | None = None,
+    ) -> NodeConfig:
+        """Merge file, environment and explicit overrides (flags), then validate."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        path = config_file or env.get(ENV_PREFIX + "CONFIG", "")
+        if path:
+            values.update(_read_file(path))
+        for f in fields(cls):
+            raw = env.get(ENV_PREFIX + f.name.upper())
+            if raw is not None and raw != "":
+                values[f.name] = _coerce(f, raw, f"{ENV_PREFIX}{f.name.upper()}")
+        for key, value in (overrides or {}).items():
+            if value is not None:
+                values[key] = value
+        return cls(**values)
+
+    def describe(self) -> dict[str, Any]:
+        """The effective configuration (for the start-up log line)."""
+        return dataclasses.asdict(self)
+
+
+def _check_listen(name: str, value: str) -> None:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise InvalidInput(name, f"must be 'host:port' (port 0 = any free port), got {value!r}")
+
+
+def _coerce(f: dataclasses.Field[Any], raw: Any, where: str) -> Any:
+    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "str")
+    try:
+        if kind == "int":
+            return int(raw)
+        if kind == "float":
+            return float(raw)
+    except (TypeError, ValueError):
+        raise InvalidInput(f.name, f"{where}: expected a number, got {raw!r}") from None
+    return str(raw)
+
+
+def _read_file(path: str) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InvalidInput("config", f"cannot read {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise InvalidInput("config", f"{path} is not JSON: {exc.msg} (line {exc.lineno})") from None
+    if not isinstance(data, dict):
+        raise InvalidInput("config", f"{path} must hold a JSON object")
+    known = {f.name: f for f in fields(NodeConfig)}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in known:
+            raise InvalidInput(key, f"unknown setting in {path}")
+        out[key] = _coerce(known[key], value, path)
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One ``--kebab-case`` flag per config field (default: not given)."""
+    parser.add_argument("--config", help="JSON config file (GEOFED_CONFIG)")
+    for f in fields(NodeConfig):
+        kind = f.type if isinstance(f.type, str) else "str"
+        conv = {"int": int, "float": float}.get(kind, str)
+        parser.add_argument(
+            "--" + f.name.replace("_", "-"),
+            dest=f.name,
+            type=conv,
+            default=None,
+            help=f"{f.metadata['doc']} (env {ENV_PREFIX}{f.name.upper()}; default {f.default!r})",
+        )
+
+
+def from_args(args: argparse.Namespace) -> NodeConfig:
+    """Build the config from parsed flags plus environment and file."""
+    overrides = {f.name: getattr(args, f.name, None) for f in fields(NodeConfig)}
+    return NodeConfig.load(overrides, config_file=args.config)

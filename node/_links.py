@@ -1,0 +1,358 @@
+"""Peer links: one bidirectional gRPC stream per broker pair.
+
+The broker with the smaller id dials, the other accepts; both then send
+batched frames on the same stream. Each link has one bounded queue. While a
+link is down, events and deliveries wait in that queue (dropped and counted
+when it is full) and subscription changes are not queued at all: on every
+(re)connect each side sends a snapshot of the subscriptions the other needs,
+which replaces what the other held. Frames carry per-link sequence numbers;
+event and delivery frames not acknowledged when a link breaks are sent again
+after the reconnect, and receivers drop event ids they have already seen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections import OrderedDict, deque
+from typing import TYPE_CHECKING, Any, Protocol
+
+import grpc
+
+from geofed.routing import Broker, Kind, PeerMessage, SubscribeMsg
+from geofed.v1 import federation_pb2 as fpb
+from geofed.v1 import federation_pb2_grpc as fpb_grpc
+
+from ._convert import FRAME_RANK, add_to_frame, subscription_from_pb, subscription_to_pb
+
+if TYPE_CHECKING:
+    from ._server import BrokerNode
+
+log = logging.getLogger("geofed.node.links")
+
+PROTOCOL_VERSION = 1
+_UNACKED_FRAMES = 4096
+_ACK_DELAY_S = 0.02
+_RESENDABLE = (Kind.EVENT, Kind.DELIVERY)
+
+
+class Transport(Protocol):
+    """A bidirectional stream of frames (a dialled call or an accepted one)."""
+
+    async def read(self) -> fpb.Frame | None:
+        """The next frame, or None when the stream ended."""
+
+    async def write(self, frame: fpb.Frame) -> None:
+        """Send one frame."""
+
+
+class CallTransport:
+    """The dialling side's stream."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+
+    async def read(self) -> fpb.Frame | None:
+        frame = await self._call.read()
+        return None if frame is grpc.aio.EOF else frame  # type: ignore[no-any-return]
+
+    async def write(self, frame: fpb.Frame) -> None:
+        await self._call.write(frame)
+
+
+class ContextTransport:
+    """The accepting side's stream."""
+
+    def __init__(self, context: Any) -> None:
+        self._context = context
+
+    async def read(self) -> fpb.Frame | None:
+        frame = await self._context.read()
+        return None if frame is grpc.aio.EOF else frame  # type: ignore[no-any-return]
+
+    async def write(self, frame: fpb.Frame) -> None:
+        await self._context.write(frame)
+
+
+class LinkRefused(Exception):
+    """The peer (or this side) refused the link: mismatched strategy or federation."""
+
+
+class PeerLink:
+    """The link from this broker to one peer."""
+
+    def __init__(self, node: BrokerNode, peer: Broker) -> None:
+        self.node = node
+        self.peer = peer
+        self.dials = node.broker_id < peer.id
+        cfg = node.config
+        self._cap = cfg.peer_queue_size
+        self._queue: deque[PeerMessage] = deque()
+        self._resend: deque[PeerMessage] = deque()
+        self._wake = asyncio.Event()
+        self._unacked: deque[tuple[int, list[PeerMessage]]] = deque(maxlen=_UNACKED_FRAMES)
+        self._seen: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._seq = 0
+        self._ack_pending = 0
+        self._last_flush = 0.0
+        self._session: asyncio.Task[None] | None = None
+        self._dialer: asyncio.Task[None] | None = None
+        self._stopping = False
+        self.connected = False
+        self.delay_s = node.wan_delay_s(peer.id)
+        self._labels = {"peer": peer.id}
+
+    # -- producer side ---------------------------------------------------
+
+    def enqueue(self, msg: PeerMessage) -> None:
+        """Queue one logical message for the peer (never blocks)."""
+        if msg.kind in (Kind.SUBSCRIBE, Kind.UNSUBSCRIBE) and not self.connected:
+            return  # the snapshot sent on reconnect carries the current state
+        if len(self._queue) >= self._cap:
+            self.node.metrics.peer_dropped.labels(peer=self.peer.id).inc()
+            if msg.kind in (Kind.SUBSCRIBE, Kind.UNSUBSCRIBE):
+                # Subscription state must not diverge: resynchronise.
+                self._restart_session("queue overflow lost a subscription change")
+            return
+        self._queue.append(msg)
+        self.node.metrics.peer_queue.labels(peer=self.peer.id).set(len(self._queue))
+        self._wake.set()
+
+    @property
+    def queued(self) -> int:
+        """Messages waiting to be sent."""
+        return len(self._queue) + len(self._resend)
+
+    # -- lifecycle -------------------------------------------------------
+
+    def start(self) -> None:
+        """Start dialling (if this side dials)."""
+        if self.dials and self._dialer is None:
+            self._dialer = asyncio.create_task(self._dial_forever(), name=f"dial-{self.peer.id}")
+
+    async def drain(self, timeout: float) -> None:
+        """Wait until the queue is empty or `timeout` passes."""
+        deadline = time.monotonic() + timeout
+        while self.queued and self.connected and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        """Close the link (idempotent)."""
+        self._stopping = True
+        for task in (self._dialer, self._session):
+            if task is not None and not task.done():
+                task.cancel()
+        for task in (self._dialer, self._session):
+            if task is not None:
+                try:
+                    await task
+                except (asyncio.CancelledError, Exception):  # noqa: S110 - closing anyway
+                    pass
+
+    def _restart_session(self, why: str) -> None:
+        if self._session is not None and not self._session.done():
+            log.warning("link %s: restarting: %s", self.peer.id, why)
+            self._session.cancel()
+
+    # -- dialling side ---------------------------------------------------
+
+    async def _dial_forever(self) -> None:
+        cfg = self.node.config
+        backoff = cfg.reconnect_initial_s
+        while not self._stopping:
+            channel = grpc.aio.insecure_channel(self.peer.endpoint)
+            established = False
+            try:
+                call = fpb_grpc.FederationServiceStub(channel).Link()
+                transport = CallTransport(call)
+                await transport.write(fpb.Frame(hello=self.node.hello()))
+                self.node.count_control(self.peer.id)
+                first = await transport.read()
+                if first is None:
+                    raise ConnectionError("stream closed before hello")
+                if first.refuse_reason:
+                    raise LinkRefused(first.refuse_reason)
+                problem = self.node.check_hello(first.hello, expect=self.peer.id)
+                if problem:
+                    raise LinkRefused(problem)
+                established = True
+                await self._run_session(transport)
+            except asyncio.CancelledError:
+                raise
+            except LinkRefused as exc:
+                log.error("link %s refused: %s", self.peer.id, exc)
+            except (grpc.aio.AioRpcError, ConnectionError) as exc:
+                level = logging.INFO if not established else logging.WARNING
+                log.log(level, "link %s down: %s", self.peer.id, _reason(exc))
+            finally:
+                await channel.close(grace=None)
+            if established:
+                backoff = cfg.reconnect_initial_s
+            # Full jitter keeps a restarted broker from being hit by every peer at once.
+            await asyncio.sleep(random.uniform(0.5, 1.0) * backoff)
+            backoff = min(cfg.reconnect_max_s, backoff * 2)
+
+    # -- accepting side --------------------------------------------------
+
+    async def accept(self, transport: Transport) -> None:
+        """Serve an accepted stream whose hello was already checked."""
+        await transport.write(fpb.Frame(hello=self.node.hello()))
+        self.node.count_control(self.peer.id)
+        if self._session is not None and not self._session.done():
+            self._session.cancel()  # the peer reconnected before we saw the old stream die
+            try:
+                await self._session
+            except (asyncio.CancelledError, Exception):  # noqa: S110 - replaced
+                pass
+        await self._run_session(transport)
+
+    # -- a connected session ---------------------------------------------
+
+    async def _run_session(self, transport: Transport) -> None:
+        current = asyncio.current_task()
+        self._session = current
+        self._begin_session()
+        log.info("link %s up (%s)", self.peer.id, "dialled" if self.dials else "accepted")
+        reader = asyncio.create_task(self._read_loop(transport))
+        writer = asyncio.create_task(self._write_loop(transport))
+        try:
+            done, _ = await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                exc = task.exception()
+                if exc is not None:
+                    raise exc
+        finally:
+            for task in (reader, writer):
+                task.cancel()
+            await asyncio.gather(reader, writer, return_exceptions=True)
+            self._end_session()
+
+    def _begin_session(self) -> None:
+        self.connected = True
+        self._seq = 0
+        self._ack_pending = 0
+        # Subscription changes queued before are superseded by the snapshot.
+        self._queue = deque(m for m in self._queue if m.kind in _RESENDABLE)
+        self.node.metrics.peer_connected.labels(peer=self.peer.id).set(1)
+        self.node.link_state_changed()
+
+    def _end_session(self) -> None:
+        self.connected = False
+        # What the peer may not have received is sent again after reconnecting.
+        for _, msgs in self._unacked:
+            self._resend.extend(msgs)
+        self._unacked.clear()
+        self._queue = deque(m for m in self._queue if m.kind in _RESENDABLE)
+        self.node.metrics.peer_connected.labels(peer=self.peer.id).set(0)
+        self.node.link_state_changed()
+        if not self._stopping:
+            log.info("link %s closed", self.peer.id)
+
+    async def _write_loop(self, transport: Transport) -> None:
+        snapshot = self.node.core.snapshot_for(self.peer.id)
+        frame = fpb.Frame(
+            snapshot=fpb.SubscriptionSnapshot(
+                subscriptions=[
+                    fpb.RemoteSubscription(subscription=subscription_to_pb(m.sub), home=m.home)
+                    for m in snapshot
+                ]
+            )
+        )
+        await self._write(transport, frame, snapshot)
+        resend, self._resend = self._resend, deque()
+        self._queue.extendleft(reversed(resend))
+        cfg = self.node.config
+        max_msgs = cfg.batch_max_messages
+        delay = cfg.batch_max_delay_ms / 1000.0
+        while True:
+            if not self._queue:
+                self._wake.clear()
+                if self._ack_pending:
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), _ACK_DELAY_S)
+                    except TimeoutError:
+                        pass
+                else:
+                    await self._wake.wait()
+            if self._queue and len(self._queue) < max_msgs and delay:
+                # Nagle-like: right after a flush, let the next frame fill a little.
+                wait = self._last_flush + delay - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+            frame = fpb.Frame()
+            msgs: list[PeerMessage] = []
+            rank = -1
+            while self._queue and len(msgs) < max_msgs:
+                r = FRAME_RANK[self._queue[0].kind.value]
+                if r < rank:
+                    break  # keep the sender's order: next frame
+                rank = r
+                msgs.append(self._queue.popleft())
+            self.node.metrics.peer_queue.labels(peer=self.peer.id).set(len(self._queue))
+            if not msgs and not self._ack_pending:
+                continue
+            await self._write(transport, frame, msgs)
+
+    async def _write(self, transport: Transport, frame: fpb.Frame, msgs: list[Any]) -> None:
+        node = self.node
+        sizes: list[int] = []
+        is_snapshot = frame.HasField("snapshot")
+        if is_snapshot:
+            sizes = [m.ByteSize() for m in frame.snapshot.subscriptions]
+        else:
+            sizes = [add_to_frame(frame, m, node.broker_id) for m in msgs]
+        if msgs:
+            self._seq += 1
+            frame.seq = self._seq
+            resendable = [m for m in msgs if m.kind in _RESENDABLE]
+            if resendable:
+                self._unacked.append((self._seq, resendable))
+        if self._ack_pending:
+            frame.ack.seq = self._ack_pending
+            self._ack_pending = 0
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        await transport.write(frame)
+        self._last_flush = time.monotonic()
+        if msgs:
+            node.count_sent(self.peer.id, msgs, sizes)
+        elif not is_snapshot or not frame.snapshot.subscriptions:
+            node.count_control(self.peer.id)
+
+    async def _read_loop(self, transport: Transport) -> None:
+        node = self.node
+        while True:
+            frame = await transport.read()
+            if frame is None:
+                return
+            if frame.HasField("ack"):
+                while self._unacked and self._unacked[0][0] <= frame.ack.seq:
+                    self._unacked.popleft()
+            if frame.HasField("snapshot"):
+                subs = [
+                    SubscribeMsg(subscription_from_pb(rs.subscription, node.geofences), rs.home)
+                    for rs in frame.snapshot.subscriptions
+                ]
+                node.apply_snapshot(self.peer.id, subs)
+            node.receive_frame(self.peer.id, frame)
+            if frame.seq:
+                self._ack_pending = frame.seq
+                self._wake.set()
+
+    def is_duplicate(self, kind: Kind, event_id: str) -> bool:
+        """True if this event (or delivery of it) already came over this link."""
+        key = (kind.value, event_id)
+        if key in self._seen:
+            return True
+        self._seen[key] = None
+        if len(self._seen) > self.node.config.dedup_window:
+            self._seen.popitem(last=False)
+        return False
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    return str(exc) or type(exc).__name__

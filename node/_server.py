@@ -1,0 +1,514 @@
+"""The broker node: client and federation gRPC services around one `BrokerCore`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
+
+from geofed.routing import (
+    BrokerCore,
+    Delivery,
+    DeliveryMsg,
+    EventMsg,
+    Federation,
+    FederationMismatch,
+    InvalidInput,
+    Kind,
+    PeerMessage,
+    Send,
+    SubscribeMsg,
+    TooLarge,
+    great_circle_m,
+    strategy_for,
+    validate_id,
+)
+from geofed.v1 import client_pb2 as cpb
+from geofed.v1 import client_pb2_grpc as cpb_grpc
+from geofed.v1 import federation_pb2 as fpb
+from geofed.v1 import federation_pb2_grpc as fpb_grpc
+
+from ._config import NodeConfig
+from ._convert import (
+    GeofenceCache,
+    event_from_pb,
+    event_to_pb,
+    location_from_pb,
+    messages_from_frame,
+    subscription_from_pb,
+)
+from ._errors import Guarded, streaming, unary
+from ._links import PROTOCOL_VERSION, ContextTransport, PeerLink
+from ._metrics import NodeMetrics
+from ._tracefile import MessageTrace
+
+log = logging.getLogger("geofed.node")
+
+CLIENT_SERVICE = "geofed.v1.ClientService"
+FEDERATION_SERVICE = "geofed.v1.FederationService"
+_END = object()
+
+
+class _Stream:
+    """The bounded delivery queue of one Subscribe call (drops the oldest when full)."""
+
+    def __init__(self, cap: int, metrics: NodeMetrics) -> None:
+        self._items: deque[Any] = deque()
+        self._cap = cap
+        self._metrics = metrics
+        self._ready = asyncio.Event()
+        self.end_status: tuple[grpc.StatusCode, str] | None = None
+
+    def push(self, item: Any) -> None:
+        if len(self._items) >= self._cap:
+            self._items.popleft()
+            self._metrics.subscriber_dropped.inc()
+        self._items.append(item)
+        self._ready.set()
+
+    def close(self, status: tuple[grpc.StatusCode, str] | None = None) -> None:
+        self.end_status = status
+        self._items.append(_END)
+        self._ready.set()
+
+    async def get(self) -> Any:
+        while not self._items:
+            self._ready.clear()
+            await self._ready.wait()
+        return self._items.popleft()
+
+
+class BrokerNode(Guarded):
+    """One broker of the federation.
+
+    Use ``async with BrokerNode(config): ...`` or `start` / `stop`.
+    """
+
+    def __init__(self, config: NodeConfig, registry: CollectorRegistry = REGISTRY) -> None:
+        self.config = config
+        self.broker_id = config.broker_id
+        self.federation = Federation.load(config.federation)
+        me = self.federation.broker(config.broker_id)
+        self.strategy = strategy_for(config.strategy, self.federation)
+        self.core = BrokerCore(me.id, self.federation, self.strategy)
+        self.metrics = NodeMetrics(registry)
+        self.geofences = GeofenceCache(config.max_geofence_vertices)
+        self.epoch = time.time_ns()
+        self._wan = _wan_matrix(config, self.federation)
+        self.links = {b.id: PeerLink(self, b) for b in self.federation if b.id != me.id}
+        self._streams: dict[str, _Stream] = {}
+        self.trace = (
+            MessageTrace(config.trace_path, me.id, config.strategy) if config.trace_path else None
+        )
+        self.health = health.aio.HealthServicer()
+        self._client_server: grpc.aio.Server | None = None
+        self._peer_server: grpc.aio.Server | None = None
+        self._metrics_server: Any = None
+        self.client_port = 0
+        self.peer_port = 0
+        self.metrics_port = 0
+        self._started = False
+        self._stopped = False
+        self._ready = asyncio.Event()
+
+    # -- lifecycle ---------------------------------------------------------
+
+    async def start(self) -> None:
+        """Bind the ports, start serving and dial the peers."""
+        if self._started:
+            return
+        self._started = True
+        opts = [("grpc.max_receive_message_length", self.config.max_payload_bytes + (1 << 20))]
+        self._client_server = grpc.aio.server(options=opts)
+        cpb_grpc.add_ClientServiceServicer_to_server(_ClientServicer(self), self._client_server)
+        self._peer_server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])
+        fpb_grpc.add_FederationServiceServicer_to_server(_FederationServicer(self), self._peer_server)
+        for server, service in ((self._client_server, CLIENT_SERVICE), (self._peer_server, FEDERATION_SERVICE)):
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+            reflection.enable_server_reflection(
+                (service, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+            )
+        self.client_port = _bind(self._client_server, self.config.client_listen, "client_listen")
+        self.peer_port = _bind(self._peer_server, self.config.peer_listen, "peer_listen")
+        host, _, port = self.config.metrics_listen.rpartition(":")
+        try:
+            self._metrics_server, _ = start_http_server(int(port), host, registry=self.metrics.registry)
+        except OSError as exc:
+            raise InvalidInput("metrics_listen", f"cannot listen on {self.config.metrics_listen}: {exc.strerror}") from None
+        self.metrics_port = self._metrics_server.server_port
+        await self._client_server.start()
+        await self._peer_server.start()
+        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await self.health.set(CLIENT_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+        self.link_state_changed()
+        for link in self.links.values():
+            link.start()
+        log.info(
+            "broker %s serving: clients :%d, peers :%d, metrics :%d, strategy %s, %d peers",
+            self.broker_id, self.client_port, self.peer_port, self.metrics_port,
+            self.config.strategy, len(self.links),
+        )
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Graceful shutdown (idempotent): NOT_SERVING, drain, close."""
+        if self._stopped or not self._started:
+            self._stopped = True
+            return
+        self._stopped = True
+        grace = self.config.shutdown_grace_s if grace is None else grace
+        await self.health.enter_graceful_shutdown()
+        for stream in list(self._streams.values()):
+            stream.close((grpc.StatusCode.UNAVAILABLE, "broker shutting down"))
+        await asyncio.gather(*(link.drain(grace) for link in self.links.values()))
+        await asyncio.gather(*(link.stop() for link in self.links.values()))
+        for server in (self._client_server, self._peer_server):
+            if server is not None:
+                await server.stop(grace)
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+        if self.trace is not None:
+            self.trace.close()
+        log.info("broker %s stopped", self.broker_id)
+
+    async def __aenter__(self) -> BrokerNode:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def wait_closed(self) -> None:
+        """Block until the client server terminates."""
+        if self._client_server is not None:
+            await self._client_server.wait_for_termination()
+
+    def link_state_changed(self) -> None:
+        """Federation readiness: SERVING while every peer link is up."""
+        up = all(link.connected for link in self.links.values())
+        status = health_pb2.HealthCheckResponse.SERVING if up else health_pb2.HealthCheckResponse.NOT_SERVING
+        if not self._stopped and self._started:
+            asyncio.get_running_loop().create_task(self.health.set(FEDERATION_SERVICE, status))
+
+    # -- federation protocol -----------------------------------------------
+
+    def hello(self) -> fpb.Hello:
+        """Our side of the link handshake."""
+        return fpb.Hello(
+            broker_id=self.broker_id,
+            strategy=self.config.strategy,
+            federation_digest=self.federation.digest,
+            protocol_version=PROTOCOL_VERSION,
+            epoch=self.epoch,
+        )
+
+    def check_hello(self, hello: fpb.Hello, expect: str | None = None) -> str:
+        """Why a peer's hello is refused ("" if accepted)."""
+        if hello.broker_id not in self.links:
+            return f"unknown broker id {hello.broker_id!r} (not a peer in this federation file)"
+        if expect is not None and hello.broker_id != expect:
+            return f"expected broker {expect!r}, {hello.broker_id!r} answered"
+        if hello.protocol_version != PROTOCOL_VERSION:
+            return f"protocol version {hello.protocol_version}, this broker speaks {PROTOCOL_VERSION}"
+        if hello.strategy != self.config.strategy:
+            return (
+                f"strategy mismatch: broker {hello.broker_id} runs {hello.strategy!r}, "
+                f"broker {self.broker_id} runs {self.config.strategy!r}"
+            )
+        if hello.federation_digest != self.federation.digest:
+            return (
+                f"federation mismatch: broker {hello.broker_id} has federation digest "
+                f"{hello.federation_digest[:12]}, broker {self.broker_id} has {self.federation.digest[:12]}"
+            )
+        return ""
+
+    def dispatch(self, sends: Iterable[Send]) -> None:
+        """Hand messages to their peer links."""
+        for send in sends:
+            self.links[send.dst].enqueue(send.msg)
+
+    def count_sent(self, peer: str, msgs: list[PeerMessage], sizes: list[int]) -> None:
+        """Metrics and trace for messages written to a peer."""
+        m = self.metrics
+        for msg, size in zip(msgs, sizes, strict=True):
+            kind = msg.kind.value
+            m.peer_sent.labels(peer=peer, kind=kind).inc()
+            m.peer_bytes.labels(peer=peer, kind=kind).inc(size)
+            if self.trace is not None:
+                ids, topic = _trace_fields(msg)
+                self.trace.record(peer, kind, ids, topic, size)
+
+    def count_control(self, peer: str) -> None:
+        """Metrics (and trace) for a control-only frame."""
+        self.metrics.peer_sent.labels(peer=peer, kind=Kind.CONTROL.value).inc()
+        if self.trace is not None:
+            self.trace.record(peer, Kind.CONTROL.value, [], None, 0)
+
+    def apply_snapshot(self, peer: str, subs: list[SubscribeMsg]) -> None:
+        """Replace the subscriptions held from `peer`."""
+        self.core.replace_remote(peer, subs)
+        if subs:
+            self.metrics.peer_received.labels(peer=peer, kind=Kind.SUBSCRIBE.value).inc(len(subs))
+        self._update_sub_gauges()
+
+    def receive_frame(self, peer: str, frame: fpb.Frame) -> None:
+        """Apply the messages of a frame from `peer`."""
+        try:
+            msgs = messages_from_frame(frame, self.geofences)
+        except InvalidInput as exc:
+            log.error("dropping a malformed frame from %s: %s", peer, exc)
+            return
+        if not msgs:
+            if not frame.HasField("snapshot"):
+                self.metrics.peer_received.labels(peer=peer, kind=Kind.CONTROL.value).inc()
+            return
+        link = self.links[peer]
+        changed = False
+        for msg in msgs:
+            self.metrics.peer_received.labels(peer=peer, kind=msg.kind.value).inc()
+            if isinstance(msg, EventMsg | DeliveryMsg):
+                if link.is_duplicate(msg.kind, msg.event.id):
+                    self.metrics.peer_duplicates.labels(peer=peer).inc()
+                    continue
+                with self.metrics.match_seconds.time():
+                    out = self.core.on_message(peer, msg)
+                self.deliver(out.deliveries)
+            else:
+                self.core.on_message(peer, msg)
+                changed = True
+        if changed:
+            self._update_sub_gauges()
+
+    def wan_delay_s(self, peer: str) -> float:
+        """Emulated one-way delay of messages to `peer` (0 when off)."""
+        return self._wan.get(peer, 0.0)
+
+    # -- client side -------------------------------------------------------
+
+    def deliver(self, deliveries: list[Delivery]) -> None:
+        """Push deliveries to their subscribers' streams."""
+        now = time.time()
+        for d in deliveries:
+            stream = self._streams.get(d.subscription)
+            if stream is None:
+                continue
+            stream.push(cpb.Delivery(subscription_id=d.subscription, event=event_to_pb(d.event), deliver_time=now))
+            self.metrics.deliveries.inc()
+
+    def _update_sub_gauges(self) -> None:
+        self.metrics.subscriptions.labels(scope="local").set(len(self.core.local))
+        self.metrics.subscriptions.labels(scope="remote").set(len(self.core.remote))
+        self.metrics.sessions.set(len(self.core.sessions))
+
+    def on_reject(self, code: grpc.StatusCode) -> None:
+        self.metrics.rejected.labels(code=code.name).inc()
+
+
+def _bind(server: grpc.aio.Server, listen: str, field: str) -> int:
+    try:
+        port = server.add_insecure_port(listen)
+    except RuntimeError as exc:
+        raise InvalidInput(field, f"cannot listen on {listen}: {exc}") from None
+    if port == 0:
+        raise InvalidInput(field, f"cannot listen on {listen}")
+    return port
+
+
+def _trace_fields(msg: PeerMessage) -> tuple[list[str], str | None]:
+    if isinstance(msg, EventMsg | DeliveryMsg):
+        return [msg.event.id], msg.event.topic
+    if isinstance(msg, SubscribeMsg):
+        return [msg.sub.id], msg.sub.topic_filter
+    return [msg.sub_id], None
+
+
+def _wan_matrix(config: NodeConfig, fed: Federation) -> dict[str, float]:
+    if config.wan_latency == "off":
+        return {}
+    me = fed.broker(config.broker_id)
+    if config.wan_latency == "model":
+        if me.site is None:
+            raise InvalidInput("wan_latency", f"'model' needs a site for broker {me.id} in the federation file")
+        out: dict[str, float] = {}
+        for b in fed:
+            if b.id == me.id:
+                continue
+            if b.site is None:
+                raise InvalidInput("wan_latency", f"'model' needs a site for broker {b.id}")
+            out[b.id] = great_circle_m(me.site, b.site) / 1000.0 * config.wan_ms_per_km / 1000.0
+        return out
+    try:
+        with open(config.wan_latency, encoding="utf-8") as f:
+            matrix = json.load(f)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InvalidInput("wan_latency", f"cannot read latency matrix {config.wan_latency}: {exc}") from None
+    row = matrix.get(me.id) if isinstance(matrix, dict) else None
+    if not isinstance(row, dict):
+        raise InvalidInput("wan_latency", f"latency matrix has no row for broker {me.id!r}")
+    return {peer: float(ms) / 1000.0 for peer, ms in row.items() if peer != me.id}
+
+
+class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
+    def __init__(self, node: BrokerNode) -> None:
+        self.node = node
+
+    def on_reject(self, code: grpc.StatusCode) -> None:
+        self.node.on_reject(code)
+
+    def _redirect(self, broker_id: str) -> cpb.ConnectResponse:
+        self.node.metrics.redirects.inc()
+        target = self.node.federation.broker(broker_id)
+        return cpb.ConnectResponse(
+            broker_id=self.node.broker_id,
+            accepted=False,
+            redirect=cpb.Redirect(broker_id=target.id, endpoint=target.client_endpoint),
+        )
+
+    @unary
+    async def Connect(self, request: cpb.ConnectRequest, context: Any) -> cpb.ConnectResponse:
+        client = validate_id(request.client, "client")
+        where = location_from_pb(request, "location", "location")
+        redirect = self.node.core.connect(client, where)
+        self.node._update_sub_gauges()
+        if redirect is not None:
+            return self._redirect(redirect)
+        return cpb.ConnectResponse(broker_id=self.node.broker_id, accepted=True)
+
+    @unary
+    async def UpdateLocation(self, request: cpb.UpdateLocationRequest, context: Any) -> cpb.ConnectResponse:
+        client = validate_id(request.client, "client")
+        where = location_from_pb(request, "location", "location")
+        moved = self.node.core.update_location(client, where)
+        if moved.redirect is None:
+            return cpb.ConnectResponse(broker_id=self.node.broker_id, accepted=True)
+        self.node.dispatch(moved.sends)
+        for sub in moved.dropped:
+            stream = self.node._streams.pop(sub.id, None)
+            if stream is not None:
+                stream.close((grpc.StatusCode.FAILED_PRECONDITION, f"client moved to broker {moved.redirect}"))
+        self.node._update_sub_gauges()
+        return self._redirect(moved.redirect)
+
+    @streaming
+    async def Subscribe(self, request: cpb.SubscribeRequest, context: Any) -> AsyncIterator[cpb.Delivery]:
+        node = self.node
+        client = validate_id(request.client, "client")
+        if not request.HasField("subscription"):
+            raise InvalidInput("subscription", "is required")
+        sub = subscription_from_pb(request.subscription, node.geofences, client=client)
+        sends = node.core.subscribe(sub)
+        node.dispatch(sends)
+        stream = _Stream(node.config.subscriber_queue_size, node.metrics)
+        old = node._streams.get(sub.id)
+        if old is not None:
+            old.close(None)  # a newer Subscribe with this id takes over
+        node._streams[sub.id] = stream
+        node._update_sub_gauges()
+        await context.send_initial_metadata((("geofed-broker", node.broker_id),))
+        try:
+            while True:
+                item = await stream.get()
+                if item is _END:
+                    if stream.end_status is not None:
+                        await context.abort(*stream.end_status)
+                    return
+                yield item
+        finally:
+            if node._streams.get(sub.id) is stream:
+                # The client went away: its subscription goes too.
+                del node._streams[sub.id]
+                if node.core.local.get(sub.id) is not None and not node._stopped:
+                    try:
+                        node.dispatch(node.core.unsubscribe(client, sub.id))
+                    except Exception:  # noqa: BLE001 - already gone
+                        pass
+                node._update_sub_gauges()
+
+    @unary
+    async def Unsubscribe(self, request: cpb.UnsubscribeRequest, context: Any) -> cpb.UnsubscribeResponse:
+        node = self.node
+        client = validate_id(request.client, "client")
+        sub_id = validate_id(request.subscription_id, "subscription_id")
+        node.dispatch(node.core.unsubscribe(client, sub_id))
+        stream = node._streams.pop(sub_id, None)
+        if stream is not None:
+            stream.close(None)
+        node._update_sub_gauges()
+        return cpb.UnsubscribeResponse(existed=True)
+
+    def _publish(self, request: cpb.PublishRequest, field: str) -> str:
+        node = self.node
+        validate_id(request.client, f"{field}.client")
+        if not request.HasField("event"):
+            raise InvalidInput(f"{field}.event", "is required")
+        pb = request.event
+        if len(pb.payload) > node.config.max_payload_bytes:
+            raise TooLarge(f"{field}.event.payload", len(pb.payload), node.config.max_payload_bytes)
+        if not pb.id:
+            pb.id = uuid.uuid4().hex
+        pb.publish_time = time.time()
+        event = event_from_pb(pb, node.geofences, field=f"{field}.event")
+        with node.metrics.match_seconds.time():
+            out = node.core.publish(event)
+        node.metrics.events_published.inc()
+        node.deliver(out.deliveries)
+        node.dispatch(out.sends)
+        return event.id
+
+    @unary
+    async def Publish(self, request: cpb.PublishRequest, context: Any) -> cpb.PublishResponse:
+        return cpb.PublishResponse(event_id=self._publish(request, "request"))
+
+    async def PublishStream(
+        self, request_iterator: AsyncIterator[cpb.PublishRequest], context: Any
+    ) -> cpb.PublishBatchResponse:
+        from geofed.routing import GeofedError
+
+        from ._errors import status_for
+
+        ids: list[str] = []
+        n = 0
+        async for request in request_iterator:
+            n += 1
+            if n > self.node.config.max_publish_batch:
+                code = grpc.StatusCode.RESOURCE_EXHAUSTED
+                self.on_reject(code)
+                await context.abort(code, f"batch: more than {self.node.config.max_publish_batch} events")
+            try:
+                ids.append(self._publish(request, f"batch[{n - 1}]"))
+            except GeofedError as exc:
+                # Earlier events of the batch are published; say which one failed.
+                code = status_for(exc)
+                self.on_reject(code)
+                await context.abort(code, f"{exc} ({len(ids)} earlier events were published)")
+        return cpb.PublishBatchResponse(accepted=len(ids), event_ids=ids)
+
+
+class _FederationServicer(fpb_grpc.FederationServiceServicer):
+    def __init__(self, node: BrokerNode) -> None:
+        self.node = node
+
+    async def Link(self, request_iterator: Any, context: Any) -> None:
+        node = self.node
+        first = await context.read()
+        if first is grpc.aio.EOF or not first.HasField("hello"):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "hello: the first frame must be a hello")
+        problem = node.check_hello(first.hello)
+        if problem:
+            log.error("refusing link from %s: %s", first.hello.broker_id or "?", problem)
+            await context.write(fpb.Frame(refuse_reason=problem))
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, problem)
+        await node.links[first.hello.broker_id].accept(ContextTransport(context))
+
+
+__all__ = ["BrokerNode", "FederationMismatch"]

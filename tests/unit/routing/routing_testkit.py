@@ -1,0 +1,392 @@
+"""Shared federations and hypothesis strategies for the routing unit tests.
+
+Imported by the test modules beside it (pytest puts this folder on sys.path);
+the name is unique so it cannot shadow a module of another test folder.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from geofed.routing import (
+    Broker,
+    Federation,
+    Geofence,
+    LatLon,
+    TraceOp,
+    circle,
+    latlon,
+    parse_wkt,
+)
+from geofed.routing._geometry import EARTH_RADIUS_M, build_geofence
+from hypothesis import strategies as st
+
+# --------------------------------------------------------------------------
+# Federations
+
+
+def tiling_federation() -> Federation:
+    """Three brokers that tile the globe.
+
+    ``a`` and ``b`` share a slanted edge (so boundary points are not on a grid
+    line). ``c`` is given as one polygon across the antimeridian, which the
+    parser cuts into a MultiPolygon. North of the equator ``b`` reaches 180
+    and ``c`` starts at -180, so there the antimeridian itself is a boundary
+    between two brokers (and the smallest id, ``b``, owns it).
+    """
+    return Federation(
+        [
+            Broker("a", parse_wkt("POLYGON((-60 -90, 60 -90, 30 90, -60 90, -60 -90))")),
+            Broker(
+                "b", parse_wkt("POLYGON((60 -90, 150 -90, 150 0, 180 0, 180 90, 30 90, 60 -90))")
+            ),
+            Broker(
+                "c",
+                parse_wkt("POLYGON((150 -90, -60 -90, -60 90, -180 90, -180 0, 150 0, 150 -90))"),
+            ),
+        ]
+    )
+
+
+def gap_federation() -> Federation:
+    """Three disjoint brokers whose areas leave most of the globe uncovered.
+
+    ``pac`` crosses the antimeridian, so "nearest area" must look across it.
+    """
+    return Federation(
+        [
+            Broker("eu", parse_wkt("POLYGON((-20 30, 40 30, 40 70, -20 70, -20 30))")),
+            Broker("as", parse_wkt("POLYGON((60 0, 150 0, 150 60, 60 60, 60 0))")),
+            Broker("pac", parse_wkt("POLYGON((160 -50, -150 -50, -150 10, 160 10, 160 -50))")),
+        ]
+    )
+
+
+# Points that sit on area boundaries, the antimeridian and the poles of the
+# federations above: where tie-breaks and seams are decided.
+SPECIAL_POINTS: tuple[tuple[float, float], ...] = (
+    (0.0, 60.0),
+    (-90.0, 60.0),
+    (90.0, 30.0),
+    (0.0, 45.0),  # on the slanted a/b edge (lon = 45 - lat / 6), exactly
+    (45.0, 37.5),
+    (-45.0, 52.5),
+    (0.0, -60.0),
+    (10.0, 150.0),
+    (0.0, 180.0),
+    (0.0, -180.0),
+    (-50.0, 180.0),
+    (10.0, -180.0),
+    (45.0, 180.0),
+    (0.0, 150.0 + 1e-9),
+    (90.0, 0.0),
+    (-90.0, 0.0),
+    (90.0, 180.0),
+    (30.0, -20.0),
+    (70.0, 40.0),
+    (60.0, 60.0),
+    (0.0, 150.0),
+    (-50.0, 160.0),
+    (10.0, -150.0),
+    (48.8566, 2.3522),
+    (35.6812, 139.7671),
+)
+
+
+# --------------------------------------------------------------------------
+# Geometry helpers
+
+
+def destination(center: LatLon, bearing_deg: float, distance_m: float) -> LatLon:
+    """The point `distance_m` from `center` along `bearing_deg` (spherical)."""
+    p1, l1 = math.radians(center.lat), math.radians(center.lon)
+    b, d = math.radians(bearing_deg), distance_m / EARTH_RADIUS_M
+    p2 = math.asin(math.sin(p1) * math.cos(d) + math.cos(p1) * math.sin(d) * math.cos(b))
+    l2 = l1 + math.atan2(
+        math.sin(b) * math.sin(d) * math.cos(p1), math.cos(d) - math.sin(p1) * math.sin(p2)
+    )
+    lon = (math.degrees(l2) + 540.0) % 360.0 - 180.0
+    return latlon(max(-90.0, min(90.0, math.degrees(p2))), lon)
+
+
+def wrap_lon(lon: float) -> float:
+    """Longitude folded into [-180, 180)."""
+    return (lon + 180.0) % 360.0 - 180.0
+
+
+def rect_ring(west: float, south: float, east: float, north: float) -> list[tuple[float, float]]:
+    """The closed ring of the lon/lat rectangle from `west` eastwards to `east`.
+
+    Longitudes may run past ±180 (``east`` up to ``west + 360``): they are
+    wrapped, and a midpoint on the long edges keeps every edge under 180
+    degrees, so the parser reads the crossing of the antimeridian as meant.
+    """
+    mid = (west + east) / 2
+    w, m, e = (wrap_lon(x) if abs(x) > 180.0 else x for x in (west, mid, east))
+    return [(w, south), (m, south), (e, south), (e, north), (m, north), (w, north), (w, south)]
+
+
+def rect_wkt(west: float, south: float, east: float, north: float) -> str:
+    """WKT of `rect_ring`."""
+    ring = rect_ring(west, south, east, north)
+    return "POLYGON((" + ", ".join(f"{x!r} {y!r}" for x, y in ring) + "))"
+
+
+def star_ring(
+    lon: float, lat: float, radii: Sequence[float], angles: Sequence[float]
+) -> list[tuple[float, float]]:
+    """A closed star-shaped ring around (lon, lat): simple by construction.
+
+    Longitudes are *not* wrapped, so a ring may run past ±180; latitudes are
+    clamped to the poles by the caller's choice of radii.
+    """
+    pts = [
+        (lon + r * math.cos(a), lat + r * math.sin(a))
+        for r, a in zip(radii, sorted(angles), strict=True)
+    ]
+    return [*pts, pts[0]]
+
+
+# --------------------------------------------------------------------------
+# Hypothesis strategies
+
+LAT = st.floats(-90.0, 90.0, allow_nan=False)
+LON = st.floats(-180.0, 180.0, allow_nan=False)
+
+points: st.SearchStrategy[LatLon] = st.one_of(
+    st.builds(latlon, LAT, LON),
+    st.sampled_from(SPECIAL_POINTS).map(lambda p: latlon(*p)),
+)
+"""Any location, with boundary / seam / pole points drawn often."""
+
+
+@st.composite
+def near(draw: st.DrawFn, center: LatLon, max_m: float = 20_000.0) -> LatLon:
+    """A point within `max_m` of `center` (metres to tens of km away)."""
+    dist = draw(st.one_of(st.just(0.0), st.floats(0.01, max_m)))
+    return destination(center, draw(st.floats(0.0, 360.0)), dist)
+
+
+@st.composite
+def rectangle_bounds(
+    draw: st.DrawFn, around: LatLon | None = None
+) -> tuple[float, float, float, float]:
+    """(west, south, east, north) with ``west < east <= west + 359``."""
+    if around is None:
+        west = draw(st.floats(-180.0, 180.0))
+        width = draw(st.floats(0.001, 359.0))
+        south = draw(st.floats(-90.0, 89.9))
+        north = min(90.0, south + draw(st.floats(0.001, 90.0 - south)))
+    else:
+        # Half-sizes from about a metre to tens of degrees, centred on the point.
+        half_w = draw(st.sampled_from([1e-5, 1e-3, 0.1, 2.0, 25.0]))
+        half_h = draw(st.sampled_from([1e-5, 1e-3, 0.1, 2.0, 25.0]))
+        west, width = around.lon - half_w, 2 * half_w
+        south = max(-90.0, around.lat - half_h)
+        north = min(90.0, around.lat + half_h)
+    return west, south, west + width, north
+
+
+def rectangles(around: LatLon | None = None) -> st.SearchStrategy[Geofence]:
+    """Lon/lat rectangles: anywhere, around a point, tiny, or across ±180."""
+    return rectangle_bounds(around).map(lambda b: parse_wkt(rect_wkt(*b)))
+
+
+@st.composite
+def circles(draw: st.DrawFn, around: LatLon | None = None) -> Geofence:
+    """Geodesic circles from 10 m to 3000 km, anywhere or around a point."""
+    center = draw(points) if around is None else around
+    radius = draw(
+        st.one_of(st.sampled_from([10.0, 500.0, 50_000.0, 2_000_000.0]), st.floats(10.0, 3e6))
+    )
+    return circle(center, radius)
+
+
+@st.composite
+def stars(draw: st.DrawFn, around: LatLon | None = None) -> Geofence:
+    """Star-shaped polygons (simple by construction), possibly across ±180."""
+    center = draw(points) if around is None else around
+    n = draw(st.integers(3, 9))
+    scale = draw(st.sampled_from([1e-4, 0.05, 3.0, 20.0]))
+    lat = max(-90.0 + 1.2 * scale, min(90.0 - 1.2 * scale, center.lat))
+    angles = draw(
+        st.lists(st.floats(0.0, 2 * math.pi, exclude_max=True), min_size=n, max_size=n, unique=True)
+    )
+    radii = draw(st.lists(st.floats(0.2 * scale, scale), min_size=n, max_size=n))
+    ring = star_ring(center.lon, lat, radii, angles)
+    # Distinct angles may still round to one vertex for tiny scales; such a ring
+    # is not a valid input, so the generator asks again instead.
+    wrapped = [(wrap_lon(x) if abs(x) > 180.0 else x, y) for x, y in ring]
+    try:
+        return build_geofence([[wrapped]])
+    except ValueError:
+        from hypothesis import reject
+
+        reject()
+
+
+@st.composite
+def multipolygons(draw: st.DrawFn, around: LatLon | None = None) -> Geofence:
+    """Two disjoint rectangles as one MultiPolygon (the first near `around`)."""
+    west, south, east, north = draw(rectangle_bounds(around))
+    # A second box strictly in the other hemisphere cannot touch the first.
+    if north < 0.0:
+        lo, hi = sorted(draw(st.lists(st.floats(0.5, 89.0), min_size=2, max_size=2, unique=True)))
+    elif south > 0.0:
+        lo, hi = sorted(draw(st.lists(st.floats(-89.0, -0.5), min_size=2, max_size=2, unique=True)))
+    else:
+        return parse_wkt(rect_wkt(west, south, east, north))
+    w2 = draw(st.floats(-180.0, 180.0))
+    e2 = w2 + draw(st.floats(0.01, 200.0))
+    return build_geofence([[rect_ring(west, south, east, north)], [rect_ring(w2, lo, e2, hi)]])
+
+
+@st.composite
+def seam_boxes(draw: st.DrawFn, around: LatLon | None = None) -> Geofence:
+    """Boxes that touch the antimeridian from one side only."""
+    lat = draw(LAT) if around is None else around.lat
+    half_h = draw(st.sampled_from([1e-4, 0.5, 10.0]))
+    width = draw(st.sampled_from([1e-4, 0.5, 10.0]))
+    south, north = max(-90.0, lat - half_h), min(90.0, lat + half_h)
+    west = -180.0 if draw(st.booleans()) else 180.0 - width
+    return parse_wkt(rect_wkt(west, south, west + width, north))
+
+
+def geofences(around: LatLon | None = None) -> st.SearchStrategy[Geofence | None]:
+    """Any geofence, ``None`` (the whole world) included."""
+    return st.one_of(
+        st.none(),
+        rectangles(around=around),
+        seam_boxes(around=around),
+        circles(around=around),
+        stars(around=around),
+        multipolygons(around=around),
+    )
+
+
+# Topic levels: a small alphabet so filters and topics collide often, with
+# empty levels and '$' prefixes.
+TOPIC_LEVELS = st.sampled_from(["a", "b", "c", "", "$s", "$"])
+
+
+def topics() -> st.SearchStrategy[str]:
+    """Topic names built from the small alphabet (1-4 levels)."""
+    return st.lists(TOPIC_LEVELS, min_size=1, max_size=4).map("/".join).filter(bool)
+
+
+def filters() -> st.SearchStrategy[str]:
+    """Valid topic filters over the same alphabet, with '+' and a final '#'."""
+    level = st.one_of(TOPIC_LEVELS, st.just("+"))
+    return st.builds(
+        lambda levels, hash_: "/".join(levels + (["#"] if hash_ else [])),
+        st.lists(level, min_size=0, max_size=4),
+        st.booleans(),
+    ).filter(bool)
+
+
+@st.composite
+def filter_for(draw: st.DrawFn, topic: str) -> str:
+    """A filter derived from `topic` (so it usually matches it): some levels
+    become '+', the tail may become '#', and now and then one level changes."""
+    levels = topic.split("/")
+    out = [draw(st.sampled_from([lv, lv, "+"])) for lv in levels]
+    if draw(st.integers(0, 3)) == 0:
+        out[draw(st.integers(0, len(out) - 1))] = draw(TOPIC_LEVELS)
+    if draw(st.booleans()):
+        out = [*out[: draw(st.integers(0, len(out)))], "#"]
+    return "/".join(out) or "#"
+
+
+# --------------------------------------------------------------------------
+# Workloads
+
+
+_OP_MIX = ("subscribe", "subscribe", "move", "publish", "publish", "unsubscribe")
+
+
+@st.composite
+def workloads(draw: st.DrawFn, max_ops: int = 30) -> list[TraceOp]:
+    """A random trace: clients that subscribe, move, publish and unsubscribe.
+
+    A few anchor points per workload, with clients and geofences placed near
+    them, make matches likely; ids are drawn from small pools so that clients
+    re-subscribe with the same id (changing the geofence), collide with other
+    clients' ids and unsubscribe ids they do not hold.
+    """
+    anchors = draw(st.lists(points, min_size=2, max_size=4))
+    fence_pool = [
+        draw(geofences(around=draw(st.one_of(st.none(), st.sampled_from(anchors)))))
+        for _ in range(draw(st.integers(1, 4)))
+    ]
+    topic_pool = draw(st.lists(topics(), min_size=1, max_size=3))
+
+    def place() -> LatLon:
+        anchor = draw(st.sampled_from(anchors))
+        how = draw(st.sampled_from(["anchor", "anchor", "near", "near", "anywhere"]))
+        if how == "anchor":
+            return anchor
+        return draw(near(anchor) if how == "near" else points)
+
+    def fence() -> Geofence | None:
+        # Mostly one of the workload's own fences (or the world), so that
+        # subscriptions and events share areas; sometimes a fresh one.
+        how = draw(st.sampled_from(["world", "world", "pool", "pool", "pool", "fresh"]))
+        if how == "world":
+            return None
+        return draw(st.sampled_from(fence_pool) if how == "pool" else geofences())
+
+    def topic_filter() -> str:
+        if draw(st.integers(0, 4)) == 0:
+            return draw(filters())
+        return draw(filter_for(draw(st.sampled_from(topic_pool))))
+
+    clients = [f"c{i}" for i in range(draw(st.integers(1, 4)))]
+    sub_ids = ["s0", "s1", "s2", "s3"]
+    ops: list[TraceOp] = []
+    n_events = 0
+    for i in range(draw(st.integers(4, max_ops))):
+        kind = draw(st.sampled_from(_OP_MIX))
+        client = draw(st.sampled_from(clients))
+        t = float(i)
+        if kind == "subscribe":
+            ops.append(
+                TraceOp(
+                    t,
+                    "subscribe",
+                    client,
+                    place(),
+                    draw(st.sampled_from(sub_ids)),
+                    topic_filter(),
+                    fence(),
+                    line=i + 1,
+                )
+            )
+        elif kind == "move":
+            ops.append(TraceOp(t, "move", client, place(), line=i + 1))
+        elif kind == "publish":
+            n_events += 1
+            ops.append(
+                TraceOp(
+                    t,
+                    "publish",
+                    client,
+                    place(),
+                    f"e{n_events}",
+                    draw(st.sampled_from(topic_pool)),
+                    fence(),
+                    payload_size=draw(st.integers(0, 100)),
+                    line=i + 1,
+                )
+            )
+        else:
+            ops.append(
+                TraceOp(
+                    t,
+                    "unsubscribe",
+                    client,
+                    id=draw(st.sampled_from([*sub_ids, "unknown"])),
+                    line=i + 1,
+                )
+            )
+    return ops
