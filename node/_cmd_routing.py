@@ -134,7 +134,10 @@ def _route(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=2))
         return 0
     print(f"origin broker: {origin}    federation: {len(fed)} brokers")
-    print(f"remote brokers whose area meets the geofence ({len(meeting)}): {', '.join(meeting) or '-'}")
+    print(
+        f"remote brokers whose area meets the geofence ({len(meeting)}): "
+        f"{', '.join(meeting) or '-'}"
+    )
     print(f"{'strategy':<24} {'event ->':>9} {'subscription ->':>16}")
     for r in rows:
         print(f"{r['strategy']:<24} {len(r['event_to']):>9} {len(r['subscription_to']):>16}")

@@ -35,21 +35,35 @@ class NodeConfig:
     strategy: str = _doc("routing strategy, the same on every broker", default="event-geofence")
     client_listen: str = _doc("host:port of the client gRPC service", default="0.0.0.0:7400")
     peer_listen: str = _doc("host:port of the federation gRPC service", default="0.0.0.0:7401")
-    metrics_listen: str = _doc("host:port of the Prometheus /metrics endpoint", default="0.0.0.0:9400")
+    metrics_listen: str = _doc(
+        "host:port of the Prometheus /metrics endpoint", default="0.0.0.0:9400"
+    )
     trace_path: str = _doc("node message trace file (JSON Lines); empty = off", default="")
     log_level: str = _doc("debug, info, warning or error", default="info")
     max_payload_bytes: int = _doc("largest accepted event payload", default=1_048_576)
     max_geofence_vertices: int = _doc("most vertices one geofence may have", default=10_000)
     max_publish_batch: int = _doc("most events one PublishStream call may carry", default=100_000)
-    peer_queue_size: int = _doc("messages queued per peer before new ones are dropped", default=100_000)
-    subscriber_queue_size: int = _doc("deliveries queued per subscription before the oldest is dropped", default=10_000)
+    peer_queue_size: int = _doc(
+        "messages queued per peer before new ones are dropped", default=100_000
+    )
+    subscriber_queue_size: int = _doc(
+        "deliveries queued per subscription before the oldest is dropped", default=10_000
+    )
     batch_max_messages: int = _doc("most messages per frame to a peer", default=512)
     batch_max_delay_ms: float = _doc("longest a message waits for its frame to fill", default=2.0)
     reconnect_initial_s: float = _doc("first reconnect delay to a peer", default=0.05)
-    reconnect_max_s: float = _doc("longest reconnect delay (exponential backoff, jittered)", default=5.0)
-    dedup_window: int = _doc("recent event ids remembered per peer to drop duplicates", default=100_000)
-    wan_latency: str = _doc("inter-broker delay: 'off', 'model' (per km) or a latency matrix file", default="off")
-    wan_ms_per_km: float = _doc("delay per km of great-circle distance when wan_latency=model", default=0.021)
+    reconnect_max_s: float = _doc(
+        "longest reconnect delay (exponential backoff, jittered)", default=5.0
+    )
+    dedup_window: int = _doc(
+        "recent event ids remembered per peer to drop duplicates", default=100_000
+    )
+    wan_latency: str = _doc(
+        "inter-broker delay: 'off', 'model' (per km) or a latency matrix file", default="off"
+    )
+    wan_ms_per_km: float = _doc(
+        "delay per km of great-circle distance when wan_latency=model", default=0.021
+    )
     shutdown_grace_s: float = _doc("how long shutdown waits for in-flight work", default=5.0)
 
     def __post_init__(self) -> None:
@@ -58,11 +72,15 @@ class NodeConfig:
         if not self.federation:
             raise InvalidInput("federation", "is required (flag --federation or GEOFED_FEDERATION)")
         if self.strategy not in STRATEGIES:
-            raise InvalidInput("strategy", f"unknown {self.strategy!r}; one of {', '.join(STRATEGIES)}")
+            raise InvalidInput(
+                "strategy", f"unknown {self.strategy!r}; one of {', '.join(STRATEGIES)}"
+            )
         for name in ("client_listen", "peer_listen", "metrics_listen"):
             _check_listen(name, getattr(self, name))
         if self.log_level not in LOG_LEVELS:
-            raise InvalidInput("log_level", f"one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
+            raise InvalidInput(
+                "log_level", f"one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}"
+            )
         for name in (
             "max_payload_bytes",
             "max_geofence_vertices",
@@ -74,7 +92,12 @@ class NodeConfig:
         ):
             if getattr(self, name) < 1:
                 raise InvalidInput(name, f"must be >= 1, got {getattr(self, name)!r}")
-        for name in ("batch_max_delay_ms", "reconnect_initial_s", "wan_ms_per_km", "shutdown_grace_s"):
+        for name in (
+            "batch_max_delay_ms",
+            "reconnect_initial_s",
+            "wan_ms_per_km",
+            "shutdown_grace_s",
+        ):
             if getattr(self, name) < 0:
                 raise InvalidInput(name, f"must be >= 0, got {getattr(self, name)!r}")
         if self.reconnect_max_s < self.reconnect_initial_s:
@@ -108,7 +131,7 @@ class NodeConfig:
 
 
 def _check_listen(name: str, value: str) -> None:
-    host, sep, port = value.rpartition(":")
+    _, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
         raise InvalidInput(name, f"must be 'host:port' (port 0 = any free port), got {value!r}")
 

@@ -17,8 +17,8 @@ from geofed.routing import (
     InvalidInput,
     LatLon,
     PeerMessage,
-    Subscription,
     SubscribeMsg,
+    Subscription,
     UnsubscribeMsg,
     latlon,
     make_event,
@@ -49,7 +49,8 @@ class GeofenceCache:
             if not c.HasField("center"):
                 raise InvalidInput(f"{field}.circle.center", "is required")
             return parse_geofence(
-                {"circle": {"lat": c.center.lat, "lon": c.center.lon, "radius_m": c.radius_m}}, field
+                {"circle": {"lat": c.center.lat, "lon": c.center.lon, "radius_m": c.radius_m}},
+                field,
             )
         text = pb.wkt if shape == "wkt" else pb.geojson
         key = (shape, text)
@@ -59,7 +60,9 @@ class GeofenceCache:
             return hit
         fence = parse_geofence(text, f"{field}.{shape}", max_vertices=self._max_vertices)
         if fence is None:
-            raise InvalidInput(f"{field}.{shape}", "must not be empty (leave the geofence unset for the world)")
+            raise InvalidInput(
+                f"{field}.{shape}", "must not be empty (leave the geofence unset for the world)"
+            )
         self._cache[key] = fence
         if len(self._cache) > self._size:
             self._cache.popitem(last=False)
@@ -89,9 +92,19 @@ def event_from_pb(
         from geofed.routing import TooLarge
 
         raise TooLarge(f"{field}.payload", len(pb.payload), max_payload)
-    ev = make_event(pb.id, pb.topic, location, fence, payload_size=len(pb.payload), t=pb.publish_time, field=field)
+    ev = make_event(
+        pb.id,
+        pb.topic,
+        location,
+        fence,
+        payload_size=len(pb.payload),
+        t=pb.publish_time,
+        field=field,
+    )
     if pb.payload:
-        ev = Event(ev.id, ev.topic, ev.location, ev.geofence, ev.payload_size, ev.t, bytes(pb.payload))
+        ev = Event(
+            ev.id, ev.topic, ev.location, ev.geofence, ev.payload_size, ev.t, bytes(pb.payload)
+        )
     return ev
 
 
@@ -109,12 +122,18 @@ def event_to_pb(ev: Event, origin: str = "") -> gpb.Event:
 
 
 def subscription_from_pb(
-    pb: gpb.Subscription, cache: GeofenceCache, *, client: str | None = None, field: str = "subscription"
+    pb: gpb.Subscription,
+    cache: GeofenceCache,
+    *,
+    client: str | None = None,
+    field: str = "subscription",
 ) -> Subscription:
     """Validate a subscription from the wire; `client` fills an empty client field."""
     owner = pb.client or client or ""
     if client is not None and pb.client and pb.client != client:
-        raise InvalidInput(f"{field}.client", f"{pb.client!r} differs from the session's client {client!r}")
+        raise InvalidInput(
+            f"{field}.client", f"{pb.client!r} differs from the session's client {client!r}"
+        )
     fence = cache.parse(pb.geofence, f"{field}.geofence") if pb.HasField("geofence") else None
     return make_subscription(pb.id, owner, pb.topic_filter, fence, field=field)
 
@@ -122,7 +141,10 @@ def subscription_from_pb(
 def subscription_to_pb(sub: Subscription) -> gpb.Subscription:
     """Wire form of a subscription."""
     return gpb.Subscription(
-        id=sub.id, client=sub.client, topic_filter=sub.topic_filter, geofence=geofence_to_pb(sub.geofence)
+        id=sub.id,
+        client=sub.client,
+        topic_filter=sub.topic_filter,
+        geofence=geofence_to_pb(sub.geofence),
     )
 
 
@@ -144,7 +166,7 @@ def add_to_frame(frame: fpb.Frame, msg: PeerMessage, origin: str) -> int:
     else:
         pb = fpb.EventDelivery(event=event_to_pb(msg.event, origin), subscription_ids=msg.sub_ids)
         frame.deliveries.append(pb)
-    return pb.ByteSize()
+    return int(pb.ByteSize())
 
 
 def messages_from_frame(frame: fpb.Frame, cache: GeofenceCache) -> list[PeerMessage]:

@@ -13,6 +13,7 @@ after the reconnect, and receivers drop event ids they have already seen.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -56,7 +57,7 @@ class CallTransport:
 
     async def read(self) -> fpb.Frame | None:
         frame = await self._call.read()
-        return None if frame is grpc.aio.EOF else frame  # type: ignore[no-any-return]
+        return None if frame is grpc.aio.EOF else frame
 
     async def write(self, frame: fpb.Frame) -> None:
         await self._call.write(frame)
@@ -70,7 +71,7 @@ class ContextTransport:
 
     async def read(self) -> fpb.Frame | None:
         frame = await self._context.read()
-        return None if frame is grpc.aio.EOF else frame  # type: ignore[no-any-return]
+        return None if frame is grpc.aio.EOF else frame
 
     async def write(self, frame: fpb.Frame) -> None:
         await self._context.write(frame)
@@ -146,10 +147,8 @@ class PeerLink:
                 task.cancel()
         for task in (self._dialer, self._session):
             if task is not None:
-                try:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
-                except (asyncio.CancelledError, Exception):  # noqa: S110 - closing anyway
-                    pass
 
     def _restart_session(self, why: str) -> None:
         if self._session is not None and not self._session.done():
@@ -202,10 +201,8 @@ class PeerLink:
         self.node.count_control(self.peer.id)
         if self._session is not None and not self._session.done():
             self._session.cancel()  # the peer reconnected before we saw the old stream die
-            try:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._session
-            except (asyncio.CancelledError, Exception):  # noqa: S110 - replaced
-                pass
         await self._run_session(transport)
 
     # -- a connected session ---------------------------------------------
@@ -270,10 +267,8 @@ class PeerLink:
             if not self._queue:
                 self._wake.clear()
                 if self._ack_pending:
-                    try:
+                    with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._wake.wait(), _ACK_DELAY_S)
-                    except TimeoutError:
-                        pass
                 else:
                     await self._wake.wait()
             if self._queue and len(self._queue) < max_msgs and delay:

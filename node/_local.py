@@ -101,13 +101,16 @@ class LocalFederation:
         self.wait_ready(timeout)
         return self
 
-    def start_node(self, broker_id: str, metrics_port: int | None = None) -> LocalNode:
-        """(Re)start the process of one broker on its ports."""
+    def start_node(
+        self, broker_id: str, metrics_port: int | None = None, env: dict[str, str] | None = None
+    ) -> LocalNode:
+        """(Re)start the process of one broker on its ports; `env` overrides settings."""
         b = self.federation.broker(broker_id)
         old = self.nodes.get(broker_id)
         if metrics_port is None:
             assert old is not None
             metrics_port = int(old.metrics_url.rsplit(":", 1)[1].split("/")[0])
+        extra = env or {}
         env = dict(os.environ)
         env.update(
             {
@@ -123,6 +126,7 @@ class LocalFederation:
         if self.trace:
             env["GEOFED_TRACE_PATH"] = str(self.workdir / f"trace-{broker_id}.jsonl")
         env.update(self.extra_env)
+        env.update(extra)
         log_path = self.workdir / f"node-{broker_id}.log"
         log_file = log_path.open("ab")
         proc = subprocess.Popen(
@@ -134,7 +138,12 @@ class LocalFederation:
         )
         log_file.close()
         node = LocalNode(
-            broker_id, b.client_endpoint, b.endpoint, f"http://127.0.0.1:{metrics_port}/metrics", proc, log_path
+            broker_id,
+            b.client_endpoint,
+            b.endpoint,
+            f"http://127.0.0.1:{metrics_port}/metrics",
+            proc,
+            log_path,
         )
         self.nodes[broker_id] = node
         return node
@@ -147,13 +156,16 @@ class LocalFederation:
             while True:
                 if node.process.poll() is not None:
                     raise GeofedError(
-                        f"broker {bid} exited with {node.process.returncode}; log: {node.log_path}\n"
+                        f"broker {bid} exited with {node.process.returncode}; "
+                        f"log: {node.log_path}\n"
                         + node.log_path.read_text(errors="replace")[-2000:]
                     )
                 if health_status(node.peer, FEDERATION_SERVICE) == "SERVING":
                     break
                 if time.monotonic() > deadline:
-                    raise GeofedError(f"broker {bid} not ready after {timeout}s; log: {node.log_path}")
+                    raise GeofedError(
+                        f"broker {bid} not ready after {timeout}s; log: {node.log_path}"
+                    )
                 time.sleep(0.05)
 
     def stop_node(self, broker_id: str, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
@@ -187,7 +199,10 @@ class LocalFederation:
         return self.start()
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.stop()
 

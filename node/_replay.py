@@ -65,7 +65,9 @@ class Replayer:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._clients: dict[str, _Client] = {}
         self.deliveries: list[tuple[str, str]] = []
-        self.latencies: list[tuple[str, str, float]] = []  # (publisher broker, subscriber broker, seconds)
+        self.latencies: list[
+            tuple[str, str, float]
+        ] = []  # (publisher broker, subscriber broker, seconds)
         self.redirects = 0
         self.errors: list[str] = []
         self._origin: dict[str, str] = {}
@@ -76,7 +78,9 @@ class Replayer:
         if ch is None:
             endpoint = self.federation.broker(broker_id).client_endpoint
             if not endpoint:
-                raise GeofedError(f"broker {broker_id} has no client_endpoint in the federation file")
+                raise GeofedError(
+                    f"broker {broker_id} has no client_endpoint in the federation file"
+                )
             ch = self._channels[broker_id] = grpc.aio.insecure_channel(endpoint)
         return cpb_grpc.ClientServiceStub(ch)
 
@@ -113,12 +117,17 @@ class Replayer:
         if op.op == "subscribe":
             assert client is not None
             sub = gpb.Subscription(
-                id=op.id, client=op.client, topic_filter=op.topic, geofence=geofence_to_pb(op.geofence)
+                id=op.id,
+                client=op.client,
+                topic_filter=op.topic,
+                geofence=geofence_to_pb(op.geofence),
             )
             await self._subscribe(client, sub)
         elif op.op == "unsubscribe":
             if client is None or op.id not in client.subs:
-                self.errors.append(f"line {op.line}: client {op.client} has no subscription {op.id}")
+                self.errors.append(
+                    f"line {op.line}: client {op.client} has no subscription {op.id}"
+                )
                 return
             del client.subs[op.id]
             await self.stub(client.broker).Unsubscribe(
@@ -164,7 +173,9 @@ class Replayer:
 
     async def _connect(self, client_id: str, where: LatLon, broker: str) -> str:
         for _ in range(len(self.federation) + 1):
-            resp = await self.stub(broker).Connect(cpb.ConnectRequest(client=client_id, location=latlon_pb(where)))
+            resp = await self.stub(broker).Connect(
+                cpb.ConnectRequest(client=client_id, location=latlon_pb(where))
+            )
             if resp.accepted:
                 return broker
             self.redirects += 1
@@ -173,7 +184,9 @@ class Replayer:
 
     async def _subscribe(self, client: _Client, sub: gpb.Subscription) -> None:
         old = client.streams.pop(sub.id, None)
-        call = self.stub(client.broker).Subscribe(cpb.SubscribeRequest(client=client.id, subscription=sub))
+        call = self.stub(client.broker).Subscribe(
+            cpb.SubscribeRequest(client=client.id, subscription=sub)
+        )
         await call.initial_metadata()  # sent once the broker registered the subscription
         client.subs[sub.id] = sub
         client.streams[sub.id] = asyncio.create_task(self._pump(client, client.broker, call))
@@ -225,12 +238,18 @@ def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return out
 
 
-def peer_message_counts(metrics_urls: dict[str, str]) -> dict[str, dict[tuple[str, str, str], float]]:
+def peer_message_counts(
+    metrics_urls: dict[str, str],
+) -> dict[str, dict[tuple[str, str, str], float]]:
     """Sent and received inter-broker messages by (kind, src, dst), from every node's metrics."""
+    from concurrent.futures import ThreadPoolExecutor
+
     sent: dict[tuple[str, str, str], float] = {}
     received: dict[tuple[str, str, str], float] = {}
-    for broker, url in metrics_urls.items():
-        for (name, labels), value in scrape(url).items():
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        scraped = dict(zip(metrics_urls, pool.map(scrape, metrics_urls.values()), strict=True))
+    for broker, samples in scraped.items():
+        for (name, labels), value in samples.items():
             lab = dict(labels)
             if name == "geofed_peer_messages_sent_total":
                 sent[(lab["kind"], broker, lab["peer"])] = value
@@ -249,7 +268,9 @@ async def wait_quiescent(metrics_urls: dict[str, str], timeout: float = 10.0) ->
         if sent == recv:
             return
         if time.monotonic() > deadline:
-            raise GeofedError(f"federation not quiescent after {timeout}s: sent {sent} received {recv}")
+            raise GeofedError(
+                f"federation not quiescent after {timeout}s: sent {sent} received {recv}"
+            )
         await asyncio.sleep(0.005)
 
 

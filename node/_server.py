@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -23,6 +24,7 @@ from geofed.routing import (
     EventMsg,
     Federation,
     FederationMismatch,
+    GeofedError,
     InvalidInput,
     Kind,
     PeerMessage,
@@ -132,8 +134,13 @@ class BrokerNode(Guarded):
         self._client_server = grpc.aio.server(options=opts)
         cpb_grpc.add_ClientServiceServicer_to_server(_ClientServicer(self), self._client_server)
         self._peer_server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])
-        fpb_grpc.add_FederationServiceServicer_to_server(_FederationServicer(self), self._peer_server)
-        for server, service in ((self._client_server, CLIENT_SERVICE), (self._peer_server, FEDERATION_SERVICE)):
+        fpb_grpc.add_FederationServiceServicer_to_server(
+            _FederationServicer(self), self._peer_server
+        )
+        for server, service in (
+            (self._client_server, CLIENT_SERVICE),
+            (self._peer_server, FEDERATION_SERVICE),
+        ):
             health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
             reflection.enable_server_reflection(
                 (service, health.SERVICE_NAME, reflection.SERVICE_NAME), server
@@ -142,9 +149,13 @@ class BrokerNode(Guarded):
         self.peer_port = _bind(self._peer_server, self.config.peer_listen, "peer_listen")
         host, _, port = self.config.metrics_listen.rpartition(":")
         try:
-            self._metrics_server, _ = start_http_server(int(port), host, registry=self.metrics.registry)
+            self._metrics_server, _ = start_http_server(
+                int(port), host, registry=self.metrics.registry
+            )
         except OSError as exc:
-            raise InvalidInput("metrics_listen", f"cannot listen on {self.config.metrics_listen}: {exc.strerror}") from None
+            raise InvalidInput(
+                "metrics_listen", f"cannot listen on {self.config.metrics_listen}: {exc.strerror}"
+            ) from None
         self.metrics_port = self._metrics_server.server_port
         await self._client_server.start()
         await self._peer_server.start()
@@ -155,8 +166,12 @@ class BrokerNode(Guarded):
             link.start()
         log.info(
             "broker %s serving: clients :%d, peers :%d, metrics :%d, strategy %s, %d peers",
-            self.broker_id, self.client_port, self.peer_port, self.metrics_port,
-            self.config.strategy, len(self.links),
+            self.broker_id,
+            self.client_port,
+            self.peer_port,
+            self.metrics_port,
+            self.config.strategy,
+            len(self.links),
         )
 
     async def stop(self, grace: float | None = None) -> None:
@@ -196,7 +211,11 @@ class BrokerNode(Guarded):
     def link_state_changed(self) -> None:
         """Federation readiness: SERVING while every peer link is up."""
         up = all(link.connected for link in self.links.values())
-        status = health_pb2.HealthCheckResponse.SERVING if up else health_pb2.HealthCheckResponse.NOT_SERVING
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if up
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
         if not self._stopped and self._started:
             asyncio.get_running_loop().create_task(self.health.set(FEDERATION_SERVICE, status))
 
@@ -219,7 +238,9 @@ class BrokerNode(Guarded):
         if expect is not None and hello.broker_id != expect:
             return f"expected broker {expect!r}, {hello.broker_id!r} answered"
         if hello.protocol_version != PROTOCOL_VERSION:
-            return f"protocol version {hello.protocol_version}, this broker speaks {PROTOCOL_VERSION}"
+            return (
+                f"protocol version {hello.protocol_version}, this broker speaks {PROTOCOL_VERSION}"
+            )
         if hello.strategy != self.config.strategy:
             return (
                 f"strategy mismatch: broker {hello.broker_id} runs {hello.strategy!r}, "
@@ -228,7 +249,8 @@ class BrokerNode(Guarded):
         if hello.federation_digest != self.federation.digest:
             return (
                 f"federation mismatch: broker {hello.broker_id} has federation digest "
-                f"{hello.federation_digest[:12]}, broker {self.broker_id} has {self.federation.digest[:12]}"
+                f"{hello.federation_digest[:12]}, broker {self.broker_id} has "
+                f"{self.federation.digest[:12]}"
             )
         return ""
 
@@ -302,7 +324,11 @@ class BrokerNode(Guarded):
             stream = self._streams.get(d.subscription)
             if stream is None:
                 continue
-            stream.push(cpb.Delivery(subscription_id=d.subscription, event=event_to_pb(d.event), deliver_time=now))
+            stream.push(
+                cpb.Delivery(
+                    subscription_id=d.subscription, event=event_to_pb(d.event), deliver_time=now
+                )
+            )
             self.metrics.deliveries.inc()
 
     def _update_sub_gauges(self) -> None:
@@ -316,7 +342,7 @@ class BrokerNode(Guarded):
 
 def _bind(server: grpc.aio.Server, listen: str, field: str) -> int:
     try:
-        port = server.add_insecure_port(listen)
+        port = int(server.add_insecure_port(listen))
     except RuntimeError as exc:
         raise InvalidInput(field, f"cannot listen on {listen}: {exc}") from None
     if port == 0:
@@ -338,7 +364,9 @@ def _wan_matrix(config: NodeConfig, fed: Federation) -> dict[str, float]:
     me = fed.broker(config.broker_id)
     if config.wan_latency == "model":
         if me.site is None:
-            raise InvalidInput("wan_latency", f"'model' needs a site for broker {me.id} in the federation file")
+            raise InvalidInput(
+                "wan_latency", f"'model' needs a site for broker {me.id} in the federation file"
+            )
         out: dict[str, float] = {}
         for b in fed:
             if b.id == me.id:
@@ -351,7 +379,9 @@ def _wan_matrix(config: NodeConfig, fed: Federation) -> dict[str, float]:
         with open(config.wan_latency, encoding="utf-8") as f:
             matrix = json.load(f)
     except (OSError, json.JSONDecodeError) as exc:
-        raise InvalidInput("wan_latency", f"cannot read latency matrix {config.wan_latency}: {exc}") from None
+        raise InvalidInput(
+            "wan_latency", f"cannot read latency matrix {config.wan_latency}: {exc}"
+        ) from None
     row = matrix.get(me.id) if isinstance(matrix, dict) else None
     if not isinstance(row, dict):
         raise InvalidInput("wan_latency", f"latency matrix has no row for broker {me.id!r}")
@@ -385,7 +415,9 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
         return cpb.ConnectResponse(broker_id=self.node.broker_id, accepted=True)
 
     @unary
-    async def UpdateLocation(self, request: cpb.UpdateLocationRequest, context: Any) -> cpb.ConnectResponse:
+    async def UpdateLocation(
+        self, request: cpb.UpdateLocationRequest, context: Any
+    ) -> cpb.ConnectResponse:
         client = validate_id(request.client, "client")
         where = location_from_pb(request, "location", "location")
         moved = self.node.core.update_location(client, where)
@@ -395,12 +427,19 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
         for sub in moved.dropped:
             stream = self.node._streams.pop(sub.id, None)
             if stream is not None:
-                stream.close((grpc.StatusCode.FAILED_PRECONDITION, f"client moved to broker {moved.redirect}"))
+                stream.close(
+                    (
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        f"client moved to broker {moved.redirect}",
+                    )
+                )
         self.node._update_sub_gauges()
         return self._redirect(moved.redirect)
 
     @streaming
-    async def Subscribe(self, request: cpb.SubscribeRequest, context: Any) -> AsyncIterator[cpb.Delivery]:
+    async def Subscribe(
+        self, request: cpb.SubscribeRequest, context: Any
+    ) -> AsyncIterator[cpb.Delivery]:
         node = self.node
         client = validate_id(request.client, "client")
         if not request.HasField("subscription"):
@@ -428,14 +467,14 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
                 # The client went away: its subscription goes too.
                 del node._streams[sub.id]
                 if node.core.local.get(sub.id) is not None and not node._stopped:
-                    try:
+                    with contextlib.suppress(GeofedError):
                         node.dispatch(node.core.unsubscribe(client, sub.id))
-                    except Exception:  # noqa: BLE001 - already gone
-                        pass
                 node._update_sub_gauges()
 
     @unary
-    async def Unsubscribe(self, request: cpb.UnsubscribeRequest, context: Any) -> cpb.UnsubscribeResponse:
+    async def Unsubscribe(
+        self, request: cpb.UnsubscribeRequest, context: Any
+    ) -> cpb.UnsubscribeResponse:
         node = self.node
         client = validate_id(request.client, "client")
         sub_id = validate_id(request.subscription_id, "subscription_id")
@@ -472,8 +511,6 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
     async def PublishStream(
         self, request_iterator: AsyncIterator[cpb.PublishRequest], context: Any
     ) -> cpb.PublishBatchResponse:
-        from geofed.routing import GeofedError
-
         from ._errors import status_for
 
         ids: list[str] = []
@@ -483,7 +520,9 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
             if n > self.node.config.max_publish_batch:
                 code = grpc.StatusCode.RESOURCE_EXHAUSTED
                 self.on_reject(code)
-                await context.abort(code, f"batch: more than {self.node.config.max_publish_batch} events")
+                await context.abort(
+                    code, f"batch: more than {self.node.config.max_publish_batch} events"
+                )
             try:
                 ids.append(self._publish(request, f"batch[{n - 1}]"))
             except GeofedError as exc:
@@ -502,7 +541,9 @@ class _FederationServicer(fpb_grpc.FederationServiceServicer):
         node = self.node
         first = await context.read()
         if first is grpc.aio.EOF or not first.HasField("hello"):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "hello: the first frame must be a hello")
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "hello: the first frame must be a hello"
+            )
         problem = node.check_hello(first.hello)
         if problem:
             log.error("refusing link from %s: %s", first.hello.broker_id or "?", problem)

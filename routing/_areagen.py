@@ -13,8 +13,8 @@ neighbouring areas share their boundaries exactly:
    antimeridian and at the poles (RFC 7946 §3.1.9).
 3. All polylines plus the border of the lon/lat rectangle are noded together once
    (snap-rounded to the 1e-7 degree output grid) and polygonized. The faces tile
-   the rectangle by construction; each face goes to the site nearest to one of
-   its interior points, and a site's faces are dissolved into its area.
+   the rectangle by construction; each face goes to the site nearest to its
+   most interior point, and a site's faces are dissolved into its area.
 
 The only approximation is the polyline standing in for a great-circle arc: with
 the default ``step_deg`` of 0.5 degrees, boundaries stay within about 0.0011
@@ -48,8 +48,8 @@ _GRID = 10.0**-_DECIMALS  # output precision in degrees (about 1 cm)
 # Ten output grid steps keep every area non-empty: a cell always contains the
 # cap of half the distance to the nearest other site around its site.
 _MIN_SEPARATION_DEG = 1e-6
-# A bisector whose pole is this close to the Earth's axis is treated as a pair of
-# meridians through the poles, where longitude is undefined.
+# A bisector whose plane normal has |z| below this passes (within ~1e-12 rad)
+# through the poles: it is treated as a pair of meridians, cut at the poles.
 _THROUGH_POLE = 1e-12
 _CSV_COLUMNS = ("id", "name", "lat", "lon", "endpoint", "client_endpoint")
 
@@ -103,9 +103,11 @@ def generate_areas(sites: Sequence[Site], *, step_deg: float = 0.5) -> dict[str,
         ValueError: If a site or ``step_deg`` is invalid; the message names the
             offending field, e.g. ``sites[3].lat``.
     """
-    if not (isinstance(step_deg, int | float) and 0.0 < step_deg <= 10.0):
+    if isinstance(step_deg, bool) or not (
+        isinstance(step_deg, int | float) and 0.0 < step_deg <= 10.0
+    ):
         raise ValueError(f"step_deg: must be within (0, 10], got {step_deg!r}")
-    _check_sites(sites, lambda k, field: f"sites[{k}].{field}")
+    _check_sites(sites, lambda k, field: f"sites[{k}].{field}" if field else f"sites[{k}]")
     cells = _voronoi_cells(_unit_vectors(sites), math.radians(step_deg))
     return {
         "type": "FeatureCollection",
@@ -135,7 +137,7 @@ def read_sites(text: str, fmt: str) -> list[Site]:
     """
     if fmt == "csv":
         sites, lines = _read_csv(text)
-        _check_sites(sites, lambda k, field: f"line {lines[k]}: {field}")
+        _check_sites(sites, lambda k, field: f"line {lines[k]}" + (f": {field}" if field else ""))
     elif fmt == "geojson":
         sites = _read_geojson(text)
         _check_sites(sites, _geojson_label)
@@ -148,7 +150,10 @@ def read_sites(text: str, fmt: str) -> list[Site]:
 
 
 def _check_sites(sites: Sequence[Site], label: Callable[[int, str], str]) -> None:
-    """Raises ValueError for the first invalid site; ``label(k, field)`` names the field."""
+    """Raises ValueError for the first invalid site.
+
+    ``label(k, field)`` names a field of site k in messages, ``label(k, "")`` the site.
+    """
     if len(sites) == 0:
         raise ValueError("sites: at least one site is required")
     first_with_id: dict[str, int] = {}
@@ -157,20 +162,24 @@ def _check_sites(sites: Sequence[Site], label: Callable[[int, str], str]) -> Non
         if problem is not None:
             raise ValueError(f"{label(k, problem[0])}: {problem[1]}")
         if site.id in first_with_id:
-            other = label(first_with_id[site.id], "id")
+            other = label(first_with_id[site.id], "")
             raise ValueError(f"{label(k, 'id')}: duplicate id {site.id!r} (also {other})")
         first_with_id[site.id] = k
     xyz = _unit_vectors(sites)
-    for i, j in combinations(range(len(sites)), 2):
-        # The chord length is the angle for tiny angles.
-        if float(np.linalg.norm(xyz[i] - xyz[j])) < math.radians(_MIN_SEPARATION_DEG):
-            raise ValueError(
-                f"{label(j, 'lat/lon')}: same position as {label(i, 'lat/lon')} "
-                f"({sites[i].id!r}; sites must be at least {_MIN_SEPARATION_DEG:g} degrees apart)"
-            )
+    # The chord length is the angle for tiny angles.
+    chord = np.linalg.norm(xyz[:, None, :] - xyz[None, :, :], axis=-1)
+    too_close = np.argwhere(np.tril(chord < math.radians(_MIN_SEPARATION_DEG), k=-1))
+    if len(too_close) > 0:
+        j, i = too_close[0]  # the first site that repeats an earlier one
+        raise ValueError(
+            f"{label(j, 'lat/lon')}: same position as {label(i, '')} "
+            f"({sites[i].id!r}; sites must be at least {_MIN_SEPARATION_DEG:g} degrees apart)"
+        )
 
 
 def _geojson_label(k: int, field: str) -> str:
+    if not field:
+        return f"features[{k}]"
     if field in ("lat", "lon", "lat/lon"):
         return f"features[{k}].geometry.coordinates: {field}"
     return f"features[{k}].properties.{field}"
@@ -179,7 +188,7 @@ def _geojson_label(k: int, field: str) -> str:
 def _site_problem(site: object) -> tuple[str, str] | None:
     """Returns (field, message) for the first problem of one site, or None."""
     if not isinstance(site, Site):
-        return "*", f"not a Site: {site!r}"
+        return "type", f"not a Site: {site!r}"
     if not isinstance(site.id, str) or not site.id:
         return "id", f"must be a non-empty string, got {site.id!r}"
     for field, limit in (("lat", 90.0), ("lon", 180.0)):
@@ -198,7 +207,8 @@ def _site_problem(site: object) -> tuple[str, str] | None:
 
 def _read_csv(text: str) -> tuple[list[Site], list[int]]:
     """Sites and the line number each one came from."""
-    reader = csv.DictReader(io.StringIO(text), skipinitialspace=True)
+    # A byte-order mark (spreadsheet exports) is not part of the first column name.
+    reader = csv.DictReader(io.StringIO(text.removeprefix("\ufeff")), skipinitialspace=True)
     header = reader.fieldnames
     if header is None:
         raise ValueError("line 1: missing header row (id,name,lat,lon[,endpoint,client_endpoint])")
@@ -323,7 +333,7 @@ def _voronoi_cells(xyz: FloatArray, step: float) -> list[Polygon | MultiPolygon]
     for k in range(len(xyz)):
         cell = shapely.coverage_union_all(faces[owner == k])
         if not isinstance(cell, Polygon | MultiPolygon) or cell.is_empty:
-            # Cannot happen for distinct sites: each one's own face is its own.
+            # Cannot happen for sites 1e-6 degrees apart: the face around a site is its own.
             raise AssertionError(f"site {k} got no area")
         cells.append(cell)
     return cells

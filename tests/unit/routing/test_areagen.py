@@ -44,7 +44,8 @@ def bisector_distance_deg(x: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.nda
     """Angular distance of points x from the great circle equidistant from sites a and b."""
     normal = a - b
     sine = np.abs(np.sum(x * normal, axis=-1)) / np.linalg.norm(normal, axis=-1)
-    return np.degrees(np.arcsin(np.clip(sine, 0.0, 1.0)))
+    degrees: np.ndarray = np.degrees(np.arcsin(np.clip(sine, 0.0, 1.0)))
+    return degrees
 
 
 def assert_tiles_world(fc: dict[str, Any]) -> None:
@@ -54,7 +55,7 @@ def assert_tiles_world(fc: dict[str, Any]) -> None:
         assert shapely.is_valid(geom), shapely.is_valid_reason(geom)
         assert not geom.is_empty
         xmin, ymin, xmax, ymax = geom.bounds
-        assert -180 <= xmin and xmax <= 180 and -90 <= ymin and ymax <= 90
+        assert xmin >= -180 and xmax <= 180 and ymin >= -90 and ymax <= 90
     for a, b in itertools.combinations(geoms, 2):
         assert shapely.intersection(a, b).area <= 1e-9
     assert shapely.union_all(geoms).area == pytest.approx(WORLD_AREA, abs=1e-6)
@@ -209,7 +210,7 @@ def test_area_across_antimeridian_is_split(lon: float) -> None:
     assert len(parts) == 2
     assert sorted(p.bounds[0] for p in parts)[0] == -180  # one part starts at -180
     assert sorted(p.bounds[2] for p in parts)[1] == 180  # the other ends at +180
-    assert all(-180 < p.bounds[0] or p.bounds[2] < 180 for p in parts)  # neither spans all
+    assert all(p.bounds[0] > -180 or p.bounds[2] < 180 for p in parts)  # neither spans all
     assert [f["geometry"]["type"] for f in others[2:]] == ["Polygon", "Polygon"]
     coords = shapely.get_coordinates(geometries(fc))
     assert np.all(np.abs(coords[:, 0]) <= 180) and np.all(np.abs(coords[:, 1]) <= 90)
@@ -271,14 +272,20 @@ def test_output_format() -> None:
     ("sites", "message"),
     [
         ([], "sites: at least one site"),
-        ([Site("a", 0, 0), Site("b", 91.0, 0)], r"sites\[1\]\.lat: must be within \[-90, 90\], got 91.0"),
+        (
+            [Site("a", 0, 0), Site("b", 91.0, 0)],
+            r"sites\[1\]\.lat: must be within \[-90, 90\], got 91.0",
+        ),
         ([Site("a", 0, -180.5)], r"sites\[0\]\.lon: must be within \[-180, 180\]"),
         ([Site("a", math.nan, 0)], r"sites\[0\]\.lat: must be finite"),
         ([Site("a", 0, math.inf)], r"sites\[0\]\.lon: must be finite"),
         ([Site("a", 0, "1")], r"sites\[0\]\.lon: not a number: '1'"),  # type: ignore[arg-type]
         ([Site("", 0, 0)], r"sites\[0\]\.id: must be a non-empty string"),
         ([Site("a", 0, 0), Site("a", 1, 1)], r"sites\[1\]\.id: duplicate id 'a' \(also sites\[0\]"),
-        ([Site("a", 5, 180), Site("b", 5, -180)], r"sites\[1\]\.lat/lon: same position as sites\[0\]"),
+        (
+            [Site("a", 5, 180), Site("b", 5, -180)],
+            r"sites\[1\]\.lat/lon: same position as sites\[0\]",
+        ),
         ([Site("n", 90, 0), Site("m", 90, 45)], r"sites\[1\]\.lat/lon: same position"),
         ([Site("a", 0, 0, endpoint=None)], r"sites\[0\]\.endpoint: must be a string"),  # type: ignore[arg-type]
     ],
@@ -342,9 +349,9 @@ HEADER = "id,name,lat,lon\n"
         (HEADER + "a,A,1,nan\n", r"^line 2: lon: must be finite"),
         (HEADER + "a,A,1\n", r"^line 2: lon: missing$"),
         (HEADER + "a,A,1,2,3\n", r"^line 2: more than 4 fields$"),
-        (HEADER + "a,A,1,2\na,B,3,4\n", r"^line 3: id: duplicate id 'a' \(also line 2: id\)$"),
+        (HEADER + "a,A,1,2\na,B,3,4\n", r"^line 3: id: duplicate id 'a' \(also line 2\)$"),
         (HEADER + ",A,1,2\n", r"^line 2: id: must be a non-empty string"),
-        (HEADER + "a,A,1,2\nb,B,1,2\n", r"^line 3: lat/lon: same position as line 2"),
+        (HEADER + "a,A,1,2\nb,B,1,2\n", r"^line 3: lat/lon: same position as line 2 \('a'"),
         ("id,name,lat\na,A,1\n", r"^line 1: missing column 'lon'$"),
         ("id,lat,lon,height\n", r"^line 1: unknown column 'height'"),
         ("", r"^line 1: missing header row"),
@@ -357,7 +364,11 @@ def test_read_csv_errors_name_line_and_field(text: str, message: str) -> None:
 
 
 def _point_feature(coords: Any, props: Any) -> dict[str, Any]:
-    return {"type": "Feature", "geometry": {"type": "Point", "coordinates": coords}, "properties": props}
+    return {
+        "type": "Feature",
+        "geometry": {"type": "Point", "coordinates": coords},
+        "properties": props,
+    }
 
 
 @pytest.mark.parametrize(
@@ -383,7 +394,7 @@ def _point_feature(coords: Any, props: Any) -> dict[str, Any]:
         ),
         (
             [_point_feature([1, 2], {"id": "a"}), _point_feature([1, 2], {"id": "a"})],
-            r"^features\[1\]\.properties\.id: duplicate id 'a'",
+            r"^features\[1\]\.properties\.id: duplicate id 'a' \(also features\[0\]\)$",
         ),
     ],
 )
