@@ -37,6 +37,14 @@ PROTOCOL_VERSION = 1
 _UNACKED_FRAMES = 4096
 _ACK_DELAY_S = 0.02
 _RESENDABLE = (Kind.EVENT, Kind.DELIVERY)
+FRAME_SOFT_LIMIT = 4 << 20
+"""A frame is closed once its messages reach this many bytes."""
+MAX_FRAME_BYTES = 64 << 20
+"""Largest frame either side of a link accepts (grpc max message size)."""
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_FRAME_BYTES),
+    ("grpc.max_send_message_length", MAX_FRAME_BYTES),
+]
 
 
 class Transport(Protocol):
@@ -161,7 +169,7 @@ class PeerLink:
         cfg = self.node.config
         backoff = cfg.reconnect_initial_s
         while not self._stopping:
-            channel = grpc.aio.insecure_channel(self.peer.endpoint)
+            channel = grpc.aio.insecure_channel(self.peer.endpoint, options=CHANNEL_OPTIONS)
             established = False
             try:
                 call = fpb_grpc.FederationServiceStub(channel).Link()
@@ -248,21 +256,13 @@ class PeerLink:
             log.info("link %s closed", self.peer.id)
 
     async def _write_loop(self, transport: Transport) -> None:
-        snapshot = self.node.core.snapshot_for(self.peer.id)
-        frame = fpb.Frame(
-            snapshot=fpb.SubscriptionSnapshot(
-                subscriptions=[
-                    fpb.RemoteSubscription(subscription=subscription_to_pb(m.sub), home=m.home)
-                    for m in snapshot
-                ]
-            )
-        )
-        await self._write(transport, frame, snapshot)
+        await self._send_snapshot(transport)
         resend, self._resend = self._resend, deque()
         self._queue.extendleft(reversed(resend))
         cfg = self.node.config
         max_msgs = cfg.batch_max_messages
         delay = cfg.batch_max_delay_ms / 1000.0
+        origin = self.node.broker_id
         while True:
             if not self._queue:
                 self._wake.clear()
@@ -278,26 +278,43 @@ class PeerLink:
                     await asyncio.sleep(wait)
             frame = fpb.Frame()
             msgs: list[PeerMessage] = []
-            rank = -1
-            while self._queue and len(msgs) < max_msgs:
+            sizes: list[int] = []
+            rank, total = -1, 0
+            while self._queue and len(msgs) < max_msgs and total < FRAME_SOFT_LIMIT:
                 r = FRAME_RANK[self._queue[0].kind.value]
                 if r < rank:
                     break  # keep the sender's order: next frame
                 rank = r
-                msgs.append(self._queue.popleft())
+                msg = self._queue.popleft()
+                sizes.append(add_to_frame(frame, msg, origin))
+                total += sizes[-1]
+                msgs.append(msg)
             self.node.metrics.peer_queue.labels(peer=self.peer.id).set(len(self._queue))
-            if not msgs and not self._ack_pending:
-                continue
-            await self._write(transport, frame, msgs)
+            if msgs or self._ack_pending:
+                await self._write(transport, frame, msgs, sizes)
 
-    async def _write(self, transport: Transport, frame: fpb.Frame, msgs: list[Any]) -> None:
+    async def _send_snapshot(self, transport: Transport) -> None:
+        subs = self.node.core.snapshot_for(self.peer.id)
+        start = 0
+        while True:
+            snap = fpb.SubscriptionSnapshot(continued=start > 0)
+            sizes: list[int] = []
+            total, end = 0, start
+            while end < len(subs) and total < FRAME_SOFT_LIMIT:
+                m = subs[end]
+                pb = snap.subscriptions.add(subscription=subscription_to_pb(m.sub), home=m.home)
+                sizes.append(int(pb.ByteSize()))
+                total += sizes[-1]
+                end += 1
+            await self._write(transport, fpb.Frame(snapshot=snap), list(subs[start:end]), sizes)
+            start = end
+            if start >= len(subs):
+                return
+
+    async def _write(
+        self, transport: Transport, frame: fpb.Frame, msgs: list[Any], sizes: list[int]
+    ) -> None:
         node = self.node
-        sizes: list[int] = []
-        is_snapshot = frame.HasField("snapshot")
-        if is_snapshot:
-            sizes = [m.ByteSize() for m in frame.snapshot.subscriptions]
-        else:
-            sizes = [add_to_frame(frame, m, node.broker_id) for m in msgs]
         if msgs:
             self._seq += 1
             frame.seq = self._seq
@@ -313,7 +330,7 @@ class PeerLink:
         self._last_flush = time.monotonic()
         if msgs:
             node.count_sent(self.peer.id, msgs, sizes)
-        elif not is_snapshot or not frame.snapshot.subscriptions:
+        else:
             node.count_control(self.peer.id)
 
     async def _read_loop(self, transport: Transport) -> None:
@@ -330,7 +347,7 @@ class PeerLink:
                     SubscribeMsg(subscription_from_pb(rs.subscription, node.geofences), rs.home)
                     for rs in frame.snapshot.subscriptions
                 ]
-                node.apply_snapshot(self.peer.id, subs)
+                node.apply_snapshot(self.peer.id, subs, replace=not frame.snapshot.continued)
             node.receive_frame(self.peer.id, frame)
             if frame.seq:
                 self._ack_pending = frame.seq

@@ -39,6 +39,7 @@ from geofed.v1 import client_pb2 as cpb
 from geofed.v1 import client_pb2_grpc as cpb_grpc
 from geofed.v1 import federation_pb2 as fpb
 from geofed.v1 import federation_pb2_grpc as fpb_grpc
+from geofed.v1 import geo_pb2 as gpb
 
 from ._config import NodeConfig
 from ._convert import (
@@ -49,8 +50,8 @@ from ._convert import (
     messages_from_frame,
     subscription_from_pb,
 )
-from ._errors import Guarded, streaming, unary
-from ._links import PROTOCOL_VERSION, ContextTransport, PeerLink
+from ._errors import Guarded, status_for, streaming, unary
+from ._links import CHANNEL_OPTIONS, PROTOCOL_VERSION, ContextTransport, PeerLink
 from ._metrics import NodeMetrics
 from ._tracefile import MessageTrace
 
@@ -130,10 +131,11 @@ class BrokerNode(Guarded):
         if self._started:
             return
         self._started = True
-        opts = [("grpc.max_receive_message_length", self.config.max_payload_bytes + (1 << 20))]
-        self._client_server = grpc.aio.server(options=opts)
+        # Batches carry many events: the per-event payload limit is enforced
+        # by the servicer (RESOURCE_EXHAUSTED naming the event), not here.
+        self._client_server = grpc.aio.server(options=CHANNEL_OPTIONS)
         cpb_grpc.add_ClientServiceServicer_to_server(_ClientServicer(self), self._client_server)
-        self._peer_server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])
+        self._peer_server = grpc.aio.server(options=CHANNEL_OPTIONS)
         fpb_grpc.add_FederationServiceServicer_to_server(
             _FederationServicer(self), self._peer_server
         )
@@ -276,9 +278,13 @@ class BrokerNode(Guarded):
         if self.trace is not None:
             self.trace.record(peer, Kind.CONTROL.value, [], None, 0)
 
-    def apply_snapshot(self, peer: str, subs: list[SubscribeMsg]) -> None:
-        """Replace the subscriptions held from `peer`."""
-        self.core.replace_remote(peer, subs)
+    def apply_snapshot(self, peer: str, subs: list[SubscribeMsg], *, replace: bool) -> None:
+        """Replace (or, for a continued snapshot, extend) the subscriptions held from `peer`."""
+        if replace:
+            self.core.replace_remote(peer, subs)
+        else:
+            for msg in subs:
+                self.core.on_message(peer, msg)
         if subs:
             self.metrics.peer_received.labels(peer=peer, kind=Kind.SUBSCRIBE.value).inc(len(subs))
         self._update_sub_gauges()
@@ -485,18 +491,14 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
         node._update_sub_gauges()
         return cpb.UnsubscribeResponse(existed=True)
 
-    def _publish(self, request: cpb.PublishRequest, field: str) -> str:
+    def _publish(self, client: str, pb: gpb.Event, field: str) -> str:
         node = self.node
-        validate_id(request.client, f"{field}.client")
-        if not request.HasField("event"):
-            raise InvalidInput(f"{field}.event", "is required")
-        pb = request.event
         if len(pb.payload) > node.config.max_payload_bytes:
-            raise TooLarge(f"{field}.event.payload", len(pb.payload), node.config.max_payload_bytes)
+            raise TooLarge(f"{field}.payload", len(pb.payload), node.config.max_payload_bytes)
         if not pb.id:
             pb.id = uuid.uuid4().hex
         pb.publish_time = time.time()
-        event = event_from_pb(pb, node.geofences, field=f"{field}.event")
+        event = event_from_pb(pb, node.geofences, field=field)
         with node.metrics.match_seconds.time():
             out = node.core.publish(event)
         node.metrics.events_published.inc()
@@ -506,27 +508,25 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
 
     @unary
     async def Publish(self, request: cpb.PublishRequest, context: Any) -> cpb.PublishResponse:
-        return cpb.PublishResponse(event_id=self._publish(request, "request"))
+        client = validate_id(request.client, "request.client")
+        if not request.HasField("event"):
+            raise InvalidInput("request.event", "is required")
+        return cpb.PublishResponse(event_id=self._publish(client, request.event, "request.event"))
 
     async def PublishStream(
-        self, request_iterator: AsyncIterator[cpb.PublishRequest], context: Any
+        self, request_iterator: AsyncIterator[cpb.PublishBatch], context: Any
     ) -> cpb.PublishBatchResponse:
-        from ._errors import status_for
-
         ids: list[str] = []
-        n = 0
-        async for request in request_iterator:
-            n += 1
-            if n > self.node.config.max_publish_batch:
-                code = grpc.StatusCode.RESOURCE_EXHAUSTED
-                self.on_reject(code)
-                await context.abort(
-                    code, f"batch: more than {self.node.config.max_publish_batch} events"
-                )
+        limit = self.node.config.max_publish_batch
+        async for batch in request_iterator:
             try:
-                ids.append(self._publish(request, f"batch[{n - 1}]"))
+                client = validate_id(batch.client, "batch.client")
+                if len(ids) + len(batch.events) > limit:
+                    raise TooLarge("batch.events", len(ids) + len(batch.events), limit)
+                for pb in batch.events:
+                    ids.append(self._publish(client, pb, f"batch.events[{len(ids)}]"))
             except GeofedError as exc:
-                # Earlier events of the batch are published; say which one failed.
+                # Earlier events of the call are published; say which one failed.
                 code = status_for(exc)
                 self.on_reject(code)
                 await context.abort(code, f"{exc} ({len(ids)} earlier events were published)")

@@ -59,6 +59,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # Output piped into `head` and the like: not an error of ours.
+        sys.stdout = None
+        return 0
 
 
 if __name__ == "__main__":

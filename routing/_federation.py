@@ -11,17 +11,19 @@ from pathlib import Path
 from typing import Any
 
 import shapely
-from shapely.geometry import Point, box
+from shapely.geometry import MultiLineString, Point, box
 from shapely.geometry.base import BaseGeometry
 from shapely.strtree import STRtree
 
 from ._errors import InvalidInput, NotFound
-from ._geometry import Geofence, LatLon, latlon, parse_geojson
+from ._geometry import Geofence, LatLon, _intersects_xy, latlon, parse_geojson
 from ._model import validate_id
 
 _WORLD = box(-180.0, -90.0, 180.0, 90.0)
+_ANTIMERIDIAN = MultiLineString([[(x, -90.0), (x, 90.0)] for x in (-180.0, 180.0)])
 _GAP_TOLERANCE_SQ_DEG = 1e-9
 _ROUTE_CACHE_SIZE = 4096
+_SCAN_LIMIT = 256  # areas (parts) up to which responsible() scans bounding boxes
 
 
 @dataclass(frozen=True, eq=False)
@@ -69,6 +71,14 @@ class Federation:
                 part_geoms.append(part)
                 self._part_owner.append(idx)
         self._tree = STRtree(part_geoms)
+        self._part_bounds: list[tuple[tuple[float, ...], BaseGeometry, str]] | None = None
+        if len(part_geoms) <= _SCAN_LIMIT:
+            for g in part_geoms:
+                shapely.prepare(g)
+            self._part_bounds = [
+                (tuple(g.bounds), g, self.brokers[o].id)
+                for g, o in zip(part_geoms, self._part_owner, strict=True)
+            ]
         union = shapely.union_all([b.area.geometry for b in self.brokers])
         gap = shapely.difference(_WORLD, union)
         self.gap: BaseGeometry | None = None
@@ -111,8 +121,15 @@ class Federation:
         return self._nearest(location)
 
     def _owners_at(self, lon: float, lat: float) -> set[str]:
-        hits = self._tree.query(Point(lon, lat), predicate="intersects")
-        return {self.brokers[self._part_owner[int(i)]].id for i in hits}
+        if self._part_bounds is None:
+            hits = self._tree.query(Point(lon, lat), predicate="intersects")
+            return {self.brokers[self._part_owner[int(i)]].id for i in hits}
+        # Few brokers: a bounding-box scan beats building a query point.
+        out: set[str] = set()
+        for (minx, miny, maxx, maxy), part, owner in self._part_bounds:
+            if minx <= lon <= maxx and miny <= lat <= maxy and _intersects_xy(part, lon, lat):
+                out.add(owner)
+        return out
 
     def _nearest(self, location: LatLon) -> str:
         best: tuple[float, str] | None = None
@@ -140,7 +157,13 @@ class Federation:
         if self.gap is not None and geofence.intersects(self.gap):
             result = self._all
         else:
-            hits = self._tree.query(geofence.geometry, predicate="intersects")
+            hits = list(self._tree.query(geofence.geometry, predicate="intersects"))
+            seam = shapely.intersection(geofence.geometry, _ANTIMERIDIAN)
+            if not seam.is_empty:
+                # -180 and 180 are one meridian: a geofence touching it from one
+                # side also meets the areas that touch it from the other side.
+                mirrored = shapely.transform(seam, lambda xy: xy * (-1.0, 1.0))
+                hits.extend(self._tree.query(mirrored, predicate="intersects"))
             result = frozenset(self.brokers[self._part_owner[int(i)]].id for i in hits)
         self._route_cache[geofence.wkt] = result
         if len(self._route_cache) > _ROUTE_CACHE_SIZE:
@@ -232,6 +255,8 @@ class Federation:
             text = p.read_text(encoding="utf-8")
         except OSError as exc:
             raise InvalidInput("federation", f"cannot read {p}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise InvalidInput("federation", f"{p} is not UTF-8: {exc.reason}") from None
         try:
             obj = json.loads(text)
         except json.JSONDecodeError as exc:

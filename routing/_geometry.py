@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import shapely
 from shapely import affinity
 from shapely.geometry import MultiPolygon, Polygon, box
@@ -69,7 +70,10 @@ def latlon(lat: Any, lon: Any, field: str = "location") -> LatLon:
 def _finite(value: Any, field: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidInput(field, f"must be a number, got {value!r}")
-    f = float(value)
+    try:
+        f = float(value)
+    except OverflowError:  # an int beyond float range, e.g. from JSON
+        f = math.inf
     if not math.isfinite(f):
         raise InvalidInput(field, f"must be finite, got {f!r}")
     return f
@@ -85,14 +89,28 @@ class Geofence:
 
     geometry: BaseGeometry
     wkt: str = field(init=False)
+    bounds: tuple[float, float, float, float] = field(init=False)
 
     def __post_init__(self) -> None:
         shapely.prepare(self.geometry)
         object.__setattr__(self, "wkt", shapely.to_wkt(self.geometry, rounding_precision=-1))
+        object.__setattr__(self, "bounds", tuple(self.geometry.bounds))
 
     def covers(self, point: LatLon) -> bool:
         """True when `point` lies inside or on the boundary."""
-        return _covers_xy(self.geometry, point.lon, point.lat)
+        return self.covers_xy(point.lon, point.lat)
+
+    def covers_xy(self, lon: float, lat: float) -> bool:
+        """`covers` for raw coordinates (the hot path of matching)."""
+        minx, miny, maxx, maxy = self.bounds
+        # The bounding box rules out most candidates without calling GEOS.
+        if lat < miny or lat > maxy:
+            return False
+        if abs(lon) == 180.0:
+            return _covers_xy(self.geometry, lon, lat)
+        if lon < minx or lon > maxx:
+            return False
+        return bool(_intersects_xy(self.geometry, lon, lat))
 
     def intersects(self, other: BaseGeometry) -> bool:
         """True when this area and `other` share at least one point."""
@@ -116,17 +134,20 @@ class Geofence:
 
 def covers(geofence: Geofence | None, point: LatLon) -> bool:
     """The GeoCheck: `point` lies in `geofence` (``None`` is the whole world)."""
-    return True if geofence is None else _covers_xy(geofence.geometry, point.lon, point.lat)
+    return True if geofence is None else geofence.covers_xy(point.lon, point.lat)
+
+
+# The ufunc behind shapely.intersects_xy, without its argument handling:
+# matching calls it once per candidate subscription.
+_intersects_xy = getattr(shapely.lib, "intersects_xy", shapely.intersects_xy)
 
 
 def _covers_xy(geom: BaseGeometry, lon: float, lat: float) -> bool:
     # For a point, intersects == covers (interior or boundary). Longitudes
     # -180 and 180 are the same meridian, so test both.
     if abs(lon) == 180.0:
-        return bool(shapely.intersects_xy(geom, 180.0, lat)) or bool(
-            shapely.intersects_xy(geom, -180.0, lat)
-        )
-    return bool(shapely.intersects_xy(geom, lon, lat))
+        return bool(_intersects_xy(geom, 180.0, lat)) or bool(_intersects_xy(geom, -180.0, lat))
+    return bool(_intersects_xy(geom, lon, lat))
 
 
 def great_circle_m(a: LatLon, b: LatLon) -> float:
@@ -178,7 +199,9 @@ def parse_geofence(
 def parse_wkt(text: str, field: str = "geofence", *, max_vertices: int = DEFAULT_MAX_VERTICES) -> Geofence:
     """Parse a WKT POLYGON or MULTIPOLYGON (lon lat order)."""
     try:
-        geom = shapely.from_wkt(text)
+        # "nan" parses (numpy warns); the coordinate check below rejects it by field.
+        with np.errstate(invalid="ignore"):
+            geom = shapely.from_wkt(text)
     except (shapely.errors.GEOSException, ValueError) as exc:
         raise InvalidInput(field, f"unparsable WKT: {exc}") from None
     if geom is None or geom.is_empty:

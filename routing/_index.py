@@ -83,18 +83,34 @@ class _SpatialBucket:
                 if not self.levels[key[0]]:
                     del self.levels[key[0]]
 
-    def candidates(self, lon: float, lat: float, out: dict[str, Subscription]) -> None:
+    def candidates(
+        self, lon: float, lat: float, keys: list[list[_Key] | None], out: dict[str, Subscription]
+    ) -> None:
+        """Add the subscriptions that may cover the point (`keys` caches its cells per level)."""
         out.update(self.world)
         if not self.cells:
             return
-        lons = (180.0, -180.0) if abs(lon) == 180.0 else (lon,)
         for level in self.levels:
-            size = 180.0 / (1 << level)
-            iy = _cell(lat, 90.0, size)
-            for x in lons:
-                bucket = self.cells.get((level, _cell(x, 180.0, size), iy))
+            cells = keys[level]
+            if cells is None:
+                cells = keys[level] = _point_keys(level, lon, lat)
+            for key in cells:
+                bucket = self.cells.get(key)
                 if bucket:
                     out.update(bucket)
+
+
+_Key = tuple[int, int, int]
+_SIZES = [180.0 / (1 << level) for level in range(_MAX_LEVEL + 1)]
+
+
+def _point_keys(level: int, lon: float, lat: float) -> list[_Key]:
+    """The grid cell of a point at `level` (both sides of the antimeridian)."""
+    size = _SIZES[level]
+    iy = int(math.floor((lat + 90.0) / size))
+    if abs(lon) == 180.0:
+        return [(level, int(math.floor(x / size)), iy) for x in (360.0, 0.0)]
+    return [(level, int(math.floor((lon + 180.0) / size)), iy)]
 
 
 class _TrieNode:
@@ -158,15 +174,17 @@ class SubscriptionIndex:
 
     def match(self, topic: str, location: LatLon) -> list[Subscription]:
         """Subscriptions passing ContentCheck and Subscription GeoCheck for an event."""
-        found: dict[str, Subscription] = {}
+        if not self._subs:
+            return []
+        nodes = self._nodes_for(topic)
+        if not nodes:
+            return []
         lon, lat = location.lon, location.lat
-        for node in self._nodes_for(topic):
-            node.bucket.candidates(lon, lat, found)
-        return [
-            s
-            for s in found.values()
-            if s.geofence is None or s.geofence.covers(location)
-        ]
+        keys: list[list[_Key] | None] = [None] * (_MAX_LEVEL + 1)
+        found: dict[str, Subscription] = {}
+        for node in nodes:
+            node.bucket.candidates(lon, lat, keys, found)
+        return [s for s in found.values() if s.geofence is None or s.geofence.covers_xy(lon, lat)]
 
     def _nodes_for(self, topic: str) -> list[_TrieNode]:
         levels = topic.split("/")

@@ -87,6 +87,14 @@ class PublishResponse(_message.Message):
     event_id: str
     def __init__(self, event_id: _Optional[str] = ...) -> None: ...
 
+class PublishBatch(_message.Message):
+    __slots__ = ("client", "events")
+    CLIENT_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    client: str
+    events: _containers.RepeatedCompositeFieldContainer[_geo_pb2.Event]
+    def __init__(self, client: _Optional[str] = ..., events: _Optional[_Iterable[_Union[_geo_pb2.Event, _Mapping]]] = ...) -> None: ...
+
 class PublishBatchResponse(_message.Message):
     __slots__ = ("accepted", "event_ids")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]

@@ -61,7 +61,7 @@ class ClientServiceStub:
                 _registered_method=True)
         self.PublishStream = channel.stream_unary(
                 '/geofed.v1.ClientService/PublishStream',
-                request_serializer=geofed_dot_v1_dot_client__pb2.PublishRequest.SerializeToString,
+                request_serializer=geofed_dot_v1_dot_client__pb2.PublishBatch.SerializeToString,
                 response_deserializer=geofed_dot_v1_dot_client__pb2.PublishBatchResponse.FromString,
                 _registered_method=True)
 
@@ -104,7 +104,8 @@ class ClientServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def PublishStream(self, request_iterator, context):
-        """Batched publish: many events on one client stream, one summary answer.
+        """Batched publish: a client stream of batches (each many events), one
+        summary answer. Batching amortizes the per-message cost of gRPC.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -140,7 +141,7 @@ def add_ClientServiceServicer_to_server(servicer, server):
             ),
             'PublishStream': grpc.stream_unary_rpc_method_handler(
                     servicer.PublishStream,
-                    request_deserializer=geofed_dot_v1_dot_client__pb2.PublishRequest.FromString,
+                    request_deserializer=geofed_dot_v1_dot_client__pb2.PublishBatch.FromString,
                     response_serializer=geofed_dot_v1_dot_client__pb2.PublishBatchResponse.SerializeToString,
             ),
     }
@@ -304,7 +305,7 @@ class ClientService:
             request_iterator,
             target,
             '/geofed.v1.ClientService/PublishStream',
-            geofed_dot_v1_dot_client__pb2.PublishRequest.SerializeToString,
+            geofed_dot_v1_dot_client__pb2.PublishBatch.SerializeToString,
             geofed_dot_v1_dot_client__pb2.PublishBatchResponse.FromString,
             options,
             channel_credentials,

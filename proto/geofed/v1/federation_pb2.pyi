@@ -46,10 +46,12 @@ class EventDelivery(_message.Message):
     def __init__(self, event: _Optional[_Union[_geo_pb2.Event, _Mapping]] = ..., subscription_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SubscriptionSnapshot(_message.Message):
-    __slots__ = ("subscriptions",)
+    __slots__ = ("subscriptions", "continued")
     SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
+    CONTINUED_FIELD_NUMBER: _ClassVar[int]
     subscriptions: _containers.RepeatedCompositeFieldContainer[RemoteSubscription]
-    def __init__(self, subscriptions: _Optional[_Iterable[_Union[RemoteSubscription, _Mapping]]] = ...) -> None: ...
+    continued: bool
+    def __init__(self, subscriptions: _Optional[_Iterable[_Union[RemoteSubscription, _Mapping]]] = ..., continued: _Optional[bool] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("seq",)

@@ -1,0 +1,286 @@
+"""Benchmark one broker node: batched publish throughput and delivery latency.
+
+Not a test: it prints what it measured and appends it to
+``bench/results/node.md`` with the command and the machine.
+
+Set-up: a two-broker federation. The node under test (``node``) covers the
+world but a small box in Antarctica, which belongs to ``peer``: an in-process
+stand-in broker that speaks the real federation protocol. Under
+``subscription-geofence`` the peer hands the node N geofenced subscriptions
+(open-data workload: 1-100 km circles around cities, some world), so every
+event published at the node is matched against N subscriptions, and matched
+events travel to the peer as deliveries.
+
+1. Throughput: events published through PublishStream batches (context
+   workload events) until the node answered each batch; events/s.
+2. Latency: 1,000 events/s through unary Publish for a few seconds to a local
+   subscriber (Subscribe stream) at the node; publish->delivery from the
+   client's clock, p50/p99.
+
+Usage: ``python -m geofed.bench.node_bench [--subs 10000,100000] [--events 50000]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from geofed.bench.workload import WorkloadConfig, generate
+from geofed.node._convert import geofence_to_pb
+from geofed.node._local import FEDERATION_SERVICE, free_ports, health_status
+from geofed.routing import Federation
+from geofed.v1 import client_pb2 as cpb
+from geofed.v1 import client_pb2_grpc as cpb_grpc
+from geofed.v1 import federation_pb2 as fpb
+from geofed.v1 import federation_pb2_grpc as fpb_grpc
+from geofed.v1 import geo_pb2 as gpb
+
+RESULTS = Path(__file__).resolve().parent / "results" / "node.md"
+PEER_BOX = [[-10.0, -89.0], [10.0, -89.0], [10.0, -85.0], [-10.0, -85.0], [-10.0, -89.0]]
+
+
+def federation_file(path: Path, node_ports: tuple[int, int], peer_port: int) -> Federation:
+    """Write the two-broker federation and return it."""
+    world = [[-180.0, -90.0], [180.0, -90.0], [180.0, 90.0], [-180.0, 90.0], [-180.0, -90.0]]
+    doc = {
+        "type": "FeatureCollection",
+        "features": [
+            {
+                "type": "Feature",
+                "properties": {"id": "node", "endpoint": f"127.0.0.1:{node_ports[1]}", "client_endpoint": f"127.0.0.1:{node_ports[0]}"},
+                "geometry": {"type": "Polygon", "coordinates": [world, PEER_BOX[::-1]]},
+            },
+            {
+                "type": "Feature",
+                "properties": {"id": "peer", "endpoint": f"127.0.0.1:{peer_port}", "client_endpoint": "127.0.0.1:1"},
+                "geometry": {"type": "Polygon", "coordinates": [PEER_BOX]},
+            },
+        ],
+    }
+    path.write_text(json.dumps(doc))
+    return Federation.load(path)
+
+
+class FakePeer(fpb_grpc.FederationServiceServicer):
+    """The other broker: accepts the node's link, sends subscriptions, counts deliveries."""
+
+    def __init__(self, fed: Federation, subs: list[gpb.Subscription]) -> None:
+        self.fed = fed
+        self.subs = subs
+        self.deliveries = 0
+        self.loaded = asyncio.Event()
+
+    async def Link(self, request_iterator: Any, context: Any) -> None:
+        first = await context.read()
+        hello = fpb.Hello(
+            broker_id="peer",
+            strategy=first.hello.strategy,
+            federation_digest=self.fed.digest,
+            protocol_version=1,
+            epoch=time.time_ns(),
+        )
+        await context.write(fpb.Frame(hello=hello))
+        await context.write(fpb.Frame(snapshot=fpb.SubscriptionSnapshot()))
+        seq = 0
+        for i in range(0, len(self.subs), 2000):
+            seq += 1
+            chunk = [fpb.RemoteSubscription(subscription=s, home="peer") for s in self.subs[i : i + 2000]]
+            await context.write(fpb.Frame(seq=seq, subscribes=chunk))
+        self.loaded.set()
+        while True:
+            frame = await context.read()
+            if frame is grpc.aio.EOF:
+                return
+            self.deliveries += len(frame.deliveries)
+            if frame.seq:
+                await context.write(fpb.Frame(ack=fpb.Ack(seq=frame.seq)))
+
+
+def _subscriptions(n: int, seed: int) -> list[gpb.Subscription]:
+    cfg = WorkloadConfig(scenario="open-data", clients=n // 2, publisher_share=0.0, subscriptions_per_subscriber=2, unsubscribe_share=0.0, world_share=0.05, seed=seed, duration_s=10.0)
+    out = []
+    for op in generate(cfg):
+        if op.op == "subscribe":
+            out.append(gpb.Subscription(id=op.id, client=op.client, topic_filter=op.topic, geofence=geofence_to_pb(op.geofence)))
+    return out[:n]
+
+
+def _events(n: int, seed: int) -> list[cpb.PublishRequest]:
+    rate = 5.0
+    cfg = WorkloadConfig(scenario="context", clients=max(2, int(n / (rate * 10) * 2)), publisher_share=0.5, publish_rate_hz=rate, duration_s=10.0, world_share=0.1, seed=seed)
+    out = []
+    for op in generate(cfg):
+        if op.op == "publish":
+            assert op.location is not None
+            ev = gpb.Event(id=op.id, topic=op.topic, payload=b"\0" * 64, publisher=gpb.LatLon(lat=op.location.lat, lon=op.location.lon), geofence=geofence_to_pb(op.geofence))
+            out.append(cpb.PublishRequest(client=op.client, event=ev))
+    return out[:n]
+
+
+async def _run(n_subs: int, n_events: int, rate: float, seconds: float, workdir: Path) -> dict[str, Any]:
+    client_port, peer_listen, metrics_port, fake_port = free_ports(4)
+    fed = federation_file(workdir / "federation.geojson", (client_port, peer_listen), fake_port)
+    print(f"[{n_subs} subs] generating subscriptions and events ...", file=sys.stderr, flush=True)
+    subs = _subscriptions(n_subs, seed=n_subs)
+    events = _events(n_events, seed=1)
+    peer = FakePeer(fed, subs)
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])
+    fpb_grpc.add_FederationServiceServicer_to_server(peer, server)
+    server.add_insecure_port(f"127.0.0.1:{fake_port}")
+    await server.start()
+    env = dict(os.environ)
+    env.update(
+        {
+            "GEOFED_BROKER_ID": "node",
+            "GEOFED_FEDERATION": str(workdir / "federation.geojson"),
+            "GEOFED_STRATEGY": "subscription-geofence",
+            "GEOFED_CLIENT_LISTEN": f"127.0.0.1:{client_port}",
+            "GEOFED_PEER_LISTEN": f"127.0.0.1:{peer_listen}",
+            "GEOFED_METRICS_LISTEN": f"127.0.0.1:{metrics_port}",
+            "GEOFED_LOG_LEVEL": os.environ.get("GEOFED_LOG_LEVEL", "warning"),
+        }
+    )
+    proc = subprocess.Popen([sys.executable, "-m", "geofed.node", "node"], env=env)
+    try:
+        while health_status(f"127.0.0.1:{peer_listen}", FEDERATION_SERVICE) != "SERVING":
+            await asyncio.sleep(0.1)
+        t0 = time.perf_counter()
+        await asyncio.wait_for(peer.loaded.wait(), 600)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{client_port}") as ch:
+            stub = cpb_grpc.ClientServiceStub(ch)
+            # The node has the subscriptions once it answers a request queued after them.
+            while True:
+                text = await asyncio.to_thread(_metrics, metrics_port)
+                if f'geofed_subscriptions{{scope="remote"}} {float(len(subs))}' in text:
+                    break
+                await asyncio.sleep(0.2)
+            load_s = time.perf_counter() - t0
+            print(f"[{n_subs} subs] loaded in {load_s:.1f}s; throughput ...", file=sys.stderr, flush=True)
+            batch = 1000
+            t0 = time.perf_counter()
+            async def batches() -> Any:
+                for i in range(0, len(events), batch):
+                    yield cpb.PublishBatch(client="bench", events=[r.event for r in events[i : i + batch]])
+
+            resp = await stub.PublishStream(batches())
+            assert resp.accepted == len(events), resp.accepted
+            took = time.perf_counter() - t0
+            throughput = len(events) / took
+            print(f"[{n_subs} subs] {throughput:,.0f} events/s; latency at {rate:.0f}/s ...", file=sys.stderr, flush=True)
+            latencies = await _latency(stub, rate, seconds)
+        matched = peer.deliveries
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        await server.stop(None)
+    lat_ms = sorted(x * 1000 for x in latencies)
+    return {
+        "subscriptions": len(subs),
+        "events": len(events),
+        "load_s": round(load_s, 1),
+        "events_per_s": round(throughput),
+        "delivery_messages": matched,
+        "latency_rate": rate,
+        "latency_samples": len(lat_ms),
+        "p50_ms": round(statistics.median(lat_ms), 2),
+        "p99_ms": round(lat_ms[int(0.99 * (len(lat_ms) - 1))], 2),
+    }
+
+
+def _metrics(port: int) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return r.read().decode()  # type: ignore[no-any-return]
+
+
+async def _latency(stub: Any, rate: float, seconds: float) -> list[float]:
+    here = gpb.LatLon(lat=48.85, lon=2.35)
+    await stub.Connect(cpb.ConnectRequest(client="lat-sub", location=here))
+    call = stub.Subscribe(cpb.SubscribeRequest(client="lat-sub", subscription=gpb.Subscription(id="lat", topic_filter="latency/#")))
+    await call.initial_metadata()
+    received: list[float] = []
+
+    async def pump() -> None:
+        async for d in call:
+            received.append(time.perf_counter() - float(d.event.payload.decode()))
+
+    task = asyncio.create_task(pump())
+    n = int(rate * seconds)
+    start = time.perf_counter()
+    pending = set()
+    for i in range(n):
+        due = start + i / rate
+        wait = due - time.perf_counter()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        ev = gpb.Event(id=f"lat{i}", topic="latency/x", publisher=here, payload=str(time.perf_counter()).encode())
+        pending.add(asyncio.ensure_future(stub.Publish(cpb.PublishRequest(client="lat-pub", event=ev))))
+        pending = {p for p in pending if not p.done()}
+    await asyncio.gather(*pending)
+    deadline = time.perf_counter() + 5
+    while len(received) < n and time.perf_counter() < deadline:
+        await asyncio.sleep(0.05)
+    call.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return received
+
+
+def machine() -> str:
+    """Cores, CPU model, memory and Python of this machine."""
+    model = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+        mem = next(int(x.split()[1]) for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemTotal"))
+        mem_s = f"{mem / 1048576:.0f} GiB"
+    except (OSError, StopIteration):
+        mem_s = "?"
+    return f"{os.cpu_count()} cores, {model}, {mem_s} RAM, Python {platform.python_version()}, {platform.system()} {platform.release()}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--subs", default="10000,100000", help="comma-separated subscription counts")
+    p.add_argument("--events", type=int, default=50_000, help="events for the throughput run")
+    p.add_argument("--rate", type=float, default=1000.0, help="events/s for the latency run")
+    p.add_argument("--seconds", type=float, default=10.0, help="length of the latency run")
+    p.add_argument("--no-record", action="store_true", help="do not append to bench/results/node.md")
+    args = p.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="geofed-bench-") as tmp:
+        for n in (int(x) for x in args.subs.split(",")):
+            rows.append(asyncio.run(_run(n, args.events, args.rate, args.seconds, Path(tmp))))
+    head = "| subscriptions | events | load s | events/s (batched) | delivery msgs | p50 ms @ rate | p99 ms @ rate |"
+    lines = [head, "|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(
+            f"| {r['subscriptions']:,} | {r['events']:,} | {r['load_s']} | {r['events_per_s']:,} | "
+            f"{r['delivery_messages']:,} | {r['p50_ms']} @ {r['latency_rate']:.0f}/s | {r['p99_ms']} @ {r['latency_rate']:.0f}/s |"
+        )
+    table = "\n".join(lines)
+    print(table)
+    if not args.no_record:
+        cmd = "python -m geofed.bench.node_bench " + " ".join(argv if argv is not None else sys.argv[1:])
+        with RESULTS.open("a", encoding="utf-8") as f:
+            f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n")
+            f.write(f"Command: `{cmd.strip()}`  \nMachine: {machine()}\n\n{table}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
