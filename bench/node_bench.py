@@ -59,12 +59,20 @@ def federation_file(path: Path, node_ports: tuple[int, int], peer_port: int) -> 
         "features": [
             {
                 "type": "Feature",
-                "properties": {"id": "node", "endpoint": f"127.0.0.1:{node_ports[1]}", "client_endpoint": f"127.0.0.1:{node_ports[0]}"},
+                "properties": {
+                    "id": "node",
+                    "endpoint": f"127.0.0.1:{node_ports[1]}",
+                    "client_endpoint": f"127.0.0.1:{node_ports[0]}",
+                },
                 "geometry": {"type": "Polygon", "coordinates": [world, PEER_BOX[::-1]]},
             },
             {
                 "type": "Feature",
-                "properties": {"id": "peer", "endpoint": f"127.0.0.1:{peer_port}", "client_endpoint": "127.0.0.1:1"},
+                "properties": {
+                    "id": "peer",
+                    "endpoint": f"127.0.0.1:{peer_port}",
+                    "client_endpoint": "127.0.0.1:1",
+                },
                 "geometry": {"type": "Polygon", "coordinates": [PEER_BOX]},
             },
         ],
@@ -93,10 +101,10 @@ class FakePeer(fpb_grpc.FederationServiceServicer):
         )
         await context.write(fpb.Frame(hello=hello))
         await context.write(fpb.Frame(snapshot=fpb.SubscriptionSnapshot()))
-        seq = 0
-        for i in range(0, len(self.subs), 2000):
-            seq += 1
-            chunk = [fpb.RemoteSubscription(subscription=s, home="peer") for s in self.subs[i : i + 2000]]
+        for seq, i in enumerate(range(0, len(self.subs), 2000), start=1):
+            chunk = [
+                fpb.RemoteSubscription(subscription=s, home="peer") for s in self.subs[i : i + 2000]
+            ]
             await context.write(fpb.Frame(seq=seq, subscribes=chunk))
         self.loaded.set()
         while True:
@@ -109,27 +117,59 @@ class FakePeer(fpb_grpc.FederationServiceServicer):
 
 
 def _subscriptions(n: int, seed: int) -> list[gpb.Subscription]:
-    cfg = WorkloadConfig(scenario="open-data", clients=n // 2, publisher_share=0.0, subscriptions_per_subscriber=2, unsubscribe_share=0.0, world_share=0.05, seed=seed, duration_s=10.0)
+    cfg = WorkloadConfig(
+        scenario="open-data",
+        clients=n // 2,
+        publisher_share=0.0,
+        subscriptions_per_subscriber=2,
+        unsubscribe_share=0.0,
+        world_share=0.05,
+        seed=seed,
+        duration_s=10.0,
+    )
     out = []
     for op in generate(cfg):
         if op.op == "subscribe":
-            out.append(gpb.Subscription(id=op.id, client=op.client, topic_filter=op.topic, geofence=geofence_to_pb(op.geofence)))
+            out.append(
+                gpb.Subscription(
+                    id=op.id,
+                    client=op.client,
+                    topic_filter=op.topic,
+                    geofence=geofence_to_pb(op.geofence),
+                )
+            )
     return out[:n]
 
 
 def _events(n: int, seed: int) -> list[cpb.PublishRequest]:
     rate = 5.0
-    cfg = WorkloadConfig(scenario="context", clients=max(2, int(n / (rate * 10) * 2)), publisher_share=0.5, publish_rate_hz=rate, duration_s=10.0, world_share=0.1, seed=seed)
+    cfg = WorkloadConfig(
+        scenario="context",
+        clients=max(2, int(n / (rate * 10) * 2)),
+        publisher_share=0.5,
+        publish_rate_hz=rate,
+        duration_s=10.0,
+        world_share=0.1,
+        seed=seed,
+    )
     out = []
     for op in generate(cfg):
         if op.op == "publish":
             assert op.location is not None
-            ev = gpb.Event(id=op.id, topic=op.topic, payload=b"\0" * 64, publisher=gpb.LatLon(lat=op.location.lat, lon=op.location.lon), geofence=geofence_to_pb(op.geofence))
+            ev = gpb.Event(
+                id=op.id,
+                topic=op.topic,
+                payload=b"\0" * 64,
+                publisher=gpb.LatLon(lat=op.location.lat, lon=op.location.lon),
+                geofence=geofence_to_pb(op.geofence),
+            )
             out.append(cpb.PublishRequest(client=op.client, event=ev))
     return out[:n]
 
 
-async def _run(n_subs: int, n_events: int, rate: float, seconds: float, workdir: Path) -> dict[str, Any]:
+async def _run(
+    n_subs: int, n_events: int, rate: float, seconds: float, workdir: Path
+) -> dict[str, Any]:
     client_port, peer_listen, metrics_port, fake_port = free_ports(4)
     fed = federation_file(workdir / "federation.geojson", (client_port, peer_listen), fake_port)
     print(f"[{n_subs} subs] generating subscriptions and events ...", file=sys.stderr, flush=True)
@@ -167,18 +207,29 @@ async def _run(n_subs: int, n_events: int, rate: float, seconds: float, workdir:
                     break
                 await asyncio.sleep(0.2)
             load_s = time.perf_counter() - t0
-            print(f"[{n_subs} subs] loaded in {load_s:.1f}s; throughput ...", file=sys.stderr, flush=True)
+            print(
+                f"[{n_subs} subs] loaded in {load_s:.1f}s; throughput ...",
+                file=sys.stderr,
+                flush=True,
+            )
             batch = 1000
             t0 = time.perf_counter()
+
             async def batches() -> Any:
                 for i in range(0, len(events), batch):
-                    yield cpb.PublishBatch(client="bench", events=[r.event for r in events[i : i + batch]])
+                    yield cpb.PublishBatch(
+                        client="bench", events=[r.event for r in events[i : i + batch]]
+                    )
 
             resp = await stub.PublishStream(batches())
             assert resp.accepted == len(events), resp.accepted
             took = time.perf_counter() - t0
             throughput = len(events) / took
-            print(f"[{n_subs} subs] {throughput:,.0f} events/s; latency at {rate:.0f}/s ...", file=sys.stderr, flush=True)
+            print(
+                f"[{n_subs} subs] {throughput:,.0f} events/s; latency at {rate:.0f}/s ...",
+                file=sys.stderr,
+                flush=True,
+            )
             latencies = await _latency(stub, rate, seconds)
         matched = peer.deliveries
     finally:
@@ -209,7 +260,11 @@ def _metrics(port: int) -> str:
 async def _latency(stub: Any, rate: float, seconds: float) -> list[float]:
     here = gpb.LatLon(lat=48.85, lon=2.35)
     await stub.Connect(cpb.ConnectRequest(client="lat-sub", location=here))
-    call = stub.Subscribe(cpb.SubscribeRequest(client="lat-sub", subscription=gpb.Subscription(id="lat", topic_filter="latency/#")))
+    call = stub.Subscribe(
+        cpb.SubscribeRequest(
+            client="lat-sub", subscription=gpb.Subscription(id="lat", topic_filter="latency/#")
+        )
+    )
     await call.initial_metadata()
     received: list[float] = []
 
@@ -226,8 +281,15 @@ async def _latency(stub: Any, rate: float, seconds: float) -> list[float]:
         wait = due - time.perf_counter()
         if wait > 0:
             await asyncio.sleep(wait)
-        ev = gpb.Event(id=f"lat{i}", topic="latency/x", publisher=here, payload=str(time.perf_counter()).encode())
-        pending.add(asyncio.ensure_future(stub.Publish(cpb.PublishRequest(client="lat-pub", event=ev))))
+        ev = gpb.Event(
+            id=f"lat{i}",
+            topic="latency/x",
+            publisher=here,
+            payload=str(time.perf_counter()).encode(),
+        )
+        pending.add(
+            asyncio.ensure_future(stub.Publish(cpb.PublishRequest(client="lat-pub", event=ev)))
+        )
         pending = {p for p in pending if not p.done()}
     await asyncio.gather(*pending)
     deadline = time.perf_counter() + 5
@@ -246,11 +308,16 @@ def machine() -> str:
             if line.startswith("model name"):
                 model = line.split(":", 1)[1].strip()
                 break
-        mem = next(int(x.split()[1]) for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemTotal"))
+        mem = next(
+            int(x.split()[1])
+            for x in Path("/proc/meminfo").read_text().splitlines()
+            if x.startswith("MemTotal")
+        )
         mem_s = f"{mem / 1048576:.0f} GiB"
     except (OSError, StopIteration):
         mem_s = "?"
-    return f"{os.cpu_count()} cores, {model}, {mem_s} RAM, Python {platform.python_version()}, {platform.system()} {platform.release()}"
+    system = f"Python {platform.python_version()}, {platform.system()} {platform.release()}"
+    return f"{os.cpu_count()} cores, {model}, {mem_s} RAM, {system}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -259,23 +326,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--events", type=int, default=50_000, help="events for the throughput run")
     p.add_argument("--rate", type=float, default=1000.0, help="events/s for the latency run")
     p.add_argument("--seconds", type=float, default=10.0, help="length of the latency run")
-    p.add_argument("--no-record", action="store_true", help="do not append to bench/results/node.md")
+    p.add_argument(
+        "--no-record", action="store_true", help="do not append to bench/results/node.md"
+    )
     args = p.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory(prefix="geofed-bench-") as tmp:
         for n in (int(x) for x in args.subs.split(",")):
             rows.append(asyncio.run(_run(n, args.events, args.rate, args.seconds, Path(tmp))))
-    head = "| subscriptions | events | load s | events/s (batched) | delivery msgs | p50 ms @ rate | p99 ms @ rate |"
+    head = (
+        "| subscriptions | events | load s | events/s (batched) | delivery msgs "
+        "| p50 ms @ rate | p99 ms @ rate |"
+    )
     lines = [head, "|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(
             f"| {r['subscriptions']:,} | {r['events']:,} | {r['load_s']} | {r['events_per_s']:,} | "
-            f"{r['delivery_messages']:,} | {r['p50_ms']} @ {r['latency_rate']:.0f}/s | {r['p99_ms']} @ {r['latency_rate']:.0f}/s |"
+            f"{r['delivery_messages']:,} | {r['p50_ms']} @ {r['latency_rate']:.0f}/s "
+            f"| {r['p99_ms']} @ {r['latency_rate']:.0f}/s |"
         )
     table = "\n".join(lines)
     print(table)
     if not args.no_record:
-        cmd = "python -m geofed.bench.node_bench " + " ".join(argv if argv is not None else sys.argv[1:])
+        cmd = "python -m geofed.bench.node_bench " + " ".join(
+            argv if argv is not None else sys.argv[1:]
+        )
         with RESULTS.open("a", encoding="utf-8") as f:
             f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n")
             f.write(f"Command: `{cmd.strip()}`  \nMachine: {machine()}\n\n{table}\n")

@@ -111,6 +111,7 @@ class PeerLink:
         self._stopping = False
         self.connected = False
         self.delay_s = node.wan_delay_s(peer.id)
+        self._delay_line: asyncio.Queue[tuple[float, fpb.Frame]] | None = None
         self._labels = {"peer": peer.id}
 
     # -- producer side ---------------------------------------------------
@@ -220,19 +221,35 @@ class PeerLink:
         self._session = current
         self._begin_session()
         log.info("link %s up (%s)", self.peer.id, "dialled" if self.dials else "accepted")
-        reader = asyncio.create_task(self._read_loop(transport))
-        writer = asyncio.create_task(self._write_loop(transport))
+        tasks = {
+            asyncio.create_task(self._read_loop(transport)),
+            asyncio.create_task(self._write_loop(transport)),
+        }
+        if self.delay_s:
+            self._delay_line = asyncio.Queue()
+            tasks.add(asyncio.create_task(self._transmit_delayed(transport, self._delay_line)))
         try:
-            done, _ = await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 exc = task.exception()
                 if exc is not None:
                     raise exc
         finally:
-            for task in (reader, writer):
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(reader, writer, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._delay_line = None
             self._end_session()
+
+    async def _transmit_delayed(
+        self, transport: Transport, line: asyncio.Queue[tuple[float, fpb.Frame]]
+    ) -> None:
+        while True:
+            due, frame = await line.get()
+            wait = due - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            await transport.write(frame)
 
     def _begin_session(self) -> None:
         self.connected = True
@@ -324,9 +341,12 @@ class PeerLink:
         if self._ack_pending:
             frame.ack.seq = self._ack_pending
             self._ack_pending = 0
-        if self.delay_s:
-            await asyncio.sleep(self.delay_s)
-        await transport.write(frame)
+        if self._delay_line is not None:
+            # Emulated WAN: the frame leaves after the link's one-way delay,
+            # without holding up the frames behind it.
+            await self._delay_line.put((time.monotonic() + self.delay_s, frame))
+        else:
+            await transport.write(frame)
         self._last_flush = time.monotonic()
         if msgs:
             node.count_sent(self.peer.id, msgs, sizes)

@@ -71,8 +71,14 @@ def predict(federation: Federation, strategy: str | Strategy, ops: Iterable[Trac
             if old_home is not None and old_home != new_home:
                 # Re-homing: withdrawn at the old broker, renewed at the new one.
                 for sub in by_client.get(op.client, {}).values():
-                    send(Kind.UNSUBSCRIBE, old_home, strat.subscription_targets(old_home, sub.geofence))
-                    send(Kind.SUBSCRIBE, new_home, strat.subscription_targets(new_home, sub.geofence))
+                    send(
+                        Kind.UNSUBSCRIBE,
+                        old_home,
+                        strat.subscription_targets(old_home, sub.geofence),
+                    )
+                    send(
+                        Kind.SUBSCRIBE, new_home, strat.subscription_targets(new_home, sub.geofence)
+                    )
             where[op.client] = op.location
             home[op.client] = new_home
         if op.op == "subscribe":
@@ -115,4 +121,3 @@ def predict(federation: Federation, strategy: str | Strategy, ops: Iterable[Trac
             }:
                 report.lower_bound[(origin, dst)] += 1
     return report
-

@@ -174,7 +174,13 @@ class Federation:
         """A copy whose brokers have the given (peer endpoint, client endpoint)."""
         return Federation(
             [
-                Broker(b.id, b.area, *endpoints.get(b.id, (b.endpoint, b.client_endpoint)), b.site, b.name)
+                Broker(
+                    b.id,
+                    b.area,
+                    *endpoints.get(b.id, (b.endpoint, b.client_endpoint)),
+                    b.site,
+                    b.name,
+                )
                 for b in self.brokers
             ]
         )
@@ -193,7 +199,11 @@ class Federation:
             if b.site is not None:
                 props["site"] = [b.site.lon, b.site.lat]
             features.append(
-                {"type": "Feature", "geometry": b.area.geometry.__geo_interface__, "properties": props}
+                {
+                    "type": "Feature",
+                    "geometry": b.area.geometry.__geo_interface__,
+                    "properties": props,
+                }
             )
         return {"type": "FeatureCollection", "features": features}
 
@@ -260,7 +270,9 @@ class Federation:
         try:
             obj = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise InvalidInput("federation", f"{p} is not JSON: {exc.msg} (line {exc.lineno})") from None
+            raise InvalidInput(
+                "federation", f"{p} is not JSON: {exc.msg} (line {exc.lineno})"
+            ) from None
         return cls.from_geojson(obj, source=f"federation {p.name}")
 
 

@@ -12,6 +12,7 @@ must therefore carry intermediate vertices.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Iterable, Sequence
@@ -196,7 +197,9 @@ def parse_geofence(
     raise InvalidInput(field, f"must be WKT text, GeoJSON or a circle, got {type(value).__name__}")
 
 
-def parse_wkt(text: str, field: str = "geofence", *, max_vertices: int = DEFAULT_MAX_VERTICES) -> Geofence:
+def parse_wkt(
+    text: str, field: str = "geofence", *, max_vertices: int = DEFAULT_MAX_VERTICES
+) -> Geofence:
     """Parse a WKT POLYGON or MULTIPOLYGON (lon lat order)."""
     try:
         # "nan" parses (numpy warns); the coordinate check below rejects it by field.
@@ -330,7 +333,8 @@ def build_geofence(
                 raise InvalidInput(field, f"more than {max_vertices} vertices")
             if len(pts) < 4 or pts[0] != pts[-1]:
                 raise InvalidInput(
-                    field, f"ring {r_idx} of polygon {p_idx} must be closed with at least 4 positions"
+                    field,
+                    f"ring {r_idx} of polygon {p_idx} must be closed with at least 4 positions",
                 )
             checked.append(pts)
         exterior = _unwrap(checked[0])
@@ -371,7 +375,7 @@ def _unwrap(ring: Ring) -> Ring:
     """Make longitudes continuous: an edge spanning > 180 degrees crosses ±180."""
     out: Ring = [ring[0]]
     offset = 0.0
-    for (lon0, _), (lon1, lat1) in zip(ring, ring[1:], strict=False):
+    for (lon0, _), (lon1, lat1) in itertools.pairwise(ring):
         # Both ends on the antimeridian: the edge runs along it, not across.
         if abs(lon1 - lon0) > 180.0 and not (abs(lon0) == 180.0 and abs(lon1) == 180.0):
             offset += -360.0 if lon1 > lon0 else 360.0

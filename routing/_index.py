@@ -25,11 +25,11 @@ def _level_for(width: float, height: float) -> int:
     span = max(width, height)
     if span <= 0.0:
         return _MAX_LEVEL
-    return max(0, min(_MAX_LEVEL, int(math.floor(math.log2(180.0 / span)))))
+    return max(0, min(_MAX_LEVEL, math.floor(math.log2(180.0 / span))))
 
 
 def _cell(v: float, origin: float, size: float) -> int:
-    return int(math.floor((v + origin) / size))
+    return math.floor((v + origin) / size)
 
 
 class _SpatialBucket:
@@ -107,10 +107,10 @@ _SIZES = [180.0 / (1 << level) for level in range(_MAX_LEVEL + 1)]
 def _point_keys(level: int, lon: float, lat: float) -> list[_Key]:
     """The grid cell of a point at `level` (both sides of the antimeridian)."""
     size = _SIZES[level]
-    iy = int(math.floor((lat + 90.0) / size))
+    iy = math.floor((lat + 90.0) / size)
     if abs(lon) == 180.0:
-        return [(level, int(math.floor(x / size)), iy) for x in (360.0, 0.0)]
-    return [(level, int(math.floor((lon + 180.0) / size)), iy)]
+        return [(level, math.floor(x / size), iy) for x in (360.0, 0.0)]
+    return [(level, math.floor((lon + 180.0) / size), iy)]
 
 
 class _TrieNode:

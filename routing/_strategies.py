@@ -112,7 +112,8 @@ class SubscriptionGeofence(Strategy):
 
 
 STRATEGIES: dict[str, type[Strategy]] = {
-    cls.name: cls for cls in (FloodingEvents, FloodingSubscriptions, EventGeofence, SubscriptionGeofence)
+    cls.name: cls
+    for cls in (FloodingEvents, FloodingSubscriptions, EventGeofence, SubscriptionGeofence)
 }
 """Every strategy by its config name, flooding baselines first."""
 
@@ -126,5 +127,7 @@ def strategy_for(name: str, federation: Federation, *, field: str = "strategy") 
     try:
         cls = STRATEGIES[name]
     except KeyError:
-        raise InvalidInput(field, f"unknown strategy {name!r}; one of {', '.join(STRATEGIES)}") from None
+        raise InvalidInput(
+            field, f"unknown strategy {name!r}; one of {', '.join(STRATEGIES)}"
+        ) from None
     return cls(federation)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -67,9 +68,7 @@ class _GeofenceCache:
         return fence
 
 
-def parse_op(
-    record: Mapping[str, Any], line: int, cache: _GeofenceCache | None = None
-) -> TraceOp:
+def parse_op(record: Mapping[str, Any], line: int, cache: _GeofenceCache | None = None) -> TraceOp:
     """Validate one trace record.
 
     Raises:
@@ -83,11 +82,14 @@ def parse_op(
     if op not in OPS:
         raise InvalidInput(f"{where}: op", f"must be one of {', '.join(OPS)}, got {op!r}")
     t = record.get("t")
-    if isinstance(t, bool) or not isinstance(t, int | float) or not t >= 0 or t == float("inf"):
+    if isinstance(t, bool) or not isinstance(t, int | float) or not 0 <= t <= sys.float_info.max:
+        # The upper bound also keeps huge JSON ints out of float() (OverflowError).
         raise InvalidInput(f"{where}: t", f"must be a finite number >= 0, got {t!r}")
     client = validate_id(record.get("client"), f"{where}: client")
     if op == "unsubscribe":
-        return TraceOp(float(t), op, client, id=validate_id(record.get("id"), f"{where}: id"), line=line)
+        return TraceOp(
+            float(t), op, client, id=validate_id(record.get("id"), f"{where}: id"), line=line
+        )
     location = latlon(record.get("lat"), record.get("lon"), where)
     if op == "move":
         return TraceOp(float(t), op, client, location, line=line)

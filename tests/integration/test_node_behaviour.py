@@ -6,7 +6,6 @@ import json
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -62,14 +61,22 @@ class Collector:
         return [d.event.id for d in self.items]
 
 
-def subscribe(fed: LocalFederation, broker: str, client: str, sid: str, where: gpb.LatLon, topic: str = "t/#") -> Collector:
+def subscribe(
+    fed: LocalFederation, broker: str, client: str, sid: str, where: gpb.LatLon, topic: str = "t/#"
+) -> Collector:
     s = stub(fed, broker)
     assert s.Connect(cpb.ConnectRequest(client=client, location=where)).accepted
-    call = s.Subscribe(cpb.SubscribeRequest(client=client, subscription=gpb.Subscription(id=sid, topic_filter=topic)))
+    call = s.Subscribe(
+        cpb.SubscribeRequest(
+            client=client, subscription=gpb.Subscription(id=sid, topic_filter=topic)
+        )
+    )
     return Collector(call)
 
 
-def publish(fed: LocalFederation, broker: str, eid: str, where: gpb.LatLon, topic: str = "t/x", **kw: object) -> str:
+def publish(
+    fed: LocalFederation, broker: str, eid: str, where: gpb.LatLon, topic: str = "t/x", **kw: object
+) -> str:
     ev = gpb.Event(id=eid, topic=topic, publisher=where, **kw)
     return str(stub(fed, broker).Publish(cpb.PublishRequest(client="pub", event=ev)).event_id)
 
@@ -86,16 +93,24 @@ def test_connect_outside_area_is_redirected(three_federation: LocalFederation) -
     assert not resp.accepted
     assert resp.redirect.broker_id == "ap"
     assert resp.redirect.endpoint == three_federation.nodes["ap"].client
-    assert stub(three_federation, "ap").Connect(cpb.ConnectRequest(client="c1", location=SINGAPORE)).accepted
+    assert (
+        stub(three_federation, "ap")
+        .Connect(cpb.ConnectRequest(client="c1", location=SINGAPORE))
+        .accepted
+    )
 
 
-def test_moving_subscriber_is_rehomed_and_keeps_receiving(three_federation: LocalFederation) -> None:
+def test_moving_subscriber_is_rehomed_and_keeps_receiving(
+    three_federation: LocalFederation,
+) -> None:
     fed = three_federation
     first = subscribe(fed, "eu", "walker", "s-walk", FRANKFURT)
     publish(fed, "us", "e-before", VIRGINIA)
     assert first.wait_for(1) == ["e-before"]
     # The update leaves eu's area: eu ends the stream and redirects.
-    resp = stub(fed, "eu").UpdateLocation(cpb.UpdateLocationRequest(client="walker", location=VIRGINIA))
+    resp = stub(fed, "eu").UpdateLocation(
+        cpb.UpdateLocationRequest(client="walker", location=VIRGINIA)
+    )
     assert not resp.accepted and resp.redirect.broker_id == "us"
     first.thread.join(5)
     assert first.error is not None and first.error.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -109,16 +124,38 @@ def test_moving_subscriber_is_rehomed_and_keeps_receiving(three_federation: Loca
 @pytest.mark.parametrize(
     ("event", "code", "field"),
     [
-        (gpb.Event(id="b1", topic="t/+", publisher=FRANKFURT), grpc.StatusCode.INVALID_ARGUMENT, "request.event.topic"),
-        (gpb.Event(id="b2", topic="t/x"), grpc.StatusCode.INVALID_ARGUMENT, "request.event.publisher"),
-        (gpb.Event(id="b3", topic="t/x", publisher=gpb.LatLon(lat=91, lon=0)), grpc.StatusCode.INVALID_ARGUMENT, "request.event.publisher.lat"),
         (
-            gpb.Event(id="b4", topic="t/x", publisher=FRANKFURT, geofence=gpb.Geofence(wkt="POLYGON((0 0, 1 1, 1 0, 0 1, 0 0))")),
+            gpb.Event(id="b1", topic="t/+", publisher=FRANKFURT),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "request.event.topic",
+        ),
+        (
+            gpb.Event(id="b2", topic="t/x"),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "request.event.publisher",
+        ),
+        (
+            gpb.Event(id="b3", topic="t/x", publisher=gpb.LatLon(lat=91, lon=0)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "request.event.publisher.lat",
+        ),
+        (
+            gpb.Event(
+                id="b4",
+                topic="t/x",
+                publisher=FRANKFURT,
+                geofence=gpb.Geofence(wkt="POLYGON((0 0, 1 1, 1 0, 0 1, 0 0))"),
+            ),
             grpc.StatusCode.INVALID_ARGUMENT,
             "request.event.geofence.wkt",
         ),
         (
-            gpb.Event(id="b5", topic="t/x", publisher=FRANKFURT, geofence=gpb.Geofence(wkt="POLYGON((0 0, nan 1")),
+            gpb.Event(
+                id="b5",
+                topic="t/x",
+                publisher=FRANKFURT,
+                geofence=gpb.Geofence(wkt="POLYGON((0 0, nan 1"),
+            ),
             grpc.StatusCode.INVALID_ARGUMENT,
             "request.event.geofence.wkt",
         ),
@@ -127,7 +164,11 @@ def test_moving_subscriber_is_rehomed_and_keeps_receiving(three_federation: Loca
             grpc.StatusCode.RESOURCE_EXHAUSTED,
             "request.event.payload",
         ),
-        (gpb.Event(id="b7", topic="t/x", publisher=SINGAPORE), grpc.StatusCode.FAILED_PRECONDITION, "ap"),
+        (
+            gpb.Event(id="b7", topic="t/x", publisher=SINGAPORE),
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "ap",
+        ),
     ],
 )
 def test_bad_input_is_rejected_naming_the_field_and_the_node_keeps_serving(
@@ -158,7 +199,9 @@ def test_bad_subscription_is_rejected(three_federation: LocalFederation) -> None
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "client" in err.value.details()
 
 
-def test_peer_down_local_traffic_continues_queue_bounded_link_recovers(three_federation: LocalFederation) -> None:
+def test_peer_down_local_traffic_continues_queue_bounded_link_recovers(
+    three_federation: LocalFederation,
+) -> None:
     fed = three_federation
     local = subscribe(fed, "eu", "l", "s-local", FRANKFURT)
     fed.stop_node("us", signal.SIGKILL)
@@ -177,7 +220,9 @@ def test_peer_down_local_traffic_continues_queue_bounded_link_recovers(three_fed
     assert remote.wait_for(1) == ["after"]
 
 
-def test_strategy_and_federation_mismatch_are_refused(three_federation: LocalFederation, tmp_path: Path) -> None:
+def test_strategy_and_federation_mismatch_are_refused(
+    three_federation: LocalFederation, tmp_path: Path
+) -> None:
     fed = three_federation
     fed.stop_node("ap")
     fed.start_node("ap", env={"GEOFED_STRATEGY": "flooding-events"})
@@ -193,7 +238,9 @@ def test_strategy_and_federation_mismatch_are_refused(three_federation: LocalFed
         if feat["properties"]["id"] == "us":  # ... but a different area does
             feat["properties"]["name"] = "changed"
             geom = feat["geometry"]
-            ring = geom["coordinates"][0] if geom["type"] == "Polygon" else geom["coordinates"][0][0]
+            ring = (
+                geom["coordinates"][0] if geom["type"] == "Polygon" else geom["coordinates"][0][0]
+            )
             ring[1] = [ring[1][0], ring[1][1] - 0.5]
     changed = tmp_path / "changed.geojson"
     changed.write_text(json.dumps(other))

@@ -21,7 +21,14 @@ from hypothesis import strategies as st
 
 from geofed.node._local import LocalFederation
 from geofed.node._replay import Replayer, peer_message_counts, wait_quiescent
-from geofed.routing import STRATEGIES, TraceOp, latlon, parse_geofence, predict, reference_deliveries
+from geofed.routing import (
+    STRATEGIES,
+    TraceOp,
+    latlon,
+    parse_geofence,
+    predict,
+    reference_deliveries,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 THREE = ROOT / "deploy" / "federations" / "three.geojson"
@@ -30,8 +37,18 @@ pytestmark = pytest.mark.integration
 
 # Places inside each of the three areas, and some near their borders.
 PLACES = [
-    (50.1, 8.7), (48.9, 2.3), (40.4, -3.7), (39.0, -77.5), (19.4, -99.1), (-23.5, -46.6),
-    (1.3, 103.8), (35.7, 139.7), (-33.9, 151.2), (28.6, 77.2), (10.0, 60.0), (62.0, -20.0),
+    (50.1, 8.7),
+    (48.9, 2.3),
+    (40.4, -3.7),
+    (39.0, -77.5),
+    (19.4, -99.1),
+    (-23.5, -46.6),
+    (1.3, 103.8),
+    (35.7, 139.7),
+    (-33.9, 151.2),
+    (28.6, 77.2),
+    (10.0, 60.0),
+    (62.0, -20.0),
 ]
 FENCES = [
     None,
@@ -59,7 +76,11 @@ def workloads(draw: st.DrawFn) -> list[TraceOp]:
     # Subscriptions first, then a mix dominated by publishes, so that most
     # examples have deliveries (and some have none).
     kinds = ["subscribe"] * draw(st.integers(1, 5)) + draw(
-        st.lists(st.sampled_from(["publish"] * 4 + ["move", "unsubscribe", "subscribe"]), min_size=3, max_size=20)
+        st.lists(
+            st.sampled_from(["publish"] * 4 + ["move", "unsubscribe", "subscribe"]),
+            min_size=3,
+            max_size=20,
+        )
     )
     for step, kind in enumerate(kinds):
         client = draw(st.sampled_from(clients))
@@ -67,7 +88,11 @@ def workloads(draw: st.DrawFn) -> list[TraceOp]:
         fence = parse_geofence(draw(st.sampled_from(FENCES)))
         if kind == "subscribe":
             sid = f"r{run}s{step}"
-            ops.append(TraceOp(step, "subscribe", client, where, sid, draw(st.sampled_from(FILTERS)), fence))
+            ops.append(
+                TraceOp(
+                    step, "subscribe", client, where, sid, draw(st.sampled_from(FILTERS)), fence
+                )
+            )
             live[sid] = client
         elif kind == "publish":
             topic = draw(st.sampled_from(TOPICS))
@@ -81,17 +106,23 @@ def workloads(draw: st.DrawFn) -> list[TraceOp]:
 
 
 @pytest.fixture(scope="module", params=list(STRATEGIES))
-def federation(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFederation]:
+def federation(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalFederation]:
     with LocalFederation(THREE, request.param, tmp_path_factory.mktemp(request.param)) as fed:
         yield fed
 
 
 def _sent(fed: LocalFederation) -> Counter[tuple[str, str, str]]:
     urls = {b: n.metrics_url for b, n in fed.nodes.items()}
-    return Counter({k: int(v) for k, v in peer_message_counts(urls)["sent"].items() if k[0] != "control"})
+    return Counter(
+        {k: int(v) for k, v in peer_message_counts(urls)["sent"].items() if k[0] != "control"}
+    )
 
 
-async def _replay(fed: LocalFederation, ops: list[TraceOp]) -> tuple[list[tuple[str, str]], Counter[tuple[str, str, str]]]:
+async def _replay(
+    fed: LocalFederation, ops: list[TraceOp]
+) -> tuple[list[tuple[str, str]], Counter[tuple[str, str, str]]]:
     urls = {b: n.metrics_url for b, n in fed.nodes.items()}
     r = Replayer(fed.federation, barrier=lambda: wait_quiescent(urls))
     before = await asyncio.to_thread(_sent, fed)
@@ -107,9 +138,15 @@ async def _replay(fed: LocalFederation, ops: list[TraceOp]) -> tuple[list[tuple[
     return r.deliveries, after - before
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(ops=workloads())
-def test_live_federation_matches_oracle_and_cost_model(federation: LocalFederation, ops: list[TraceOp]) -> None:
+def test_live_federation_matches_oracle_and_cost_model(
+    federation: LocalFederation, ops: list[TraceOp]
+) -> None:
     deliveries, sent = asyncio.run(_replay(federation, ops))
     expected = reference_deliveries(ops)
     assert Counter(deliveries) == Counter(expected)  # recall 1, precision 1, no duplicates

@@ -1,0 +1,90 @@
+"""Node configuration: precedence flag > env > file > default, errors naming the field."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from geofed.node._config import NodeConfig, add_arguments, from_args
+from geofed.routing import InvalidInput
+
+BASE = {"broker_id": "eu", "federation": "f.geojson"}
+
+
+def test_defaults_and_precedence(tmp_path: Path) -> None:
+    cfg_file = tmp_path / "c.json"
+    cfg_file.write_text(
+        json.dumps(
+            {"broker_id": "file", "federation": "x", "peer_queue_size": 7, "log_level": "debug"}
+        )
+    )
+    env = {"GEOFED_BROKER_ID": "env", "GEOFED_PEER_QUEUE_SIZE": "9"}
+    cfg = NodeConfig.load(
+        {"broker_id": "flag", "strategy": None}, env=env, config_file=str(cfg_file)
+    )
+    assert cfg.broker_id == "flag"  # flag beats env beats file
+    assert cfg.peer_queue_size == 9  # env beats file
+    assert cfg.log_level == "debug"  # file beats default
+    assert cfg.strategy == "event-geofence"  # default
+    assert cfg.client_listen == "0.0.0.0:7400"
+
+
+def test_flags_parse_into_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GEOFED_CONFIG", raising=False)
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(
+        [
+            "--broker-id",
+            "us",
+            "--federation",
+            "f",
+            "--batch-max-delay-ms",
+            "0.5",
+            "--peer-queue-size",
+            "3",
+        ]
+    )
+    cfg = from_args(args)
+    assert (cfg.broker_id, cfg.batch_max_delay_ms, cfg.peer_queue_size) == ("us", 0.5, 3)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "env", "field"),
+    [
+        ({"broker_id": ""}, {}, "broker_id"),
+        ({"federation": ""}, {}, "federation"),
+        ({"strategy": "gossip"}, {}, "strategy"),
+        ({"client_listen": "nowhere"}, {}, "client_listen"),
+        ({"peer_listen": "127.0.0.1:99999"}, {}, "peer_listen"),
+        ({"log_level": "loud"}, {}, "log_level"),
+        ({"peer_queue_size": 0}, {}, "peer_queue_size"),
+        ({"batch_max_delay_ms": -1.0}, {}, "batch_max_delay_ms"),
+        ({"reconnect_initial_s": 2.0, "reconnect_max_s": 1.0}, {}, "reconnect_max_s"),
+        ({}, {"GEOFED_MAX_PAYLOAD_BYTES": "lots"}, "max_payload_bytes"),
+    ],
+)
+def test_bad_values_name_the_field(
+    overrides: dict[str, object], env: dict[str, str], field: str
+) -> None:
+    with pytest.raises(InvalidInput) as err:
+        NodeConfig.load({**BASE, **overrides}, env=env)
+    assert err.value.field == field
+    assert str(err.value).startswith(field)
+
+
+def test_config_file_errors_name_the_problem(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(InvalidInput, match="config"):
+        NodeConfig.load(BASE, env={}, config_file=str(bad))
+    unknown = tmp_path / "unknown.json"
+    unknown.write_text(json.dumps({"colour": "blue"}))
+    with pytest.raises(InvalidInput) as err:
+        NodeConfig.load(BASE, env={}, config_file=str(unknown))
+    assert err.value.field == "colour"
+    with pytest.raises(InvalidInput, match="cannot read"):
+        NodeConfig.load(BASE, env={}, config_file=str(tmp_path / "missing.json"))

@@ -1,0 +1,150 @@
+"""Wire conversions: validation names the field; frames keep the sender's order."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from geofed.node._convert import (
+    GeofenceCache,
+    add_to_frame,
+    event_from_pb,
+    event_to_pb,
+    messages_from_frame,
+    subscription_from_pb,
+)
+from geofed.node._errors import status_for
+from geofed.routing import (
+    DeliveryMsg,
+    EventMsg,
+    FederationMismatch,
+    GeofedError,
+    InvalidInput,
+    NotFound,
+    SubscribeMsg,
+    TooLarge,
+    UnsubscribeMsg,
+    WrongBroker,
+    make_event,
+    make_subscription,
+    parse_geofence,
+)
+from geofed.routing import latlon as ll
+from geofed.v1 import federation_pb2 as fpb
+from geofed.v1 import geo_pb2 as gpb
+
+
+def test_event_round_trip_keeps_geofence_and_payload() -> None:
+    cache = GeofenceCache(100)
+    fence = parse_geofence({"circle": {"lat": 50, "lon": 8, "radius_m": 10_000}})
+    ev = make_event("e1", "a/b", ll(50, 8), fence, payload_size=3, t=12.5)
+    pb = event_to_pb(ev, "eu")
+    pb.payload = b"abc"
+    back = event_from_pb(pb, cache)
+    assert (back.id, back.topic, back.location, back.t, back.payload) == (
+        "e1",
+        "a/b",
+        ev.location,
+        12.5,
+        b"abc",
+    )
+    assert back.geofence is not None and fence is not None
+    assert back.geofence.wkt == fence.wkt
+    assert event_from_pb(pb, cache).geofence is back.geofence  # parsed once, cached
+
+
+@pytest.mark.parametrize(
+    ("event", "field"),
+    [
+        (gpb.Event(id="", topic="a", publisher=gpb.LatLon(lat=1, lon=1)), "event.id"),
+        (gpb.Event(id="e", topic="a/#", publisher=gpb.LatLon(lat=1, lon=1)), "event.topic"),
+        (gpb.Event(id="e", topic="a"), "event.publisher"),
+        (gpb.Event(id="e", topic="a", publisher=gpb.LatLon(lat=1, lon=181)), "event.publisher.lon"),
+        (
+            gpb.Event(
+                id="e",
+                topic="a",
+                publisher=gpb.LatLon(lat=1, lon=1),
+                geofence=gpb.Geofence(wkt="POINT(1 1)"),
+            ),
+            "event.geofence.wkt",
+        ),
+        (
+            gpb.Event(
+                id="e",
+                topic="a",
+                publisher=gpb.LatLon(lat=1, lon=1),
+                geofence=gpb.Geofence(geojson="{"),
+            ),
+            "event.geofence.geojson",
+        ),
+        (
+            gpb.Event(
+                id="e",
+                topic="a",
+                publisher=gpb.LatLon(lat=1, lon=1),
+                geofence=gpb.Geofence(
+                    circle=gpb.Circle(center=gpb.LatLon(lat=1, lon=1), radius_m=-5)
+                ),
+            ),
+            "event.geofence.circle.radius_m",
+        ),
+    ],
+)
+def test_bad_events_name_the_field(event: gpb.Event, field: str) -> None:
+    with pytest.raises(InvalidInput) as err:
+        event_from_pb(event, GeofenceCache(100))
+    assert err.value.field.startswith(field)
+
+
+def test_payload_limit() -> None:
+    pb = gpb.Event(id="e", topic="a", publisher=gpb.LatLon(lat=1, lon=1), payload=b"x" * 11)
+    with pytest.raises(TooLarge):
+        event_from_pb(pb, GeofenceCache(100), max_payload=10)
+
+
+def test_subscription_client_must_match_session() -> None:
+    pb = gpb.Subscription(id="s", client="other", topic_filter="a/+")
+    with pytest.raises(InvalidInput) as err:
+        subscription_from_pb(pb, GeofenceCache(100), client="me")
+    assert err.value.field == "subscription.client"
+    assert (
+        subscription_from_pb(
+            gpb.Subscription(id="s", topic_filter="a/+"), GeofenceCache(100), client="me"
+        ).client
+        == "me"
+    )
+
+
+def test_frame_round_trip_in_application_order() -> None:
+    cache = GeofenceCache(100)
+    ev = make_event("e1", "a/b", ll(1, 2))
+    sub = make_subscription("s1", "c", "a/#", "POLYGON((0 0, 3 0, 3 3, 0 3, 0 0))")
+    frame = fpb.Frame()
+    msgs = [
+        SubscribeMsg(sub, "eu"),
+        UnsubscribeMsg("s0", "eu"),
+        EventMsg(ev),
+        DeliveryMsg(ev, ("s1", "s2")),
+    ]
+    sizes = [add_to_frame(frame, m, "eu") for m in msgs]
+    assert all(s > 0 for s in sizes)
+    back = messages_from_frame(fpb.Frame.FromString(frame.SerializeToString()), cache)
+    assert [m.kind for m in back] == [m.kind for m in msgs]
+    assert back[0] == SubscribeMsg(back[0].sub, "eu") and back[0].sub.geofence is not None
+    assert back[3] == DeliveryMsg(back[3].event, ("s1", "s2"))
+
+
+@pytest.mark.parametrize(
+    ("exc", "code"),
+    [
+        (InvalidInput("f", "bad"), grpc.StatusCode.INVALID_ARGUMENT),
+        (TooLarge("f", 2, 1), grpc.StatusCode.RESOURCE_EXHAUSTED),
+        (NotFound("subscription", "s"), grpc.StatusCode.NOT_FOUND),
+        (WrongBroker("f", "us"), grpc.StatusCode.FAILED_PRECONDITION),
+        (FederationMismatch("x"), grpc.StatusCode.FAILED_PRECONDITION),
+        (GeofedError("x"), grpc.StatusCode.INTERNAL),
+    ],
+)
+def test_status_mapping(exc: GeofedError, code: grpc.StatusCode) -> None:
+    assert status_for(exc) == code
