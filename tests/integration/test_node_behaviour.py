@@ -19,6 +19,7 @@ from geofed.v1 import geo_pb2 as gpb
 
 pytestmark = pytest.mark.integration
 
+THREE = Path(__file__).resolve().parents[2] / "deploy" / "federations" / "three.geojson"
 FRANKFURT = gpb.LatLon(lat=50.11, lon=8.68)
 VIRGINIA = gpb.LatLon(lat=39.04, lon=-77.49)
 SINGAPORE = gpb.LatLon(lat=1.29, lon=103.85)
@@ -249,3 +250,36 @@ def test_strategy_and_federation_mismatch_are_refused(
     fed.stop_node("ap")
     fed.start_node("ap")
     fed.wait_ready(30)
+
+
+def test_message_trace_records_every_message_sent(tmp_path: Path) -> None:
+    fed = LocalFederation(THREE, "flooding-subscriptions", tmp_path, trace=True)
+    with fed:
+        watcher = subscribe(fed, "us", "w", "s-trace", VIRGINIA, topic="t/#")
+        wait_until(lambda: metric(fed, "eu", "geofed_subscriptions", scope="remote") == 1)
+        for i in range(5):
+            publish(fed, "eu", f"tr-{i}", FRANKFURT)
+        assert len(watcher.wait_for(5)) == 5
+        sent = {
+            (dict(labels)["kind"], b, dict(labels)["peer"]): v
+            for b in fed.nodes
+            for (name, labels), v in scrape(fed.nodes[b].metrics_url).items()
+            if name == "geofed_peer_messages_sent_total" and v
+        }
+        for b in fed.nodes:
+            fed.stop_node(b)  # graceful: exits 0 and flushes its trace
+            assert fed.nodes[b].process.returncode == 0
+            assert "stopped" in fed.nodes[b].log_path.read_text()
+        traced: dict[tuple[str, str, str], float] = {}
+        for b in fed.nodes:
+            for line in (tmp_path / f"trace-{b}.jsonl").read_text().splitlines():
+                rec = json.loads(line)
+                assert rec["strategy"] == "flooding-subscriptions" and rec["src"] == b
+                key = (rec["kind"], rec["src"], rec["dst"])
+                traced[key] = traced.get(key, 0) + 1
+        # Messages sent after the scrape (shutdown) are control frames only.
+        assert {k: v for k, v in traced.items() if k[0] != "control"} == {
+            k: v for k, v in sent.items() if k[0] != "control"
+        }
+        assert traced[("subscribe", "us", "eu")] == 1
+        assert traced[("delivery", "eu", "us")] == 5
