@@ -259,18 +259,19 @@ def peer_message_counts(
 
 
 async def wait_quiescent(metrics_urls: dict[str, str], timeout: float = 10.0) -> None:
-    """Wait until every non-control message sent has been received."""
+    """Wait until every non-control message sent has been received (totals per kind)."""
     deadline = time.monotonic() + timeout
     while True:
         counts = await asyncio.to_thread(peer_message_counts, metrics_urls)
-        sent = {k: v for k, v in counts["sent"].items() if k[0] != "control" and v}
-        recv = {k: v for k, v in counts["received"].items() if k[0] != "control" and v}
-        if sent == recv:
+        totals: dict[str, list[float]] = {}
+        for side, i in (("sent", 0), ("received", 1)):
+            for (kind, _, _), v in counts[side].items():
+                if kind != "control":
+                    totals.setdefault(kind, [0.0, 0.0])[i] += v
+        if all(sent == received for sent, received in totals.values()):
             return
         if time.monotonic() > deadline:
-            raise GeofedError(
-                f"federation not quiescent after {timeout}s: sent {sent} received {recv}"
-            )
+            raise GeofedError(f"federation not quiescent after {timeout}s: [sent, received] {totals}")
         await asyncio.sleep(0.005)
 
 

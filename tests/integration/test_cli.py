@@ -1,0 +1,209 @@
+"""The ``geofed`` command line end to end: up, publish, subscribe, replay, demo."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from geofed.bench.workload import WorkloadConfig, generate, write_trace
+from geofed.node._local import LocalFederation
+from geofed.routing import reference_deliveries
+
+pytestmark = pytest.mark.integration
+
+THREE = Path(__file__).resolve().parents[2] / "deploy" / "federations" / "three.geojson"
+GEOFED = [sys.executable, "-m", "geofed.node"]
+
+
+def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*GEOFED, *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def test_up_starts_a_federation_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [
+            *GEOFED,
+            "up",
+            str(THREE),
+            "--strategy",
+            "subscription-geofence",
+            "--workdir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.stdout is not None
+    lines = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        lines.append(line)
+        if "all brokers healthy" in line or not line:
+            break
+    assert any("all brokers healthy" in line for line in lines), lines
+    table = "".join(lines)
+    for broker in ("eu", "us", "ap"):
+        assert broker in table
+    assert "http://127.0.0.1:" in table
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    for broker in ("eu", "us", "ap"):
+        assert "stopped" in (tmp_path / f"node-{broker}.log").read_text()
+
+
+def test_publish_and_subscribe_commands_follow_redirects(tmp_path: Path) -> None:
+    with LocalFederation(THREE, "event-geofence", tmp_path) as fed:
+        fed_file = str(fed.federation_path)
+        sub = subprocess.Popen(
+            [
+                *GEOFED,
+                "subscribe",
+                "--federation",
+                fed_file,
+                "--client",
+                "s",
+                "--lat",
+                "1.3",
+                "--lon",
+                "103.8",
+                "--topic",
+                "news/#",
+                "--id",
+                "sub1",
+                "--count",
+                "1",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert sub.stderr is not None
+        assert "subscribed sub1 at broker ap" in sub.stderr.readline()
+        out = run(
+            "publish",
+            "--federation",
+            fed_file,
+            "--client",
+            "p",
+            "--lat",
+            "50.1",
+            "--lon",
+            "8.7",
+            "--topic",
+            "news/eu",
+            "--payload",
+            "hello",
+            "--geofence",
+            "POLYGON((90 -10, 120 -10, 120 10, 90 10, 90 -10))",
+        )
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["broker"] == "eu"
+        stdout, _ = sub.communicate(timeout=30)
+        got = json.loads(stdout.splitlines()[0])
+        assert (got["subscription"], got["payload"], got["topic"]) == ("sub1", "hello", "news/eu")
+        bad = run(
+            "publish",
+            "--federation",
+            fed_file,
+            "--client",
+            "p",
+            "--lat",
+            "50.1",
+            "--lon",
+            "8.7",
+            "--topic",
+            "news/+",
+        )
+        assert bad.returncode != 0 and "topic" in bad.stderr
+
+
+def test_replay_writes_the_delivery_log(tmp_path: Path) -> None:
+    ops = list(
+        generate(
+            WorkloadConfig(scenario="open-data", clients=20, duration_s=5, seed=3, world_share=0.5)
+        )
+    )
+    trace = tmp_path / "w.jsonl"
+    write_trace(ops, trace)
+    with LocalFederation(THREE, "subscription-geofence", tmp_path / "fed") as fed:
+        urls = [n.metrics_url for n in fed.nodes.values()]
+        out = run(
+            "replay",
+            str(trace),
+            "--federation",
+            str(fed.federation_path),
+            "--deliveries",
+            str(tmp_path / "d.jsonl"),
+            "--metrics",
+            *urls,
+        )
+    assert out.returncode == 0, out.stderr
+    records = [json.loads(line) for line in (tmp_path / "d.jsonl").read_text().splitlines()]
+    assert {"event", "subscription", "client", "t_publish", "t_deliver"} <= set(records[0])
+    assert sorted((r["event"], r["subscription"]) for r in records) == sorted(
+        reference_deliveries(ops)
+    )
+
+
+def test_demo_compares_every_strategy(tmp_path: Path) -> None:
+    out = run(
+        "demo",
+        "--federation",
+        "three",
+        "--clients",
+        "12",
+        "--duration",
+        "4",
+        "--workdir",
+        str(tmp_path),
+        "--json",
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    assert [r["strategy"] for r in rows] == [
+        "flooding-events",
+        "flooding-subscriptions",
+        "event-geofence",
+        "subscription-geofence",
+    ]
+    for r in rows:
+        assert r["messages"] == r["predicted"] and r["recall"] == 1.0 and r["precision"] == 1.0
+    assert (tmp_path / "results.json").exists()
+
+
+def test_route_and_simulate_commands(tmp_path: Path) -> None:
+    out = run(
+        "route",
+        "--federation",
+        "aws-2020",
+        "--json",
+        "POLYGON((-10 36, 30 36, 30 71, -10 71, -10 36))",
+    )
+    result = json.loads(out.stdout)
+    assert result["origin"] == "eu-central-1" and result["flooding_messages"] == 20
+    assert result["geofence_messages"] == len(result["brokers_meeting"]) < 20
+    trace = tmp_path / "w.jsonl"
+    write_trace(
+        generate(WorkloadConfig(scenario="mobile", clients=15, duration_s=5, seed=2)), trace
+    )
+    out = run("simulate", str(trace), "--federation", "three", "--json")
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    assert all(r["exact"] and r["matches_cost_model"] for r in summary["strategies"])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"t": 0, "op": "publish"}\n')
+    out = run("simulate", str(bad), "--federation", "three")
+    assert out.returncode == 2 and "line 1" in out.stderr
