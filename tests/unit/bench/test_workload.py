@@ -16,6 +16,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 import shapely
+
 from geofed.bench import SCENARIOS, WorkloadConfig, generate, read_trace_file, workload, write_trace
 from geofed.routing import (
     InvalidInput,

@@ -7,7 +7,9 @@ the name is unique so it cannot shadow a module of another test folder.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+
+from hypothesis import strategies as st
 
 from geofed.routing import (
     Broker,
@@ -20,7 +22,6 @@ from geofed.routing import (
     parse_wkt,
 )
 from geofed.routing._geometry import EARTH_RADIUS_M, build_geofence
-from hypothesis import strategies as st
 
 # --------------------------------------------------------------------------
 # Federations
@@ -161,6 +162,19 @@ points: st.SearchStrategy[LatLon] = st.one_of(
 """Any location, with boundary / seam / pole points drawn often."""
 
 
+seam_points: st.SearchStrategy[LatLon] = st.builds(
+    latlon,
+    st.one_of(st.sampled_from([0.0, 10.0, 45.0, -50.0, 90.0, -90.0]), LAT),
+    st.sampled_from([180.0, -180.0]),
+)
+"""Points on the antimeridian (north of the equator a broker boundary in the tiling)."""
+
+boundary_points: st.SearchStrategy[LatLon] = st.one_of(
+    seam_points, st.sampled_from(SPECIAL_POINTS).map(lambda p: latlon(*p))
+)
+"""Points on area boundaries, the antimeridian and the poles."""
+
+
 @st.composite
 def near(draw: st.DrawFn, center: LatLon, max_m: float = 20_000.0) -> LatLon:
     """A point within `max_m` of `center` (metres to tens of km away)."""
@@ -265,6 +279,13 @@ def geofences(around: LatLon | None = None) -> st.SearchStrategy[Geofence | None
     )
 
 
+def boundary_fences(around: LatLon | None = None) -> st.SearchStrategy[Geofence | None]:
+    """Geofences for `boundary_points` workloads: mostly boxes flush with ±180."""
+    return st.one_of(
+        st.none(), seam_boxes(around=around), seam_boxes(around=around), rectangles(around=around)
+    )
+
+
 # Topic levels: a small alphabet so filters and topics collide often, with
 # empty levels and '$' prefixes.
 TOPIC_LEVELS = st.sampled_from(["a", "b", "c", "", "$s", "$"])
@@ -272,17 +293,20 @@ TOPIC_LEVELS = st.sampled_from(["a", "b", "c", "", "$s", "$"])
 
 def topics() -> st.SearchStrategy[str]:
     """Topic names built from the small alphabet (1-4 levels)."""
-    return st.lists(TOPIC_LEVELS, min_size=1, max_size=4).map("/".join).filter(bool)
+    # A lone empty level would be the empty topic, which is invalid: "/" instead.
+    return st.lists(TOPIC_LEVELS, min_size=1, max_size=4).map(
+        lambda levels: "/".join(levels) or "/"
+    )
 
 
 def filters() -> st.SearchStrategy[str]:
     """Valid topic filters over the same alphabet, with '+' and a final '#'."""
     level = st.one_of(TOPIC_LEVELS, st.just("+"))
     return st.builds(
-        lambda levels, hash_: "/".join(levels + (["#"] if hash_ else [])),
+        lambda levels, hash_: "/".join(levels + (["#"] if hash_ else [])) or "#",
         st.lists(level, min_size=0, max_size=4),
         st.booleans(),
-    ).filter(bool)
+    )
 
 
 @st.composite
@@ -306,19 +330,43 @@ _OP_MIX = ("subscribe", "subscribe", "move", "publish", "publish", "unsubscribe"
 
 
 @st.composite
-def workloads(draw: st.DrawFn, max_ops: int = 30) -> list[TraceOp]:
+def workloads(
+    draw: st.DrawFn,
+    max_ops: int = 30,
+    anchor_points: st.SearchStrategy[LatLon] = points,
+    fences_near: Callable[[LatLon | None], st.SearchStrategy[Geofence | None]] = geofences,
+) -> list[TraceOp]:
     """A random trace: clients that subscribe, move, publish and unsubscribe.
 
     A few anchor points per workload, with clients and geofences placed near
     them, make matches likely; ids are drawn from small pools so that clients
     re-subscribe with the same id (changing the geofence), collide with other
-    clients' ids and unsubscribe ids they do not hold.
+    clients' ids and unsubscribe ids they do not hold. `anchor_points` says
+    where the anchors are (e.g. only on area boundaries), `fences_near` what
+    geofences around an anchor look like.
     """
-    anchors = draw(st.lists(points, min_size=2, max_size=4))
+    anchors = draw(st.lists(anchor_points, min_size=2, max_size=4))
+    if draw(st.booleans()):
+        # Another anchor a third of the globe east: usually another broker.
+        first = anchors[0]
+        anchors.insert(1, latlon(first.lat, wrap_lon(first.lon + draw(st.floats(100.0, 140.0)))))
     fence_pool = [
-        draw(geofences(around=draw(st.one_of(st.none(), st.sampled_from(anchors)))))
+        draw(fences_near(draw(st.one_of(st.none(), st.sampled_from(anchors)))))
         for _ in range(draw(st.integers(1, 4)))
     ]
+    if draw(st.booleans()):
+        # A box around two anchors: geofenced, yet often spanning two brokers.
+        (lat0, lon0), (lat1, lon1) = ((p.lat, p.lon) for p in anchors[:2])
+        fence_pool.append(
+            parse_wkt(
+                rect_wkt(
+                    min(lon0, lon1) - 0.01,
+                    max(-90.0, min(lat0, lat1) - 0.01),
+                    max(lon0, lon1) + 0.01,
+                    min(90.0, max(lat0, lat1) + 0.01),
+                )
+            )
+        )
     topic_pool = draw(st.lists(topics(), min_size=1, max_size=3))
 
     def place() -> LatLon:
@@ -334,7 +382,7 @@ def workloads(draw: st.DrawFn, max_ops: int = 30) -> list[TraceOp]:
         how = draw(st.sampled_from(["world", "world", "pool", "pool", "pool", "fresh"]))
         if how == "world":
             return None
-        return draw(st.sampled_from(fence_pool) if how == "pool" else geofences())
+        return draw(st.sampled_from(fence_pool) if how == "pool" else fences_near(None))
 
     def topic_filter() -> str:
         if draw(st.integers(0, 4)) == 0:
@@ -345,7 +393,7 @@ def workloads(draw: st.DrawFn, max_ops: int = 30) -> list[TraceOp]:
     sub_ids = ["s0", "s1", "s2", "s3"]
     ops: list[TraceOp] = []
     n_events = 0
-    for i in range(draw(st.integers(4, max_ops))):
+    for i in range(draw(st.integers(min(8, max_ops), max_ops))):
         kind = draw(st.sampled_from(_OP_MIX))
         client = draw(st.sampled_from(clients))
         t = float(i)

@@ -13,8 +13,17 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from routing_testkit import gap_federation, tiling_federation, workloads
+from hypothesis import HealthCheck, event, given, settings, target
+from hypothesis import strategies as st
+from routing_testkit import (
+    boundary_fences,
+    boundary_points,
+    gap_federation,
+    points,
+    rect_wkt,
+    tiling_federation,
+    workloads,
+)
 
 from geofed.routing import (
     STRATEGIES,
@@ -22,6 +31,9 @@ from geofed.routing import (
     LatLon,
     Simulator,
     TraceOp,
+    latlon,
+    parse_geofence,
+    parse_wkt,
     predict,
     reference_deliveries,
     simulate,
@@ -31,7 +43,7 @@ FEDERATIONS = {"tiling": tiling_federation(), "gap": gap_federation()}
 
 # 2 federations x 200 workloads, each run under all four strategies.
 EQUIVALENCE = settings(
-    max_examples=int(__import__("os").environ.get("EQ_N", 200)),
+    max_examples=200,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -67,11 +79,46 @@ def _lower_bounds(federation: Federation, ops: list[TraceOp]) -> dict[str, tuple
 @EQUIVALENCE
 @given(ops=workloads())
 def test_every_strategy_equals_the_central_matcher(fed_name: str, ops: list[TraceOp]) -> None:
-    federation = FEDERATIONS[fed_name]
+    check_workload(FEDERATIONS[fed_name], ops)
+
+
+@settings(EQUIVALENCE, max_examples=100)
+@given(ops=workloads(anchor_points=boundary_points, fences_near=boundary_fences))
+def test_every_strategy_equals_the_central_matcher_on_boundaries(ops: list[TraceOp]) -> None:
+    # Clients and geofences on area edges and on the antimeridian, where the
+    # tie-break and the ±180 seam decide who is responsible.
+    check_workload(FEDERATIONS["tiling"], ops)
+
+
+def _describe(
+    federation: Federation,
+    ops: list[TraceOp],
+    expected: list[tuple[str, str]],
+    bounds: dict[str, tuple[str, set[str]]],
+) -> None:
+    """Label the workload (see ``pytest --hypothesis-show-statistics``)."""
+    home: dict[str, str] = {}
+    rehomed = 0
+    for op in ops:
+        if op.location is not None:
+            new = federation.responsible(op.location)
+            rehomed += home.get(op.client, new) != new
+            home[op.client] = new
+    remote = sum(len(h) for _, h in bounds.values())
+    event(f"deliveries: {'none' if not expected else 'some'}")
+    event(f"remote subscriber brokers: {'some' if remote else 'none'}")
+    # Steer generation towards workloads where events must cross brokers.
+    target(float(remote), label="remote subscriber brokers")
+    event(f"clients re-homed: {'some' if rehomed else 'none'}")
+
+
+def check_workload(federation: Federation, ops: list[TraceOp]) -> None:
+    """Every strategy against the reference; the cost model against the simulation."""
     n = len(federation)
     expected = reference_deliveries(ops)
     bounds = _lower_bounds(federation, ops)
     events = sum(op.op == "publish" for op in ops)
+    _describe(federation, ops, expected, bounds)
     for name in STRATEGIES:
         # Step through the trace to see each event's own messages.
         sim = Simulator(federation, name)
@@ -110,3 +157,28 @@ def test_every_strategy_equals_the_central_matcher(fed_name: str, ops: list[Trac
             assert result.by_kind()["event"] == (n - 1) * events
             assert report.by_kind()["event"] == (n - 1) * events
             assert result.by_kind()["subscribe"] == 0
+
+
+@settings(EQUIVALENCE, max_examples=60)
+@given(
+    lat=st.floats(-89.0, 89.0),
+    sub_lon=st.sampled_from([180.0, -180.0]),
+    box_west=st.sampled_from([-180.0, 179.5]),
+    publisher=points,
+    sub_fence=st.sampled_from([None, "POLYGON((-180 -90, 180 -90, 180 90, -180 90, -180 -90))"]),
+)
+def test_antimeridian_is_one_meridian_for_routing(
+    lat: float, sub_lon: float, box_west: float, publisher: LatLon, sub_fence: str | None
+) -> None:
+    # A subscriber exactly on ±180 and an event geofence that touches the
+    # antimeridian from one side only: brokers on either side may own the
+    # subscriber, and the event must still reach it (and the subscription
+    # reach the publisher's broker) under every strategy.
+    fence = parse_wkt(rect_wkt(box_west, lat - 0.5, box_west + 0.5, lat + 0.5))
+    world = parse_geofence(sub_fence)
+    ops = [
+        TraceOp(0.0, "subscribe", "sub", latlon(lat, sub_lon), "s", "t/#", world),
+        TraceOp(1.0, "publish", "pub", publisher, "e", "t/x", fence),
+    ]
+    assert reference_deliveries(ops) == [("e", "s")]
+    check_workload(FEDERATIONS["tiling"], ops)

@@ -1,0 +1,238 @@
+"""BrokerCore: the per-broker state machine, driven by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from geofed.routing import (
+    Broker,
+    BrokerCore,
+    DeliveryMsg,
+    Event,
+    EventMsg,
+    Federation,
+    InvalidInput,
+    Kind,
+    NotFound,
+    Send,
+    SubscribeMsg,
+    Subscription,
+    UnsubscribeMsg,
+    WrongBroker,
+    latlon,
+    parse_wkt,
+    strategy_for,
+)
+
+# Three bands of longitude: west [-180, -60], mid [-60, 60], east [60, 180].
+FED = Federation(
+    [
+        Broker(
+            "west",
+            parse_wkt("POLYGON((-180 -90, -60 -90, -60 90, -180 90, -180 -90))"),
+            "w:1",
+            "w:2",
+        ),
+        Broker(
+            "mid", parse_wkt("POLYGON((-60 -90, 60 -90, 60 90, -60 90, -60 -90))"), "m:1", "m:2"
+        ),
+        Broker(
+            "east", parse_wkt("POLYGON((60 -90, 180 -90, 180 90, 60 90, 60 -90))"), "e:1", "e:2"
+        ),
+    ]
+)
+IN_WEST, IN_MID, IN_EAST = latlon(40, -100), latlon(48, 2), latlon(35, 139)
+MID_ONLY = parse_wkt("POLYGON((-10 40, 10 40, 10 50, -10 50, -10 40))")
+MID_AND_EAST = parse_wkt("POLYGON((50 40, 70 40, 70 50, 50 50, 50 40))")
+
+
+def core(broker: str, strategy: str = "subscription-geofence") -> BrokerCore:
+    return BrokerCore(broker, FED, strategy_for(strategy, FED))
+
+
+def test_unknown_broker_id() -> None:
+    with pytest.raises(NotFound):
+        core("north")
+
+
+def test_connect_outside_the_area_redirects() -> None:
+    mid = core("mid")
+    assert mid.connect("c1", IN_WEST) == "west"
+    assert "c1" not in mid.sessions
+    assert mid.connect("c1", IN_MID) is None
+    assert mid.sessions["c1"] == IN_MID
+
+
+def test_actions_need_a_session() -> None:
+    mid = core("mid")
+    with pytest.raises(NotFound):
+        mid.subscribe(Subscription("s1", "ghost", "a"))
+    with pytest.raises(NotFound):
+        mid.update_location("ghost", IN_MID)
+    with pytest.raises(NotFound):
+        mid.unsubscribe("ghost", "s1")
+
+
+def test_update_location_inside_the_area_stays() -> None:
+    mid = core("mid")
+    mid.connect("c1", IN_MID)
+    moved = mid.update_location("c1", latlon(50, 10))
+    assert moved.redirect is None and moved.sends == [] and moved.dropped == []
+    assert mid.sessions["c1"] == latlon(50, 10)
+
+
+def test_update_location_leaving_the_area() -> None:
+    mid = core("mid", "subscription-geofence")
+    mid.connect("c1", IN_MID)
+    s_local = Subscription("s1", "c1", "a/#", MID_ONLY)  # goes nowhere
+    s_far = Subscription("s2", "c1", "b", MID_AND_EAST)  # went to east
+    s_world = Subscription("s3", "c1", "c", None)  # went to east and west
+    for s in (s_local, s_far, s_world):
+        mid.subscribe(s)
+    moved = mid.update_location("c1", IN_EAST)
+    assert moved.redirect == "east"
+    assert sorted(moved.dropped, key=lambda s: s.id) == [s_local, s_far, s_world]
+    assert sorted((s.dst, s.msg.sub_id) for s in moved.sends) == [  # type: ignore[union-attr]
+        ("east", "s2"),
+        ("east", "s3"),
+        ("west", "s3"),
+    ]
+    assert all(isinstance(s.msg, UnsubscribeMsg) and s.msg.home == "mid" for s in moved.sends)
+    assert "c1" not in mid.sessions and len(mid.local) == 0
+
+
+def test_disconnect_withdraws_the_subscriptions() -> None:
+    mid = core("mid", "flooding-subscriptions")
+    mid.connect("c1", IN_MID)
+    mid.subscribe(Subscription("s1", "c1", "a", MID_ONLY))
+    sends = mid.disconnect("c1")
+    assert sorted(s.dst for s in sends) == ["east", "west"]
+    assert mid.disconnect("c1") == []  # idempotent
+
+
+def test_publish_from_a_location_another_broker_owns() -> None:
+    mid = core("mid")
+    with pytest.raises(WrongBroker) as info:
+        mid.publish(Event("e1", "a", IN_EAST))
+    assert info.value.broker_id == "east"
+    assert info.value.endpoint == "e:2"  # where the client must publish
+    assert info.value.field == "event.publisher"
+
+
+def test_subscription_id_owned_by_another_client() -> None:
+    mid = core("mid")
+    mid.connect("c1", IN_MID)
+    mid.connect("c2", IN_MID)
+    mid.subscribe(Subscription("s1", "c1", "a"))
+    with pytest.raises(InvalidInput) as info:
+        mid.subscribe(Subscription("s1", "c2", "b"))
+    assert info.value.field == "subscription.id"
+    assert mid.local.get("s1").client == "c1"  # type: ignore[union-attr]
+
+
+def test_changing_a_geofence_follows_the_new_path_and_withdraws_the_old() -> None:
+    mid = core("mid", "subscription-geofence")
+    mid.connect("c1", IN_MID)
+    first = mid.subscribe(Subscription("s1", "c1", "a", None))
+    assert [(s.dst, s.msg.kind) for s in first] == [
+        ("east", Kind.SUBSCRIBE),
+        ("west", Kind.SUBSCRIBE),
+    ]
+    second = mid.subscribe(Subscription("s1", "c1", "a", MID_AND_EAST))
+    assert [(s.dst, s.msg.kind) for s in second] == [
+        ("east", Kind.SUBSCRIBE),
+        ("west", Kind.UNSUBSCRIBE),
+    ]
+    assert mid.unsubscribe("c1", "s1") == [Send("east", UnsubscribeMsg("s1", "mid"))]
+    with pytest.raises(NotFound):
+        mid.unsubscribe("c1", "s1")
+
+
+def test_stale_unsubscribe_does_not_remove_a_newer_version() -> None:
+    east = core("east", "flooding-subscriptions")
+    sub = Subscription("s1", "c1", "a", None)
+    east.on_message("mid", SubscribeMsg(sub, "mid"))
+    # The subscriber moved to west and renewed there before mid's withdrawal arrived.
+    east.on_message("west", SubscribeMsg(sub, "west"))
+    east.on_message("mid", UnsubscribeMsg("s1", "mid"))
+    assert east.remote_home("s1") == "west" and "s1" in east.remote
+    east.on_message("west", UnsubscribeMsg("s1", "west"))
+    assert east.remote_home("s1") is None and "s1" not in east.remote
+    # An unknown withdrawal is harmless.
+    east.on_message("west", UnsubscribeMsg("nope", "west"))
+
+
+def test_matching_at_the_publisher_sends_one_delivery_per_subscriber_broker() -> None:
+    east = core("east", "subscription-geofence")
+    east.on_message("mid", SubscribeMsg(Subscription("s1", "c1", "a/+", None), "mid"))
+    east.on_message("mid", SubscribeMsg(Subscription("s2", "c2", "a/#", None), "mid"))
+    east.on_message("west", SubscribeMsg(Subscription("s3", "c3", "a/b", None), "west"))
+    east.on_message("west", SubscribeMsg(Subscription("s4", "c4", "x", None), "west"))
+    east.connect("pub", IN_EAST)
+    out = east.publish(Event("e1", "a/b", IN_EAST))
+    assert out.deliveries == []
+    assert [(s.dst, s.msg.sub_ids) for s in out.sends] == [  # type: ignore[union-attr]
+        ("mid", ("s1", "s2")),
+        ("west", ("s3",)),
+    ]
+    # An event geofence that only meets mid keeps west out.
+    out = east.publish(Event("e2", "a/b", IN_EAST, MID_AND_EAST))
+    assert [s.dst for s in out.sends] == ["mid"]
+
+
+def test_subscriber_broker_applies_the_event_geocheck_with_the_live_location() -> None:
+    mid = core("mid", "subscription-geofence")
+    mid.connect("c1", IN_MID)
+    mid.subscribe(Subscription("s1", "c1", "a", None))
+    near = Event("e1", "a", IN_EAST, MID_ONLY)
+    out = mid.on_message("east", DeliveryMsg(near, ("s1", "gone")))
+    assert [(d.event.id, d.subscription, d.client) for d in out.deliveries] == [("e1", "s1", "c1")]
+    mid.update_location("c1", latlon(0, 0))  # still mid, outside MID_ONLY
+    assert mid.on_message("east", DeliveryMsg(near, ("s1",))).deliveries == []
+
+
+def test_event_forwarding_matches_local_subscriptions() -> None:
+    mid = core("mid", "event-geofence")
+    mid.connect("c1", IN_MID)
+    mid.subscribe(Subscription("s2", "c1", "a", None))
+    mid.subscribe(
+        Subscription(
+            "s1", "c1", "a", parse_wkt("POLYGON((130 30, 140 30, 140 40, 130 40, 130 30))")
+        )
+    )
+    out = mid.on_message("east", EventMsg(Event("e1", "a", IN_EAST)))
+    assert [d.subscription for d in out.deliveries] == ["s1", "s2"]  # sorted by id
+    east = core("east", "event-geofence")
+    east.connect("pub", IN_EAST)
+    assert [s.dst for s in east.publish(Event("e2", "a", IN_EAST, MID_ONLY)).sends] == ["mid"]
+    assert [s.dst for s in east.publish(Event("e3", "a", IN_EAST, None)).sends] == ["mid", "west"]
+
+
+def test_snapshot_for_and_replace_remote() -> None:
+    mid = core("mid", "subscription-geofence")
+    mid.connect("c1", IN_MID)
+    mid.subscribe(Subscription("s1", "c1", "a", MID_ONLY))
+    mid.subscribe(Subscription("s2", "c1", "a", MID_AND_EAST))
+    mid.subscribe(Subscription("s3", "c1", "a", None))
+    assert [m.sub.id for m in mid.snapshot_for("east")] == ["s2", "s3"]
+    assert [m.sub.id for m in mid.snapshot_for("west")] == ["s3"]
+    assert all(m.home == "mid" for m in mid.snapshot_for("east"))
+
+    east = core("east", "subscription-geofence")
+    east.on_message("mid", SubscribeMsg(Subscription("old", "c9", "a"), "mid"))
+    east.on_message("west", SubscribeMsg(Subscription("w1", "c8", "a"), "west"))
+    east.replace_remote("mid", mid.snapshot_for("east"))
+    assert sorted(s.id for s in east.remote) == ["s2", "s3", "w1"]
+    assert east.remote_home("s2") == "mid" and east.remote_home("w1") == "west"
+    east.replace_remote("mid", [])
+    assert sorted(s.id for s in east.remote) == ["w1"]
+
+
+def test_flooding_events_keeps_subscriptions_local() -> None:
+    mid = core("mid", "flooding-events")
+    mid.connect("c1", IN_MID)
+    assert mid.subscribe(Subscription("s1", "c1", "a", None)) == []
+    assert mid.snapshot_for("east") == []
+    out = mid.publish(Event("e1", "a", IN_MID, MID_ONLY))
+    assert [d.subscription for d in out.deliveries] == ["s1"]
+    assert [(s.dst, s.msg.kind) for s in out.sends] == [("east", Kind.EVENT), ("west", Kind.EVENT)]
