@@ -271,7 +271,9 @@ async def wait_quiescent(metrics_urls: dict[str, str], timeout: float = 10.0) ->
         if all(sent == received for sent, received in totals.values()):
             return
         if time.monotonic() > deadline:
-            raise GeofedError(f"federation not quiescent after {timeout}s: [sent, received] {totals}")
+            raise GeofedError(
+                f"federation not quiescent after {timeout}s: [sent, received] {totals}"
+            )
         await asyncio.sleep(0.005)
 
 

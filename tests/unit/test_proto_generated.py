@@ -19,7 +19,9 @@ def test_generated_code_is_up_to_date(tmp_path: Path) -> None:
     fresh = sorted((tmp_path / "geofed" / "v1").glob("*_pb2*"))
     assert [f.name for f in fresh] == sorted(f.name for f in committed.glob("*_pb2*"))
     for f in fresh:
-        assert f.read_text() == (committed / f.name).read_text(), f"{f.name} is stale: run make proto"
+        assert f.read_text() == (committed / f.name).read_text(), (
+            f"{f.name} is stale: run make proto"
+        )
 
 
 def test_generated_modules_import_from_the_installed_package() -> None:
