@@ -283,3 +283,19 @@ def test_message_trace_records_every_message_sent(tmp_path: Path) -> None:
         }
         assert traced[("subscribe", "us", "eu")] == 1
         assert traced[("delivery", "eu", "us")] == 5
+
+
+def test_restarted_peer_gets_the_subscriptions_again(tmp_path: Path) -> None:
+    # subscription-geofence: subscriptions travel; a restarted broker has lost
+    # what it held and must get it back from the snapshot sent on reconnect.
+    with LocalFederation(THREE, "subscription-geofence", tmp_path) as fed:
+        watcher = subscribe(fed, "eu", "w", "s-resync", FRANKFURT)
+        wait_until(lambda: metric(fed, "us", "geofed_subscriptions", scope="remote") == 1)
+        fed.stop_node("us", signal.SIGKILL)
+        late = subscribe(fed, "eu", "w2", "s-late", FRANKFURT)  # made while us is down
+        fed.start_node("us")
+        fed.wait_ready(30)
+        wait_until(lambda: metric(fed, "us", "geofed_subscriptions", scope="remote") == 2)
+        publish(fed, "us", "from-us", VIRGINIA)
+        assert watcher.wait_for(1) == ["from-us"]
+        assert late.wait_for(1) == ["from-us"]
