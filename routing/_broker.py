@@ -9,7 +9,7 @@ the same messages for the same inputs.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -67,6 +67,28 @@ class DeliveryMsg:
 
 
 PeerMessage = EventMsg | SubscribeMsg | UnsubscribeMsg | DeliveryMsg
+
+MessageKey = tuple[str, str, str]
+"""(kind, src broker, dst broker)."""
+
+
+@dataclass
+class MessageCounts:
+    """Inter-broker messages by (kind, src, dst), with the usual totals."""
+
+    messages: Counter[MessageKey] = field(default_factory=Counter)
+
+    def by_kind(self) -> Counter[str]:
+        """Message totals per kind."""
+        out: Counter[str] = Counter()
+        for (kind, _, _), n in self.messages.items():
+            out[kind] += n
+        return out
+
+    @property
+    def total_messages(self) -> int:
+        """All inter-broker messages."""
+        return sum(self.messages.values())
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ._broker import Kind
+from ._broker import Kind, MessageCounts
 from ._federation import Federation
 from ._geometry import LatLon
 from ._model import Event, Subscription, content_and_subscription_geocheck, matches
@@ -20,7 +20,7 @@ from ._trace import TraceOp
 
 
 @dataclass
-class CostReport:
+class CostReport(MessageCounts):
     """Predicted messages for one strategy.
 
     Attributes:
@@ -29,21 +29,8 @@ class CostReport:
         events: events published.
     """
 
-    messages: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     lower_bound: Counter[tuple[str, str]] = field(default_factory=Counter)
     events: int = 0
-
-    def by_kind(self) -> Counter[str]:
-        """Message totals per kind."""
-        out: Counter[str] = Counter()
-        for (kind, _, _), n in self.messages.items():
-            out[kind] += n
-        return out
-
-    @property
-    def total_messages(self) -> int:
-        """All predicted inter-broker messages."""
-        return sum(self.messages.values())
 
     @property
     def lower_bound_total(self) -> int:

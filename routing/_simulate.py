@@ -13,7 +13,7 @@ from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ._broker import BrokerCore, Delivery, Send
+from ._broker import BrokerCore, Delivery, MessageCounts, Send
 from ._errors import GeofedError
 from ._federation import Federation
 from ._geometry import LatLon
@@ -21,12 +21,9 @@ from ._model import Event, Subscription
 from ._strategies import strategy_for
 from ._trace import TraceOp
 
-MessageKey = tuple[str, str, str]
-"""(kind, src broker, dst broker)."""
-
 
 @dataclass
-class SimResult:
+class SimResult(MessageCounts):
     """What a simulated run produced.
 
     Attributes:
@@ -37,21 +34,8 @@ class SimResult:
     """
 
     deliveries: list[tuple[str, str]] = field(default_factory=list)
-    messages: Counter[MessageKey] = field(default_factory=Counter)
     payload_bytes: Counter[tuple[str, str]] = field(default_factory=Counter)
     errors: list[str] = field(default_factory=list)
-
-    def by_kind(self) -> Counter[str]:
-        """Message totals per kind."""
-        out: Counter[str] = Counter()
-        for (kind, _, _), n in self.messages.items():
-            out[kind] += n
-        return out
-
-    @property
-    def total_messages(self) -> int:
-        """All inter-broker messages."""
-        return sum(self.messages.values())
 
 
 @dataclass
