@@ -20,6 +20,10 @@ class InvalidInput(GeofedError, ValueError):
         self.field = field
         self.reason = reason
 
+    def __reduce__(self) -> tuple[type[InvalidInput], tuple[str, str]]:
+        # Pickle by constructor arguments (multiprocessing, Spark workers).
+        return (type(self), (self.field, self.reason))
+
     def within(self, prefix: str) -> InvalidInput:
         """The same error with its field qualified by `prefix` (``prefix.field``)."""
         return InvalidInput(f"{prefix}.{self.field}" if self.field else prefix, self.reason)
@@ -34,6 +38,9 @@ class TooLarge(GeofedError):
         self.size = size
         self.limit = limit
 
+    def __reduce__(self) -> tuple[type[TooLarge], tuple[str, int, int]]:
+        return (type(self), (self.field, self.size, self.limit))
+
 
 class NotFound(GeofedError):
     """A referenced subscription, client or broker does not exist."""
@@ -42,6 +49,9 @@ class NotFound(GeofedError):
         super().__init__(f"{what} {key!r} not found")
         self.what = what
         self.key = key
+
+    def __reduce__(self) -> tuple[type[NotFound], tuple[str, str]]:
+        return (type(self), (self.what, self.key))
 
 
 class FederationMismatch(GeofedError):
@@ -56,3 +66,6 @@ class WrongBroker(GeofedError):
         self.field = field
         self.broker_id = broker_id
         self.endpoint = endpoint
+
+    def __reduce__(self) -> tuple[type[WrongBroker], tuple[str, str, str]]:
+        return (type(self), (self.field, self.broker_id, self.endpoint))

@@ -84,10 +84,19 @@ class _SpatialBucket:
                     del self.levels[key[0]]
 
     def candidates(
-        self, lon: float, lat: float, keys: list[list[_Key] | None], out: dict[str, Subscription]
+        self,
+        lon: float,
+        lat: float,
+        keys: list[list[_Key] | None],
+        out: dict[str, Subscription],
+        world: list[Subscription],
     ) -> None:
-        """Add the subscriptions that may cover the point (`keys` caches its cells per level)."""
-        out.update(self.world)
+        """Add the subscriptions that may cover the point (`keys` caches its cells per level).
+
+        World subscriptions go to `world`: they match anywhere and sit in this
+        one bucket only, so they need neither the covers check nor de-duplication.
+        """
+        world.extend(self.world.values())
         if not self.cells:
             return
         for level in self.levels:
@@ -182,9 +191,15 @@ class SubscriptionIndex:
         lon, lat = location.lon, location.lat
         keys: list[list[_Key] | None] = [None] * (_MAX_LEVEL + 1)
         found: dict[str, Subscription] = {}
-        for node in nodes:
-            node.bucket.candidates(lon, lat, keys, found)
-        return [s for s in found.values() if s.geofence is None or s.geofence.covers_xy(lon, lat)]
+        matched: list[Subscription] = []  # world subscriptions first
+        # dict.fromkeys: a topic holding a wildcard (invalid, but match() is
+        # public) reaches a node twice, which would list its world subs twice.
+        for node in dict.fromkeys(nodes):
+            node.bucket.candidates(lon, lat, keys, found, matched)
+        for s in found.values():
+            if s.geofence is not None and s.geofence.covers_xy(lon, lat):
+                matched.append(s)
+        return matched
 
     def _nodes_for(self, topic: str) -> list[_TrieNode]:
         levels = topic.split("/")

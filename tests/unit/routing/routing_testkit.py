@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+from hypothesis import reject
 from hypothesis import strategies as st
 
 from geofed.routing import (
@@ -137,7 +138,7 @@ def rect_wkt(west: float, south: float, east: float, north: float) -> str:
 def star_ring(
     lon: float, lat: float, radii: Sequence[float], angles: Sequence[float]
 ) -> list[tuple[float, float]]:
-    """A closed star-shaped ring around (lon, lat): simple by construction.
+    """A closed ring of vertices sorted by angle around (lon, lat).
 
     Longitudes are *not* wrapped, so a ring may run past ±180; latitudes are
     clamped to the poles by the caller's choice of radii.
@@ -219,7 +220,7 @@ def circles(draw: st.DrawFn, around: LatLon | None = None) -> Geofence:
 
 @st.composite
 def stars(draw: st.DrawFn, around: LatLon | None = None) -> Geofence:
-    """Star-shaped polygons (simple by construction), possibly across ±180."""
+    """Polygons with vertices sorted by angle around a point, possibly across ±180."""
     center = draw(points) if around is None else around
     n = draw(st.integers(3, 9))
     scale = draw(st.sampled_from([1e-4, 0.05, 3.0, 20.0]))
@@ -229,14 +230,13 @@ def stars(draw: st.DrawFn, around: LatLon | None = None) -> Geofence:
     )
     radii = draw(st.lists(st.floats(0.2 * scale, scale), min_size=n, max_size=n))
     ring = star_ring(center.lon, lat, radii, angles)
-    # Distinct angles may still round to one vertex for tiny scales; such a ring
-    # is not a valid input, so the generator asks again instead.
     wrapped = [(wrap_lon(x) if abs(x) > 180.0 else x, y) for x, y in ring]
     try:
         return build_geofence([[wrapped]])
     except ValueError:
-        from hypothesis import reject
-
+        # The ring crosses itself (a gap of more than half a turn between two
+        # angles, or vertices rounding together at tiny scales): invalid
+        # input, tested elsewhere; here the generator asks again.
         reject()
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,11 @@ from hypothesis import strategies as st
 
 from geofed.routing import (
     Federation,
+    GeofedError,
     InvalidInput,
+    NotFound,
+    TooLarge,
+    WrongBroker,
     circle,
     latlon,
     make_event,
@@ -196,7 +201,7 @@ def test_bad_circle_radius(radius: Any) -> None:
     err = _reject(circle, latlon(0, 0), radius, "sub.geofence.circle", field="sub.geofence.circle")
     assert err.field == "sub.geofence.circle.radius_m"
     value = {"circle": {"lat": 0, "lon": 0, "radius_m": radius}}
-    err = _reject(parse_geofence, value, "sub.geofence", field="sub.geofence.circle.radius_m")
+    _reject(parse_geofence, value, "sub.geofence", field="sub.geofence.circle.radius_m")
 
 
 @pytest.mark.parametrize(
@@ -509,3 +514,19 @@ def test_any_trace_record_is_parsed_or_rejected_with_its_line(record: dict[str, 
         parse_op(record, 9)
     except InvalidInput as err:
         assert err.field.startswith("line 9")
+
+
+@pytest.mark.parametrize(
+    "err",
+    [
+        InvalidInput("event.geofence", "empty geometry"),
+        TooLarge("event.payload", 10, 5),
+        NotFound("subscription", "s1"),
+        WrongBroker("event.publisher", "eu", "127.0.0.1:7400"),
+    ],
+)
+def test_errors_survive_pickling(err: GeofedError) -> None:
+    # Worker processes (multiprocessing, Spark) send errors back pickled; an
+    # error that cannot be rebuilt hangs a multiprocessing pool.
+    again = pickle.loads(pickle.dumps(err))
+    assert type(again) is type(err) and str(again) == str(err) and vars(again) == vars(err)

@@ -117,6 +117,18 @@ def test_index_basics() -> None:
     assert sorted(s.id for s in idx) == ["s2", "s3"]
 
 
+def test_index_lists_each_subscription_once_even_for_wildcard_topics() -> None:
+    # match() is public: a topic holding '+' or '#' (invalid as a topic name)
+    # reaches some trie nodes twice; their subscriptions must not repeat.
+    idx = SubscriptionIndex()
+    idx.add(Subscription("w", "c", "a/+/#", None))
+    idx.add(Subscription("g", "c", "a/+/#", parse_wkt("POLYGON((0 0, 1 0, 1 1, 0 1, 0 0))")))
+    idx.add(Subscription("p", "c", "+", None))
+    for topic in ("a/+", "a/#", "a/+/#"):
+        assert sorted(s.id for s in idx.match(topic, latlon(0.5, 0.5))) == ["g", "w"]
+    assert [s.id for s in idx.match("+", latlon(0.5, 0.5))] == ["p"]
+
+
 def test_index_prunes_empty_branches() -> None:
     idx = SubscriptionIndex()
     idx.add(Subscription("s", "c", "a/b/c/d", parse_wkt("POLYGON((0 0, 1 0, 1 1, 0 1, 0 0))")))
