@@ -29,7 +29,7 @@ def register(sub: Any, name: str) -> None:
     p.add_argument(
         "--federation", default="aws-2020", help="file or bundled name (default: aws-2020)"
     )
-    p.add_argument("--scenario", default="mobile", help="workload scenario (see geofed workload)")
+    p.add_argument("--scenario", default="global", help="workload scenario (see geofed workload)")
     p.add_argument("--clients", type=int, default=40)
     p.add_argument(
         "--duration",
