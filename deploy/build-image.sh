@@ -8,7 +8,7 @@
 #   2. wheels: geofed and the node's runtime dependencies
 #      (deploy/image/requirements.txt) built on this machine with pip, pinned
 #      to the versions installed in its Python environment;
-#   3. docker build --build-arg BASE=<base>.
+#   3. docker build --build-arg BASE=<base> (which also runs `geofed --help`).
 #
 # Repeated runs reuse the base image (or its cached tarball), pip's cache and
 # Docker's layer cache. With a registry, `--base python:3.11-slim-bookworm`
@@ -31,7 +31,6 @@ usage: deploy/build-image.sh [options]
   --cache-dir DIR     base tarball and build context (default:
                       $GEOFED_IMAGE_CACHE or ~/.cache/geofed-image)
   --refresh-base      rebuild the base image even if cached
-  --no-smoke          skip running `geofed --help` in the new image
   -h, --help          this text
 EOF
 }
@@ -47,7 +46,6 @@ APT_SOURCES=
 PY=
 CACHE=${GEOFED_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/geofed-image}
 REFRESH_BASE=0
-SMOKE=1
 # python3-venv brings ensurepip (hence pip) for the build stage; ca-certificates
 # lets a user's pip reach an index over HTTPS when PIP_INDEX_ARGS="".
 BASE_PACKAGES=python3,python3-venv,ca-certificates
@@ -61,7 +59,6 @@ while (($#)); do
     --python) PY=${2:?--python needs a value}; shift 2 ;;
     --cache-dir) CACHE=${2:?--cache-dir needs a value}; shift 2 ;;
     --refresh-base) REFRESH_BASE=1; shift ;;
-    --no-smoke) SMOKE=0; shift ;;
     -h|--help) usage; exit 0 ;;
     *) usage >&2; die "unknown argument: $1" ;;
   esac
@@ -75,6 +72,12 @@ docker info >/dev/null 2>&1 || die "cannot reach the Docker engine (is dockerd r
 # The classic builder needs no buildx plugin and no frontend image from a registry.
 if ! docker buildx version >/dev/null 2>&1; then export DOCKER_BUILDKIT=0; fi
 mkdir -p "$CACHE"
+# One build at a time per cache directory (the build context lives there).
+exec 9>"$CACHE/.lock"
+if command -v flock >/dev/null && ! flock -n 9; then
+  log "another build is using $CACHE; waiting for it"
+  flock 9
+fi
 start=$SECONDS
 
 # --- 1. base image ----------------------------------------------------------
@@ -105,11 +108,13 @@ build_base() {
   else
     log "reusing cached root filesystem $tarball"
   fi
-  log "docker import $tarball as $BASE"
+  py=$(tar -tf "$tarball" | sed -n 's|^\./usr/bin/python\(3\.[0-9][0-9]*\)$|\1|p' | sort -V | tail -n 1)
+  [[ -n $py ]] || die "no python3 in $tarball"
+  log "docker import $tarball as $BASE (Python $py)"
   docker import \
     --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     --change 'ENV LANG=C.UTF-8' \
-    --change "LABEL org.geofed.base-key=$key" \
+    --change "LABEL org.geofed.base-key=$key org.geofed.python=$py" \
     --change 'CMD ["/bin/bash"]' \
     "$tarball" "$BASE" >/dev/null
 }
@@ -122,23 +127,27 @@ fi
 
 # The wheels are built here and installed there: same CPython minor version.
 host_py=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])') || die "cannot run $PY"
-base_py=$(docker run --rm --entrypoint python3 "$BASE" -c 'import sys; print("%d.%d" % sys.version_info[:2])') \
-  || die "cannot run python3 in $BASE"
+base_py=$(docker image inspect -f '{{index .Config.Labels "org.geofed.python"}}' "$BASE" 2>/dev/null || true)
+if [[ -z $base_py ]]; then
+  # Not an image of ours: ask its python3 (under vfs a container costs ~20 s).
+  base_py=$(docker run --rm --entrypoint python3 "$BASE" -c 'import sys; print("%d.%d" % sys.version_info[:2])') \
+    || die "cannot run python3 in $BASE"
+fi
 [[ $host_py == "$base_py" ]] || die "$PY is Python $host_py but $BASE has Python $base_py; pass --python with a $base_py interpreter"
 log "Python $host_py on both sides ($PY, $BASE)"
 
 # --- 2. wheels ----------------------------------------------------------------
 CTX=$CACHE/context
 rm -rf "$CTX"
-mkdir -p "$CTX/wheels"
+mkdir -p "$CTX/wheels" "$CTX/dist"
 cp "$REPO/deploy/image/requirements.txt" "$REPO/deploy/image/healthcheck.py" "$CTX/"
+src=$(mktemp -d)
+trap 'rm -rf "$src"' EXIT
 # Pin to what this environment runs (and was tested with); drop editable and
 # direct-URL entries such as geofed itself.
 "$PY" -m pip freeze --exclude-editable --disable-pip-version-check | grep -v -e '^-e ' -e ' @ ' -e '^#' \
-  >"$CTX/constraints.txt" || true
-
-src=$(mktemp -d)
-trap 'rm -rf "$src"' EXIT
+  >"$src.constraints" || true
+trap 'rm -rf "$src" "$src.constraints"' EXIT
 # Build from a snapshot so that nothing is written into the working tree.
 tar -C "$REPO" --exclude=./.git --exclude=./.venv --exclude=./build --exclude='*.egg-info' \
   --exclude=__pycache__ --exclude=.mypy_cache --exclude=.ruff_cache --exclude=.pytest_cache \
@@ -147,11 +156,17 @@ log "building the geofed wheel"
 # A fixed timestamp makes the wheel byte-identical for identical sources, so
 # Docker's layer cache holds across runs.
 SOURCE_DATE_EPOCH=315532800 "$PY" -m pip wheel --quiet --disable-pip-version-check --no-deps \
-  --wheel-dir "$CTX/wheels" "$src" || die "pip wheel of $REPO failed"
+  --wheel-dir "$CTX/dist" "$src" || die "pip wheel of $REPO failed"
 log "collecting the node's runtime dependency wheels (deploy/image/requirements.txt)"
 "$PY" -m pip wheel --quiet --disable-pip-version-check --wheel-dir "$CTX/wheels" \
-  -r "$CTX/requirements.txt" -c "$CTX/constraints.txt" || die "pip wheel of the runtime dependencies failed"
-ls "$CTX/wheels" | sed 's/^/    /' >&2
+  -r "$CTX/requirements.txt" -c "$src.constraints" || die "pip wheel of the runtime dependencies failed"
+# The image installs exactly these wheels: pin them (and nothing else, so that
+# unrelated changes to this environment keep Docker's cache valid).
+for whl in "$CTX"/wheels/*.whl; do
+  IFS=- read -r name ver _ <<<"${whl##*/}"
+  echo "$name==$ver"
+done | sort >"$CTX/constraints.txt"
+ls "$CTX/dist" "$CTX/wheels" | sed 's/^/    /' >&2
 
 # --- 3. image -------------------------------------------------------------------
 version=$("$PY" -c 'import tomllib,sys; print(tomllib.load(open(sys.argv[1],"rb"))["project"]["version"])' "$REPO/pyproject.toml")
@@ -160,16 +175,22 @@ if [[ $revision != unknown && -n $(git -C "$REPO" status --porcelain 2>/dev/null
   revision=$revision-dirty
 fi
 log "docker build -t $TAG (base $BASE, version $version, revision $revision)"
-if ! docker build --build-arg "BASE=$BASE" --build-arg "VERSION=$version" \
-  --build-arg "REVISION=$revision" -t "$TAG" -f "$REPO/deploy/Dockerfile" "$CTX" \
-  >"$CACHE/docker-build.log" 2>&1; then
+# The wheels stage gets a tag of its own so that its layers (the slow pip
+# install) stay cached while superseded images are pruned below.
+if ! docker build --build-arg "BASE=$BASE" --target wheels -t geofed-build:wheels \
+  -f "$REPO/deploy/Dockerfile" "$CTX" >"$CACHE/docker-build.log" 2>&1; then
+  tail -n 40 "$CACHE/docker-build.log" >&2
+  die "docker build of the wheels stage failed (full log: $CACHE/docker-build.log)"
+fi
+if ! docker build --build-arg "BASE=$BASE" --label "org.opencontainers.image.version=$version" \
+  --label "org.opencontainers.image.revision=$revision" -t "$TAG" -f "$REPO/deploy/Dockerfile" "$CTX" \
+  >>"$CACHE/docker-build.log" 2>&1; then
   tail -n 40 "$CACHE/docker-build.log" >&2
   die "docker build failed (full log: $CACHE/docker-build.log)"
 fi
+# Untagged images built on our base are earlier builds; with the vfs storage
+# driver each one costs its full size on disk.
+docker image prune --force --filter label=org.geofed.base-key >/dev/null || true
 
-if ((SMOKE)); then
-  log "smoke test: geofed --help in $TAG"
-  docker run --rm --entrypoint geofed "$TAG" --help >/dev/null || die "geofed --help fails in $TAG"
-fi
 size=$(docker image inspect -f '{{.Size}}' "$TAG")
 log "built $TAG ($((size / 1000000)) MB) in $((SECONDS - start)) s"

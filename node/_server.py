@@ -51,7 +51,7 @@ from ._convert import (
     subscription_from_pb,
 )
 from ._errors import Guarded, status_for, streaming, unary
-from ._links import CHANNEL_OPTIONS, PROTOCOL_VERSION, ContextTransport, PeerLink
+from ._links import PROTOCOL_VERSION, SERVER_OPTIONS, ContextTransport, PeerLink
 from ._metrics import NodeMetrics
 from ._tracefile import MessageTrace
 
@@ -133,9 +133,9 @@ class BrokerNode(Guarded):
         self._started = True
         # Batches carry many events: the per-event payload limit is enforced
         # by the servicer (RESOURCE_EXHAUSTED naming the event), not here.
-        self._client_server = grpc.aio.server(options=CHANNEL_OPTIONS)
+        self._client_server = grpc.aio.server(options=SERVER_OPTIONS)
         cpb_grpc.add_ClientServiceServicer_to_server(_ClientServicer(self), self._client_server)
-        self._peer_server = grpc.aio.server(options=CHANNEL_OPTIONS)
+        self._peer_server = grpc.aio.server(options=SERVER_OPTIONS)
         fpb_grpc.add_FederationServiceServicer_to_server(
             _FederationServicer(self), self._peer_server
         )

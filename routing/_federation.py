@@ -85,8 +85,15 @@ class Federation:
         if not gap.is_empty and gap.area > _GAP_TOLERANCE_SQ_DEG:
             shapely.prepare(gap)
             self.gap = gap
+        # Normalized geometry: the same areas written another way (ring start,
+        # orientation, part order) give the same digest.
         self.digest = hashlib.sha256(
-            json.dumps([[b.id, b.area.wkt] for b in self.brokers]).encode()
+            json.dumps(
+                [
+                    [b.id, shapely.to_wkt(shapely.normalize(b.area.geometry), rounding_precision=-1)]
+                    for b in self.brokers
+                ]
+            ).encode()
         ).hexdigest()
         self._all = frozenset(self.ids)
         self._route_cache: OrderedDict[str, frozenset[str]] = OrderedDict()
