@@ -87,14 +87,11 @@ class Federation:
             self.gap = gap
         # Normalized geometry: the same areas written another way (ring start,
         # orientation, part order) give the same digest.
-        self.digest = hashlib.sha256(
-            json.dumps(
-                [
-                    [b.id, shapely.to_wkt(shapely.normalize(b.area.geometry), rounding_precision=-1)]
-                    for b in self.brokers
-                ]
-            ).encode()
-        ).hexdigest()
+        canonical = [
+            [b.id, shapely.to_wkt(shapely.normalize(b.area.geometry), rounding_precision=-1)]
+            for b in self.brokers
+        ]
+        self.digest = hashlib.sha256(json.dumps(canonical).encode()).hexdigest()
         self._all = frozenset(self.ids)
         self._route_cache: OrderedDict[str, frozenset[str]] = OrderedDict()
 
