@@ -15,10 +15,14 @@ import math
 from collections import Counter
 from collections.abc import Iterator
 
+import numpy as np
+import shapely
+
 from ._geometry import Geofence, LatLon
 from ._model import Subscription
 
 _MAX_LEVEL = 14  # cell edge 180 / 2**14 degrees, about 1.2 km
+_VECTOR_MIN = 4  # candidates from which one array call beats per-candidate calls
 
 
 def _level_for(width: float, height: float) -> int:
@@ -196,9 +200,28 @@ class SubscriptionIndex:
         # public) reaches a node twice, which would list its world subs twice.
         for node in dict.fromkeys(nodes):
             node.bucket.candidates(lon, lat, keys, found, matched)
-        for s in found.values():
-            if s.geofence is not None and s.geofence.covers_xy(lon, lat):
-                matched.append(s)
+        if abs(lon) == 180.0:
+            matched.extend(
+                s for s in found.values() if s.geofence and s.geofence.covers_xy(lon, lat)
+            )
+            return matched
+        # Bounding boxes first (plain comparisons), then one vectorized GEOS
+        # call for the survivors instead of one call per candidate.
+        inside = [
+            s
+            for s in found.values()
+            if s.geofence is not None
+            and s.geofence.bounds[0] <= lon <= s.geofence.bounds[2]
+            and s.geofence.bounds[1] <= lat <= s.geofence.bounds[3]
+        ]
+        if len(inside) < _VECTOR_MIN:
+            matched.extend(s for s in inside if s.geofence and s.geofence.covers_xy(lon, lat))
+        elif inside:
+            geoms = np.fromiter(
+                (s.geofence.geometry for s in inside if s.geofence), object, len(inside)
+            )
+            hits = shapely.intersects_xy(geoms, lon, lat)
+            matched.extend(s for s, hit in zip(inside, hits, strict=True) if hit)
         return matched
 
     def _nodes_for(self, topic: str) -> list[_TrieNode]:
