@@ -1,0 +1,206 @@
+"""``geofed analyze``: the Spark job measuring what each routing strategy costs.
+
+Runs as a subcommand of the ``geofed`` CLI, as ``python -m geofed.bench.analyze``
+and as a plain Spark application::
+
+    geofed analyze -f deploy/federations/aws-2020.geojson -w trace.jsonl -o out/
+    spark-submit --master spark://host:7077 bench/analyze.py -f fed.geojson -w trace.parquet -o out/
+
+This module only parses arguments and builds the session; the job is
+`geofed.bench._spark_job.analyze`, its output `geofed.bench._spark_report`.
+See bench/ANALYSIS.md for inputs, outputs and the node message trace format.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from geofed.routing import GeofedError
+
+_PROG = "geofed analyze"
+
+
+def register(subparsers: Any, name: str) -> argparse.ArgumentParser:
+    """Add the ``analyze`` subcommand (called `name`) to an argparse subparsers object."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        name,
+        help="analyze inter-region messages per routing strategy (Spark)",
+        description=(
+            "What-if analysis of a workload trace under every routing strategy, and the"
+            " measured comparison with node message traces (PySpark)."
+        ),
+    )
+    _arguments(parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-f", "--federation", required=True, help="federation file (GeoJSON)")
+    parser.add_argument(
+        "-w",
+        "--workload",
+        required=True,
+        nargs="+",
+        metavar="PATH",
+        help="workload trace files or folders (JSON Lines, or Parquet)",
+    )
+    parser.add_argument(
+        "-n",
+        "--node-trace",
+        nargs="+",
+        default=[],
+        metavar="PATH",
+        help="node message trace files or folders (JSON Lines, or Parquet)",
+    )
+    parser.add_argument(
+        "-o", "--out", required=True, help="output folder (created; files replaced)"
+    )
+    parser.add_argument(
+        "--master", help="Spark master URL (default local[*]; spark-submit's when submitted)"
+    )
+    parser.add_argument(
+        "--workload-format", choices=("json", "parquet"), help="default: by file name"
+    )
+    parser.add_argument("--node-format", choices=("json", "parquet"), help="default: by file name")
+    parser.add_argument(
+        "--h3-res", type=int, help="H3 resolution of the spatial join (default: by geofence size)"
+    )
+    parser.add_argument(
+        "--max-errors", type=int, default=100, help="malformed rows listed (all are counted)"
+    )
+    parser.add_argument(
+        "--driver-memory",
+        help="driver JVM heap when this process starts Spark (default: a third of RAM, <= 12g)",
+    )
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra Spark configuration (repeatable)",
+    )
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+
+
+def _default_driver_memory() -> str:
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return "2g"
+    # The driver is also the executor in local mode; Python workers and the
+    # OS page cache need the rest.
+    return f"{max(1, min(12, ram // 3 // (1 << 30)))}g"
+
+
+def build_session(master: str | None, driver_memory: str | None, conf: Sequence[str]) -> Any:
+    """The SparkSession: an active one is reused; otherwise local[*] unless told.
+
+    Under spark-submit the JVM already runs with spark-submit's master and
+    memory; only `master` given explicitly overrides it.
+    """
+    from pyspark import SparkConf
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ
+    builder = SparkSession.builder.appName(_PROG)
+    effective = master or (SparkConf().get("spark.master", "local[*]") if submitted else "local[*]")
+    if master or not submitted:
+        builder = builder.master(effective)
+    if effective.startswith("local"):
+        # Python workers run this interpreter (and so find geofed) unless told otherwise.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        if not submitted:
+            builder = builder.config(
+                "spark.driver.memory", driver_memory or _default_driver_memory()
+            )
+        # Few cores: a few partitions per core; AQE merges what is too small.
+        builder = builder.config("spark.sql.shuffle.partitions", str(8 * (os.cpu_count() or 2)))
+    builder = (
+        builder.config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.adaptive.enabled", "true")
+        # The job caches intermediate tables; let AQE still size their partitions.
+        .config("spark.sql.optimizer.canChangeCachedPlanOutputPartitioning", "true")
+        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "20000")
+    )
+    for item in conf:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--conf: expected KEY=VALUE, got {item!r}")
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the analysis; 0 on success, 2 for invalid input (named on stderr)."""
+    # pyspark 4 warns that it does not fully support pandas 3; the job uses
+    # Arrow directly, not pandas.
+    warnings.filterwarnings("ignore", "PySpark does not yet fully support pandas", FutureWarning)
+    from geofed.bench._spark_job import AnalysisConfig, Progress, analyze, load_federation
+    from geofed.bench._spark_report import print_table, write_outputs
+
+    try:
+        cfg = AnalysisConfig(
+            federation=args.federation,
+            workload=tuple(args.workload),
+            node_traces=tuple(args.node_trace),
+            workload_format=args.workload_format,
+            node_format=args.node_format,
+            h3_res=args.h3_res,
+            max_errors=args.max_errors,
+        )
+        # Fail fast, before a JVM starts, on what can be checked without one.
+        load_federation(cfg.federation)
+        for p in (*cfg.workload, *cfg.node_traces):
+            if "://" not in p and not Path(p).exists():
+                print(f"{_PROG}: error: {p}: no such file or directory", file=sys.stderr)
+                return 2
+    except GeofedError as exc:
+        print(f"{_PROG}: error: {exc}", file=sys.stderr)
+        return 2
+
+    from pyspark.sql import SparkSession
+
+    owned = SparkSession.getActiveSession() is None
+    spark = build_session(args.master, args.driver_memory, args.conf)
+    progress = Progress(spark)
+    result = None
+    try:
+        result = analyze(spark, cfg, progress)
+        with progress.stage("writing outputs"):
+            files = write_outputs(result, Path(args.out), plots=not args.no_plots)
+        print_table(result.summary, sys.stdout)
+        print(f"\nwritten: {', '.join(str(f) for f in files)}")
+        return 0
+    except GeofedError as exc:
+        print(f"{_PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        progress.close()
+        if result is not None:
+            result.release()
+        if owned:
+            spark.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point for ``python -m geofed.bench.analyze`` and ``spark-submit bench/analyze.py``."""
+    parser = argparse.ArgumentParser(
+        prog=_PROG,
+        description="What-if analysis of a workload trace under every routing strategy (PySpark).",
+    )
+    _arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""The DataFrame -> DataFrame steps on small hand-made frames."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import functions as F
+from pyspark.testing import assertDataFrameEqual
+from spark_helpers import write_jsonl
+
+from geofed.bench import _spark_io as io
+from geofed.bench import _spark_match as match
+from geofed.bench import _spark_state as state
+
+pytestmark = pytest.mark.spark
+
+OPS = (
+    "id string, t double, k long, client string, op string, topic string, fence long,"
+    " meet array<int>, home int"
+)
+
+
+def test_ownership_rule(spark: Any) -> None:
+    ops = spark.createDataFrame(
+        [
+            ("s1", 1.0, 1, "a", "subscribe", "x", None, None, 0),  # a owns s1
+            ("s1", 2.0, 2, "b", "subscribe", "x", None, None, 1),  # live for a: ignored
+            (
+                "s1",
+                3.0,
+                3,
+                "b",
+                "unsubscribe",
+                None,
+                None,
+                None,
+                None,
+            ),  # b does not hold it: ignored
+            ("s1", 3.0, 4, "a", "subscribe", "y", 7, [0], 0),  # a's update (same t, later line)
+            ("s1", 5.0, 5, "a", "unsubscribe", None, None, None, None),  # freed
+            ("s1", 6.0, 6, "b", "subscribe", "z", None, None, 1),  # now b may
+            ("s2", 0.0, 7, "a", "unsubscribe", None, None, None, None),  # never held
+        ],
+        OPS,
+    )
+    got = state.accepted_subscription_ops(ops).select("id", "k", "client", "op")
+    assertDataFrameEqual(
+        got,
+        [
+            ("s1", 1, "a", "subscribe"),
+            ("s1", 4, "a", "subscribe"),
+            ("s1", 5, "a", "unsubscribe"),
+            ("s1", 6, "b", "subscribe"),
+        ],
+        checkRowOrder=False,
+    )
+
+
+def test_versions_rehomings_and_segments(spark: Any) -> None:
+    # Client a subscribes at home 0, moves to home 1, updates its geofence
+    # there while moving to home 2, and unsubscribes.
+    accepted = spark.createDataFrame(
+        [
+            ("s1", 1.0, 1, "a", "subscribe", "x", None, None, 0),
+            ("s1", 4.0, 4, "a", "subscribe", "x", 9, [2], 2),
+            ("s1", 6.0, 6, "a", "unsubscribe", None, None, None, None),
+        ],
+        OPS,
+    )
+    vers = state.versions(accepted)
+    assertDataFrameEqual(
+        vers.select("vid", "start_t", "end_t", "end_op", "home0", "upd", "old_fence"),
+        [(1, 1.0, 4.0, "subscribe", 0, False, None), (4, 4.0, 6.0, "unsubscribe", 2, True, None)],
+        checkRowOrder=False,
+    )
+    located = spark.createDataFrame(
+        [
+            ("a", 1.0, 1, 0.0, 0.0, 0),
+            ("a", 2.0, 2, 0.0, 1.0, 0),
+            ("a", 3.0, 3, 0.0, 2.0, 1),
+            ("a", 4.0, 4, 0.0, 3.0, 2),
+        ],
+        "client string, t double, k long, lat double, lon double, home int",
+    )
+    rh = state.rehomings(located)
+    assertDataFrameEqual(
+        rh.select("p_k", "old", "new"), [(3, 0, 1), (4, 1, 2)], checkRowOrder=False
+    )
+    vrh = state.version_rehomings(vers, rh)
+    # The move at 4 re-homes the old version too: it is ended by that very op.
+    assertDataFrameEqual(
+        vrh.select("vid", "p_k", "old", "new"), [(1, 3, 0, 1), (1, 4, 1, 2)], checkRowOrder=False
+    )
+    segs = state.segments(vers, vrh)
+    assertDataFrameEqual(
+        segs.select("vid", "home", "seg_k", "seg_end_k", "last"),
+        [(1, 0, 1, 3, False), (1, 1, 3, 4, True), (4, 2, 4, 6, True)],
+        checkRowOrder=False,
+    )
+    sources = state.subscription_message_sources(vers, vrh, segs)
+    assertDataFrameEqual(
+        sources.select("kind", "src", "has_minus"),
+        [
+            ("subscribe", 0, False),  # s1 at home 0
+            ("subscribe", 2, False),  # the update, from home 2
+            ("unsubscribe", 2, True),  # ... withdrawing the old version where the new does not go
+            ("unsubscribe", 0, False),
+            ("subscribe", 1, False),  # re-homed 0 -> 1
+            ("unsubscribe", 1, False),
+            ("subscribe", 2, False),  # re-homed 1 -> 2
+            ("unsubscribe", 2, False),  # the unsubscribe, from where it ended up
+        ],
+        checkRowOrder=False,
+    )
+
+
+def test_subscriber_location_at_event_time(spark: Any) -> None:
+    located = spark.createDataFrame(
+        [("a", 1.0, 1, 10.0, 10.0, 0), ("a", 5.0, 5, 20.0, 20.0, 0), ("a", 5.0, 8, 30.0, 30.0, 0)],
+        "client string, t double, k long, lat double, lon double, home int",
+    )
+    pairs = spark.createDataFrame(
+        [("a", 4.0, 4, 1), ("a", 5.0, 6, 2), ("a", 5.0, 8, 3), ("a", 9.0, 9, 4)],
+        "sclient string, et double, ek long, n int",
+    )
+    got = match.subscriber_locations(pairs, located).select("n", "slat")
+    # Before the move; after it (same t, later line); its own op (the subscriber publishes).
+    assertDataFrameEqual(got, [(1, 10.0), (2, 20.0), (3, 30.0), (4, 30.0)], checkRowOrder=False)
+
+
+def test_line_numbers_across_splits_and_files(spark: Any, tmp_path: Path) -> None:
+    a = write_jsonl(tmp_path / "a.jsonl", [f'{{"n": {i}}}' if i % 5 else "" for i in range(1, 301)])
+    b = write_jsonl(tmp_path / "b.jsonl", [f'{{"n": {i}}}' for i in range(1, 41)])
+    old = spark.conf.get("spark.sql.files.maxPartitionBytes")
+    spark.conf.set("spark.sql.files.maxPartitionBytes", "512")  # many splits per file
+    try:
+        numbered, inputs = io.read_numbered(spark, [str(a), str(b)], "json", what="workload")
+        assert numbered.rdd.getNumPartitions() > 4
+        got = numbered.select(
+            "file",
+            "line",
+            F.get_json_object("value", "$.n").cast("long").alias("n"),
+            (F.col("k") == F.col("file").cast("long") * (1 << io.LINE_BITS) + F.col("line")).alias(
+                "k_ok"
+            ),
+        )
+        want = [(0, i, i if i % 5 else None, True) for i in range(1, 301)]
+        want += [(1, i, i, True) for i in range(1, 41)]
+        assertDataFrameEqual(got, want, checkRowOrder=False)
+        assert [Path(f).name for f in inputs.files] == ["a.jsonl", "b.jsonl"]
+    finally:
+        spark.conf.set("spark.sql.files.maxPartitionBytes", old)
+
+
+def test_h3_parent_expression_matches_python(spark: Any) -> None:
+    from geofed.bench._spark_geo import h3_cell, h3_parent_int
+
+    cells = [h3_cell(48.1, 11.6), h3_cell(-33.9, 151.2), h3_cell(0.0, -179.9)]
+    df = spark.createDataFrame([(c,) for c in cells], "cell long")
+    got = df.select(*[match.h3_parent(F.col("cell"), r).alias(f"r{r}") for r in (2, 5, 9)])
+    assertDataFrameEqual(
+        got, [tuple(h3_parent_int(c, r) for r in (2, 5, 9)) for c in cells], checkRowOrder=False
+    )
