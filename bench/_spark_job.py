@@ -46,7 +46,7 @@ class AnalysisConfig:
     workload: tuple[str, ...]
     """Workload trace files or folders (JSON Lines or Parquet, DESIGN §4)."""
     node_traces: tuple[str, ...] = ()
-    """Node message trace files or folders (optional; see bench/ANALYSIS.md)."""
+    """Node message trace files or folders (optional; see README.md, section "Analysis")."""
     workload_format: str | None = None
     """``json`` or ``parquet``; None: Parquet if every path looks like Parquet."""
     node_format: str | None = None

@@ -8,7 +8,7 @@ and as a plain Spark application::
 
 This module only parses arguments and builds the session; the job is
 `geofed.bench._spark_job.analyze`, its output `geofed.bench._spark_report`.
-See bench/ANALYSIS.md for inputs, outputs and the node message trace format.
+See README.md, section "Analysis" for inputs, outputs and the node message trace format.
 """
 
 from __future__ import annotations
