@@ -41,25 +41,11 @@ FRAME_SOFT_LIMIT = 4 << 20
 """A frame is closed once its messages reach this many bytes."""
 MAX_FRAME_BYTES = 64 << 20
 """Largest frame either side of a link accepts (grpc max message size)."""
-_KEEPALIVE_MS = 10_000
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_FRAME_BYTES),
     ("grpc.max_send_message_length", MAX_FRAME_BYTES),
-    # Pings find a peer that vanished without closing its connection (crash,
-    # partition) even when no frame is being written.
-    ("grpc.keepalive_time_ms", _KEEPALIVE_MS),
-    ("grpc.keepalive_timeout_ms", _KEEPALIVE_MS // 2),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
 ]
-SERVER_OPTIONS = [
-    ("grpc.max_receive_message_length", MAX_FRAME_BYTES),
-    ("grpc.max_send_message_length", MAX_FRAME_BYTES),
-    ("grpc.keepalive_time_ms", _KEEPALIVE_MS),
-    ("grpc.keepalive_timeout_ms", _KEEPALIVE_MS // 2),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", _KEEPALIVE_MS // 2),
-]
+SERVER_OPTIONS = CHANNEL_OPTIONS
 
 
 class Transport(Protocol):
