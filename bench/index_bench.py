@@ -33,7 +33,6 @@ import itertools
 import math
 import multiprocessing
 import os
-import platform
 import pstats
 import random
 import resource
@@ -43,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from geofed.bench._machine import describe
 from geofed.routing import (
     LatLon,
     Subscription,
@@ -215,24 +215,6 @@ def run_size(n: int, lookups: int, seed: int, profile: bool) -> dict[str, Any]:
     return out
 
 
-def machine() -> str:
-    """Cores, CPU model, memory and Python of this machine."""
-    model, mem = "unknown CPU", "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal"):
-                mem = f"{int(line.split()[1]) / 1048576:.0f} GiB"
-                break
-    except OSError:
-        pass
-    system = f"Python {platform.python_version()}, {platform.system()} {platform.release()}"
-    return f"{os.cpu_count()} cores, {model}, {mem} RAM, {system}"
-
-
 def _mib(n: int) -> str:
     return f"{n / 1048576:,.0f}"
 
@@ -306,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                     "were made; *index MiB*: RSS growth while they were indexed.\n"
                 )
             f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n")
-            f.write(f"Command: `{cmd.strip()}`  \nMachine: {machine()}\n\n{text}\n")
+            f.write(f"Command: `{cmd.strip()}`  \nMachine: {describe()}\n\n{text}\n")
     return 0
 
 

@@ -27,7 +27,6 @@ import asyncio
 import gc
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,7 @@ from typing import Any
 
 import grpc
 
+from geofed.bench._machine import describe
 from geofed.bench.workload import WorkloadConfig, generate
 from geofed.node._convert import geofence_to_pb
 from geofed.node._local import FEDERATION_SERVICE, free_ports, health_status
@@ -308,26 +308,6 @@ async def _latency(stub: Any, rate: float, seconds: float) -> list[float]:
     return received
 
 
-def machine() -> str:
-    """Cores, CPU model, memory and Python of this machine."""
-    model = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-        mem = next(
-            int(x.split()[1])
-            for x in Path("/proc/meminfo").read_text().splitlines()
-            if x.startswith("MemTotal")
-        )
-        mem_s = f"{mem / 1048576:.0f} GiB"
-    except (OSError, StopIteration):
-        mem_s = "?"
-    system = f"Python {platform.python_version()}, {platform.system()} {platform.release()}"
-    return f"{os.cpu_count()} cores, {model}, {mem_s} RAM, {system}"
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--subs", default="10000,100000", help="comma-separated subscription counts")
@@ -361,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         with RESULTS.open("a", encoding="utf-8") as f:
             f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n")
-            f.write(f"Command: `{cmd.strip()}`  \nMachine: {machine()}\n\n{table}\n")
+            f.write(f"Command: `{cmd.strip()}`  \nMachine: {describe()}\n\n{table}\n")
     return 0
 
 

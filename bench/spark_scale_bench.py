@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from geofed.bench._machine import cpu_model
 from geofed.bench.workload import WorkloadConfig, generate, write_trace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,18 +39,10 @@ TARGET_RATIO = 11.0
 
 def machine() -> dict[str, Any]:
     """Cores, CPU model, RAM and load: the benchmark shares its machine."""
-    model = "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
     return {
         "cores": os.cpu_count(),
-        "cpu": model,
+        "cpu": cpu_model(),
         "ram_gib": round(ram, 1),
         "python": platform.python_version(),
         "load": os.getloadavg(),
