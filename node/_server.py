@@ -326,15 +326,15 @@ class BrokerNode(Guarded):
     def deliver(self, deliveries: list[Delivery]) -> None:
         """Push deliveries to their subscribers' streams."""
         now = time.time()
+        wire: dict[int, gpb.Event] = {}  # one event reaches many subscribers: convert it once
         for d in deliveries:
             stream = self._streams.get(d.subscription)
             if stream is None:
                 continue
-            stream.push(
-                cpb.Delivery(
-                    subscription_id=d.subscription, event=event_to_pb(d.event), deliver_time=now
-                )
-            )
+            pb = wire.get(id(d.event))
+            if pb is None:
+                pb = wire[id(d.event)] = event_to_pb(d.event)
+            stream.push(cpb.Delivery(subscription_id=d.subscription, event=pb, deliver_time=now))
             self.metrics.deliveries.inc()
 
     def _update_sub_gauges(self) -> None:
