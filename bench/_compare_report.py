@@ -251,7 +251,7 @@ def markdown(report: Mapping[str, Any]) -> str:
         f" ({report['federation']['brokers']} brokers)",
         "",
         f"- command: `{report['command']}`",
-        f"- date: {report['date']}; machine: {m['cores']} cores, {m['cpu']}, {m['ram_gb']} GB RAM;"
+        f"- date: {report['date']}; machine: {m['description']};"
         f" load average {m['load_before']} before, {m['load_after']} after",
         f"- code: {_code(report.get('code'))}",
         f"- workload: {w['ops']:,} ops, {w['events']:,} events, {w['subscriptions']:,}"

@@ -14,11 +14,12 @@ Timing. By default the replay honours each action's ``t`` (scaled by
 ``--speed``), so inter-region latency, throughput and CPU reflect a paced,
 realistic load. The price is that recall and precision are *measured*, not
 guaranteed: with WAN delays a subscription may not have reached a remote
-broker yet when an event for it is published there, and a moving client's
-renewed subscriptions take a one-way delay to spread. ``--barrier`` instead
-waits after every action until no inter-broker message is in flight (and
-replays as fast as the barrier allows): deliveries and messages are then
-exact (recall = precision = 1, messages = cost model), and the exit status
+broker yet when an event for it is published there (recall), an event still
+in flight may meet a subscription made after it was published (precision),
+and a moving client's renewed subscriptions take a one-way delay to spread.
+``--barrier`` instead waits after every action until no inter-broker
+message is in flight (and replays as fast as the barrier allows):
+deliveries and messages are then exact (recall = precision = 1, messages = cost model), and the exit status
 says whether they were; throughput in that mode measures the barrier, not
 the federation.
 """
@@ -31,7 +32,6 @@ import contextlib
 import datetime as dt
 import json
 import os
-import platform
 import shlex
 import shutil
 import signal
@@ -54,6 +54,7 @@ from geofed.routing import (
 )
 
 from . import _compare_report as rep
+from ._machine import describe
 
 _PROG = "geofed bench"
 _SAMPLES = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -163,6 +164,7 @@ def _run(args: argparse.Namespace) -> int:
 
     progress = _Progress()
     load_before = _loadavg()
+    code = _code_version()  # now: the tree may change while a long run goes on
     fed_file = federation_path(args.federation)
     federation = Federation.load(fed_file)
     speed = args.speed if args.speed is not None else (0.0 if args.barrier else 1.0)
@@ -215,8 +217,12 @@ def _run(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {
         "command": _command_line(args, speed),
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": {**_machine(), "load_before": load_before, "load_after": _loadavg()},
-        "code": _code_version(),
+        "machine": {
+            "description": describe(),
+            "load_before": load_before,
+            "load_after": _loadavg(),
+        },
+        "code": code,
         "federation": {"name": args.federation, "file": str(fed_file), "brokers": len(federation)},
         "workload": workload,
         "settings": {
@@ -365,20 +371,6 @@ def _command_line(args: argparse.Namespace, speed: float) -> str:
     if args.no_analysis:
         cmd.append("--no-analysis")
     return shlex.join(cmd)
-
-
-def _machine() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    try:
-        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
-    except (ValueError, OSError, AttributeError):
-        ram = float("nan")
-    return {"cores": os.cpu_count(), "cpu": cpu, "ram_gb": round(ram, 1)}
 
 
 def _code_version() -> dict[str, Any]:
@@ -536,7 +528,6 @@ async def _replay(
     progress: _Progress,
     name: str,
 ) -> dict[str, Any]:
-    from geofed.node._cmd_demo import _settle
     from geofed.node._replay import Replayer, wait_quiescent
 
     urls = {b: n.metrics_url for b, n in fed.nodes.items()}
@@ -571,7 +562,7 @@ async def _replay(
             # Every inter-broker message sent has arrived: the federation has
             # absorbed the load (deliveries to clients may still be on their way).
             drain = time.monotonic() - t1
-            await _settle(r)
+            await r.settle()
             # Before the streams close: a closed Subscribe stream withdraws its
             # subscription, which would add unsubscribe messages to the count.
             cutoff = time.time()

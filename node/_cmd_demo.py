@@ -124,7 +124,7 @@ async def _replay(
         r = Replayer(fed.federation, log, barrier=lambda: wait_quiescent(urls))
         try:
             await r.run(ops)
-            await _settle(r)
+            await r.settle()
             counts = await asyncio.to_thread(peer_message_counts, urls)
         finally:
             await r.close()
@@ -133,15 +133,6 @@ async def _replay(
         if kind in by_kind:
             by_kind[kind] += v
     return by_kind, list(r.deliveries), r.errors
-
-
-async def _settle(r: Any, quiet: float = 0.3) -> None:
-    # Deliveries already pushed by the brokers may still be on the streams.
-    last, since = -1, time.monotonic()
-    while time.monotonic() - since < quiet:
-        if len(r.deliveries) != last:
-            last, since = len(r.deliveries), time.monotonic()
-        await asyncio.sleep(0.05)
 
 
 def _row(

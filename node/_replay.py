@@ -94,6 +94,18 @@ class Replayer:
         for ch in self._channels.values():
             await ch.close()
 
+    async def settle(self, quiet: float = 0.3) -> None:
+        """Wait until no delivery has arrived for `quiet` seconds.
+
+        Deliveries the brokers already pushed may still be on the client streams
+        after the federation went quiescent.
+        """
+        last, since = -1, time.monotonic()
+        while time.monotonic() - since < quiet:
+            if len(self.deliveries) != last:
+                last, since = len(self.deliveries), time.monotonic()
+            await asyncio.sleep(0.05)
+
     async def run(self, ops: Iterable[TraceOp], speed: float = 0.0) -> None:
         """Replay `ops`; `speed` > 0 honours ``t`` scaled by it, 0 goes as fast as possible."""
         start = time.monotonic()
