@@ -19,9 +19,9 @@ in flight may meet a subscription made after it was published (precision),
 and a moving client's renewed subscriptions take a one-way delay to spread.
 ``--barrier`` instead waits after every action until no inter-broker
 message is in flight (and replays as fast as the barrier allows):
-deliveries and messages are then exact (recall = precision = 1, messages = cost model), and the exit status
-says whether they were; throughput in that mode measures the barrier, not
-the federation.
+deliveries and messages are then exact (recall = precision = 1, messages =
+cost model), and the exit status says whether they were; throughput in
+that mode measures the barrier, not the federation.
 """
 
 from __future__ import annotations
