@@ -374,7 +374,7 @@ def _command_line(args: argparse.Namespace, speed: float) -> str:
 
 
 def _code_version() -> dict[str, Any]:
-    """The git commit of the running code, and whether the tree had uncommitted changes."""
+    """The git commit of the running code, and whether it had uncommitted changes."""
     here = Path(__file__).resolve().parent
     try:
         commit = subprocess.run(
@@ -390,10 +390,12 @@ def _code_version() -> dict[str, Any]:
             text=True,
             timeout=10,
             check=True,
-        ).stdout.strip()
+        ).stdout  # "XY path" lines: not stripped, X may be a space
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "modified": None}  # not a git checkout: an installed package
-    return {"commit": commit, "modified": bool(changed)}
+    # Result files are what a run writes, not code.
+    code_changes = [ln for ln in changed.splitlines() if not ln[3:].startswith("bench/results/")]
+    return {"commit": commit, "modified": bool(code_changes)}
 
 
 def _loadavg() -> str:
