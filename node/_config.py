@@ -55,6 +55,11 @@ class NodeConfig:
     reconnect_max_s: float = _doc(
         "longest reconnect delay (exponential backoff, jittered)", default=5.0
     )
+    peer_heartbeat_s: float = _doc("an idle peer link sends an empty frame this often", default=1.0)
+    peer_timeout_s: float = _doc(
+        "a peer link that received nothing for this long is closed and redialled; 0 = never",
+        default=10.0,
+    )
     dedup_window: int = _doc(
         "recent event ids remembered per peer to drop duplicates", default=100_000
     )
@@ -96,12 +101,21 @@ class NodeConfig:
             "batch_max_delay_ms",
             "reconnect_initial_s",
             "wan_ms_per_km",
+            "peer_timeout_s",
             "shutdown_grace_s",
         ):
             if getattr(self, name) < 0:
                 raise InvalidInput(name, f"must be >= 0, got {getattr(self, name)!r}")
         if self.reconnect_max_s < self.reconnect_initial_s:
             raise InvalidInput("reconnect_max_s", "must be >= reconnect_initial_s")
+        if not self.peer_heartbeat_s > 0:
+            raise InvalidInput("peer_heartbeat_s", f"must be > 0, got {self.peer_heartbeat_s!r}")
+        if self.peer_timeout_s and not self.peer_timeout_s >= 2 * self.peer_heartbeat_s:
+            raise InvalidInput(
+                "peer_timeout_s",
+                f"must be 0 (off) or at least twice peer_heartbeat_s ({self.peer_heartbeat_s:g}),"
+                f" got {self.peer_timeout_s!r}",
+            )
 
     @classmethod
     def load(

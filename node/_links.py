@@ -8,6 +8,12 @@ when it is full) and subscription changes are not queued at all: on every
 which replaces what the other held. Frames carry per-link sequence numbers;
 event and delivery frames not acknowledged when a link breaks are sent again
 after the reconnect, and receivers drop event ids they have already seen.
+
+An idle link sends an empty frame every ``peer_heartbeat_s``; a link that has
+received nothing for ``peer_timeout_s`` is closed and redialled. That catches
+a peer whose host stopped or whose network went away without closing the
+connection (an application heartbeat, not gRPC keepalive: the HTTP/2 ping
+policy of a loaded server answered keepalive pings with "too many pings").
 """
 
 from __future__ import annotations
@@ -107,6 +113,7 @@ class PeerLink:
         self._seq = 0
         self._ack_pending = 0
         self._last_flush = 0.0
+        self._last_heard = 0.0
         self._session: asyncio.Task[None] | None = None
         self._dialer: asyncio.Task[None] | None = None
         self._stopping = False
@@ -176,11 +183,7 @@ class PeerLink:
             try:
                 call = fpb_grpc.FederationServiceStub(channel).Link()
                 transport = CallTransport(call)
-                await transport.write(fpb.Frame(hello=self.node.hello()))
-                self.node.count_control(self.peer.id)
-                first = await transport.read()
-                if first is None:
-                    raise ConnectionError("stream closed before hello")
+                first = await self._handshake(transport)
                 if first.refuse_reason:
                     raise LinkRefused(first.refuse_reason)
                 problem = self.node.check_hello(first.hello, expect=self.peer.id)
@@ -203,6 +206,19 @@ class PeerLink:
             await asyncio.sleep(random.uniform(0.5, 1.0) * backoff)
             backoff = min(cfg.reconnect_max_s, backoff * 2)
 
+    async def _handshake(self, transport: Transport) -> fpb.Frame:
+        timeout = self.node.config.peer_timeout_s or None
+        try:
+            async with asyncio.timeout(timeout):
+                await transport.write(fpb.Frame(hello=self.node.hello()))
+                self.node.count_control(self.peer.id)
+                first = await transport.read()
+        except TimeoutError:
+            raise ConnectionError(f"no hello within peer_timeout_s ({timeout:g}s)") from None
+        if first is None:
+            raise ConnectionError("stream closed before hello")
+        return first
+
     # -- accepting side --------------------------------------------------
 
     async def accept(self, transport: Transport) -> None:
@@ -213,7 +229,10 @@ class PeerLink:
             self._session.cancel()  # the peer reconnected before we saw the old stream die
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._session
-        await self._run_session(transport)
+        try:
+            await self._run_session(transport)
+        except ConnectionError as exc:  # the dialling side reconnects
+            log.warning("link %s down: %s", self.peer.id, exc)
 
     # -- a connected session ---------------------------------------------
 
@@ -229,6 +248,8 @@ class PeerLink:
         if self.delay_s:
             self._delay_line = asyncio.Queue()
             tasks.add(asyncio.create_task(self._transmit_delayed(transport, self._delay_line)))
+        if self.node.config.peer_timeout_s:
+            tasks.add(asyncio.create_task(self._watchdog(self.node.config.peer_timeout_s)))
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
@@ -246,6 +267,15 @@ class PeerLink:
                 self._delay_line = None
                 self._end_session()
 
+    async def _watchdog(self, timeout: float) -> None:
+        while True:
+            silent = time.monotonic() - self._last_heard
+            if silent > timeout:
+                raise ConnectionError(
+                    f"nothing received for {silent:.1f}s (peer_timeout_s {timeout:g})"
+                )
+            await asyncio.sleep(timeout - silent + 0.05)
+
     async def _transmit_delayed(
         self, transport: Transport, line: asyncio.Queue[tuple[float, fpb.Frame]]
     ) -> None:
@@ -260,6 +290,7 @@ class PeerLink:
         self.connected = True
         self._seq = 0
         self._ack_pending = 0
+        self._last_heard = time.monotonic()
         # Subscription changes queued before are superseded by the snapshot.
         self._queue = deque(m for m in self._queue if m.kind in _RESENDABLE)
         self.node.metrics.peer_connected.labels(peer=self.peer.id).set(1)
@@ -284,15 +315,14 @@ class PeerLink:
         cfg = self.node.config
         max_msgs = cfg.batch_max_messages
         delay = cfg.batch_max_delay_ms / 1000.0
+        heartbeat = cfg.peer_heartbeat_s
         origin = self.node.broker_id
         while True:
             if not self._queue:
                 self._wake.clear()
-                if self._ack_pending:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), _ACK_DELAY_S)
-                else:
-                    await self._wake.wait()
+                idle = _ACK_DELAY_S if self._ack_pending else heartbeat
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), idle)
             if self._queue and len(self._queue) < max_msgs and delay:
                 # Nagle-like: right after a flush, let the next frame fill a little.
                 wait = self._last_flush + delay - time.monotonic()
@@ -312,8 +342,8 @@ class PeerLink:
                 total += sizes[-1]
                 msgs.append(msg)
             self.node.metrics.peer_queue.labels(peer=self.peer.id).set(len(self._queue))
-            if msgs or self._ack_pending:
-                await self._write(transport, frame, msgs, sizes)
+            if msgs or self._ack_pending or time.monotonic() - self._last_flush >= heartbeat:
+                await self._write(transport, frame, msgs, sizes)  # empty: a heartbeat
 
     async def _send_snapshot(self, transport: Transport) -> None:
         subs = self.node.core.snapshot_for(self.peer.id)
@@ -364,6 +394,7 @@ class PeerLink:
             frame = await transport.read()
             if frame is None:
                 return
+            self._last_heard = time.monotonic()
             if frame.HasField("ack"):
                 while self._unacked and self._unacked[0][0] <= frame.ack.seq:
                     self._unacked.popleft()

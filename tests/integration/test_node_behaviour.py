@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 import time
@@ -219,6 +220,37 @@ def test_peer_down_local_traffic_continues_queue_bounded_link_recovers(
     remote = subscribe(fed, "us", "r", "s-remote", VIRGINIA)
     publish(fed, "eu", "after", FRANKFURT)
     assert remote.wait_for(1) == ["after"]
+
+
+def test_silent_peer_is_detected_by_heartbeat_and_nothing_is_lost(tmp_path: Path) -> None:
+    # A stopped process keeps its TCP connections open: only the heartbeat
+    # timeout tells the link it is gone. Events published meanwhile wait in
+    # the peer queue and arrive once, after the peer continues.
+    env = {"GEOFED_PEER_HEARTBEAT_S": "0.2", "GEOFED_PEER_TIMEOUT_S": "1.5"}
+    with LocalFederation(THREE, "event-geofence", tmp_path, extra_env=env) as fed:
+        remote = subscribe(fed, "us", "r", "s-silent", VIRGINIA)
+        publish(fed, "eu", "before", FRANKFURT)
+        assert remote.wait_for(1) == ["before"]
+        us = fed.nodes["us"].process
+        os.kill(us.pid, signal.SIGSTOP)
+        try:
+            wait_until(lambda: metric(fed, "eu", "geofed_peer_connected", peer="us") == 0, 10)
+            assert "nothing received for" in fed.nodes["eu"].log_path.read_text()
+            for i in range(5):
+                publish(fed, "eu", f"while-{i}", FRANKFURT)
+            assert metric(fed, "eu", "geofed_peer_queue_length", peer="us") == 5
+        finally:
+            os.kill(us.pid, signal.SIGCONT)
+        wait_until(lambda: metric(fed, "eu", "geofed_peer_connected", peer="us") == 1, 20)
+        want = ["before"] + [f"while-{i}" for i in range(5)]
+        assert sorted(remote.wait_for(6, timeout=20)) == sorted(want)
+        publish(fed, "eu", "after", FRANKFURT)
+        got = remote.wait_for(7)
+        assert got[-1] == "after" and sorted(got) == sorted([*want, "after"])
+        # While connected and idle, heartbeats keep the link up; no duplicate shows up.
+        time.sleep(2.0)
+        assert metric(fed, "eu", "geofed_peer_connected", peer="us") == 1
+        assert len(remote.items) == 7
 
 
 def test_strategy_and_federation_mismatch_are_refused(

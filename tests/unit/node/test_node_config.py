@@ -64,6 +64,9 @@ def test_flags_parse_into_config(monkeypatch: pytest.MonkeyPatch) -> None:
         ({"peer_queue_size": 0}, {}, "peer_queue_size"),
         ({"batch_max_delay_ms": -1.0}, {}, "batch_max_delay_ms"),
         ({"reconnect_initial_s": 2.0, "reconnect_max_s": 1.0}, {}, "reconnect_max_s"),
+        ({"peer_heartbeat_s": 0.0}, {}, "peer_heartbeat_s"),
+        ({"peer_timeout_s": -1.0}, {}, "peer_timeout_s"),
+        ({"peer_heartbeat_s": 1.0, "peer_timeout_s": 1.5}, {}, "peer_timeout_s"),
         ({}, {"GEOFED_MAX_PAYLOAD_BYTES": "lots"}, "max_payload_bytes"),
     ],
 )
@@ -88,3 +91,8 @@ def test_config_file_errors_name_the_problem(tmp_path: Path) -> None:
     assert err.value.field == "colour"
     with pytest.raises(InvalidInput, match="cannot read"):
         NodeConfig.load(BASE, env={}, config_file=str(tmp_path / "missing.json"))
+
+
+def test_peer_timeout_zero_turns_the_heartbeat_check_off() -> None:
+    cfg = NodeConfig.load({**BASE, "peer_timeout_s": 0.0, "peer_heartbeat_s": 5.0}, env={})
+    assert (cfg.peer_timeout_s, cfg.peer_heartbeat_s) == (0.0, 5.0)
