@@ -205,7 +205,7 @@ class Federation:
             features.append(
                 {
                     "type": "Feature",
-                    "geometry": b.area.geometry.__geo_interface__,
+                    "geometry": _json_shaped(b.area.geometry.__geo_interface__),
                     "properties": props,
                 }
             )
@@ -278,6 +278,15 @@ class Federation:
                 "federation", f"{p} is not JSON: {exc.msg} (line {exc.lineno})"
             ) from None
         return cls.from_geojson(obj, source=f"federation {p.name}")
+
+
+def _json_shaped(value: Any) -> Any:
+    """Shapely's GeoJSON mapping with lists for tuples, as parsed JSON has."""
+    if isinstance(value, dict):
+        return {k: _json_shaped(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_shaped(v) for v in value]
+    return value
 
 
 def _endpoint(value: Any, field: str) -> str:

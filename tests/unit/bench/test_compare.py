@@ -447,7 +447,7 @@ def test_wan_settings_reject_bad_input(tmp_path: Path) -> None:
         compare._wan_settings(str(bad), None, fed)
     with pytest.raises(InvalidInput, match="wan_ms_per_km"):
         compare._wan_settings("model", -1.0, fed)
-    doc = json.loads(json.dumps(fed.to_geojson()))  # as read from a file
+    doc = fed.to_geojson()
     for f in doc["features"]:
         del f["properties"]["site"]
     no_sites = Federation.from_geojson(doc)

@@ -253,3 +253,10 @@ def test_areas_are_checked_against_shapely_directly() -> None:
     pac = fed.broker("pac").area.geometry
     assert pac.geom_type == "MultiPolygon"
     assert pac.covers(Point(170, 0)) and pac.covers(Point(-160, 0))
+
+
+def test_to_geojson_is_json_shaped_and_reads_back_directly() -> None:
+    fed = Federation([Broker("a", _box(-180, -90, 0, 90)), Broker("b", _box(0, -90, 180, 90))])
+    doc = fed.to_geojson()
+    assert doc == json.loads(json.dumps(doc))  # lists, not tuples
+    assert Federation.from_geojson(doc).digest == fed.digest
