@@ -7,6 +7,13 @@ geofenced ones in a multi-level lon/lat grid keyed by the bounding box of each
 geofence part (each part lands in at most 2 x 2 cells of the level its size
 picks). A lookup probes one cell per level in use, then applies the exact
 *covers* check. Candidates are a superset of the answer, so nothing is missed.
+
+The exact check runs on packed arrays, one slot per geofence part (`_PartStore`),
+vectorized over an event's candidates: a disc test decides most of them (a
+disc around an interior point that lies inside the part, and one holding the
+whole part, both measured in a frame where the part's longitudes are scaled by
+the cosine of its latitude, so that a geodesic circle is nearly round), and
+GEOS decides the rest, which lie in the thin ring between the two discs.
 """
 
 from __future__ import annotations
@@ -17,12 +24,15 @@ from collections.abc import Iterator
 
 import numpy as np
 import shapely
+from shapely.geometry import Polygon
 
 from ._geometry import Geofence, LatLon
 from ._model import Subscription
 
 _MAX_LEVEL = 14  # cell edge 180 / 2**14 degrees, about 1.2 km
-_VECTOR_MIN = 4  # candidates from which one array call beats per-candidate calls
+_VECTOR_MIN = 8  # candidates from which array calls beat per-candidate calls
+_DISC_MARGIN = 1e-9  # degrees: far above the rounding error of the disc test
+_NO_DISC = (0.0, 0.0, 0.0, -1.0, math.inf)  # decides nothing: always ask GEOS
 
 
 def _level_for(width: float, height: float) -> int:
@@ -36,66 +46,179 @@ def _cell(v: float, origin: float, size: float) -> int:
     return math.floor((v + origin) / size)
 
 
+def part_discs(part: Polygon) -> tuple[float, float, float, float, float]:
+    """``(cx, cy, k, r_in², r_out²)``: discs for the exact test of one polygon.
+
+    In the frame ``x = (lon - cx) * k, y = lat - cy`` (``k`` the cosine of the
+    centre's latitude) the polygon contains the disc of radius ``r_in`` around
+    the origin and lies within the disc of radius ``r_out``. Both hold for any
+    polygon whose centre point is inside it (the nearest edge bounds the
+    inner disc, the farthest vertex the outer one); the margins keep rounding
+    on the safe side. Points between the discs need the exact test.
+    """
+    c = part.centroid
+    if not part.contains(c):
+        c = part.representative_point()
+    cx, cy = float(c.x), float(c.y)
+    k = math.cos(math.radians(cy))
+    if k < 1e-3:
+        return _NO_DISC
+    r_in = math.inf
+    for ring in (part.exterior, *part.interiors):
+        xy = np.asarray(ring.coords)
+        x, y = (xy[:, 0] - cx) * k, xy[:, 1] - cy
+        ax, ay, ex, ey = x[:-1], y[:-1], np.diff(x), np.diff(y)
+        length2 = ex * ex + ey * ey
+        t = np.clip(-(ax * ex + ay * ey) / np.where(length2 > 0, length2, 1.0), 0.0, 1.0)
+        px, py = ax + t * ex, ay + t * ey
+        r_in = min(r_in, float(np.sqrt((px * px + py * py).min())))
+    xy = np.asarray(part.exterior.coords)
+    r_out = float(np.hypot((xy[:, 0] - cx) * k, xy[:, 1] - cy).max())
+    inner = max(r_in - _DISC_MARGIN, 0.0)
+    return cx, cy, k, inner * inner if inner > 0 else -1.0, (r_out + _DISC_MARGIN) ** 2
+
+
+class _PartStore:
+    """Geofence parts of indexed subscriptions packed in arrays, one slot per part."""
+
+    __slots__ = ("discs", "free", "geoms", "owners", "slots")
+
+    def __init__(self) -> None:
+        self.owners: list[Subscription | None] = []
+        self.discs = np.empty((0, 5))
+        self.geoms = np.empty(0, dtype=object)
+        self.free: list[int] = []
+        self.slots: dict[str, list[int]] = {}  # subscription id -> its slots
+
+    def add(self, sub: Subscription, fence: Geofence) -> list[tuple[int, Polygon]]:
+        """Give each part of `fence` a slot; return (slot, part) pairs."""
+        out = []
+        for part in fence.parts:
+            if self.free:
+                slot = self.free.pop()
+            else:
+                slot = len(self.owners)
+                self.owners.append(None)
+                if slot >= len(self.geoms):
+                    self._grow(max(64, 2 * len(self.geoms)))
+            shapely.prepare(part)
+            self.owners[slot] = sub
+            self.geoms[slot] = part
+            self.discs[slot] = part_discs(part)
+            out.append((slot, part))
+        self.slots[sub.id] = [slot for slot, _ in out]
+        return out
+
+    def remove(self, sub_id: str) -> list[int]:
+        """Free the slots of a subscription; return them."""
+        slots = self.slots.pop(sub_id, [])
+        for slot in slots:
+            self.owners[slot] = None
+            self.geoms[slot] = None
+            self.free.append(slot)
+        return slots
+
+    def _grow(self, size: int) -> None:
+        discs = np.empty((size, 5))
+        discs[: len(self.discs)] = self.discs
+        geoms = np.empty(size, dtype=object)
+        geoms[: len(self.geoms)] = self.geoms
+        self.discs, self.geoms = discs, geoms
+
+    def covering(self, slots: list[int], lon: float, lat: float) -> list[Subscription]:
+        """The owners of the parts among `slots` that cover the point (each once)."""
+        if len(slots) < _VECTOR_MIN:
+            hit = [s for s in slots if self._covers(s, lon, lat)]
+        else:
+            idx = np.fromiter(slots, np.intp, len(slots))
+            cx, cy, k, inner2, outer2 = self.discs[idx].T
+            dx = (lon - cx) * k
+            dy = lat - cy
+            d2 = dx * dx + dy * dy
+            inside = d2 < inner2
+            unsure = idx[~inside & (d2 <= outer2)]
+            hit = idx[inside].tolist()
+            if len(unsure):
+                hit += unsure[shapely.intersects_xy(self.geoms[unsure], lon, lat)].tolist()
+        owners = self.owners
+        # A subscription with several parts can be found through each of them.
+        return list({id(o): o for s in hit if (o := owners[s]) is not None}.values())
+
+    def _covers(self, slot: int, lon: float, lat: float) -> bool:
+        cx, cy, k, inner2, outer2 = self.discs[slot].tolist()
+        dx, dy = (lon - cx) * k, lat - cy
+        d2 = dx * dx + dy * dy
+        if d2 < inner2:
+            return True
+        if d2 > outer2:
+            return False
+        return bool(shapely.intersects_xy(self.geoms[slot], lon, lat))
+
+
 class _SpatialBucket:
-    """Subscriptions of one topic filter, bucketed by where their geofence is."""
+    """Subscriptions of one topic filter, bucketed by where their geofence is.
+
+    Geofenced subscriptions are held as the slots of their parts in `_PartStore`.
+    """
 
     __slots__ = ("cells", "levels", "world")
 
     def __init__(self) -> None:
         self.world: dict[str, Subscription] = {}
-        self.cells: dict[tuple[int, int, int], dict[str, Subscription]] = {}
+        self.cells: dict[tuple[int, int, int], set[int]] = {}
         self.levels: Counter[int] = Counter()
 
     def __bool__(self) -> bool:
         return bool(self.world) or bool(self.cells)
 
     @staticmethod
-    def _keys(fence: Geofence) -> set[tuple[int, int, int]]:
-        keys: set[tuple[int, int, int]] = set()
-        for part in fence.parts:
-            minx, miny, maxx, maxy = part.bounds
-            level = _level_for(maxx - minx, maxy - miny)
-            size = 180.0 / (1 << level)
-            for ix in range(_cell(minx, 180.0, size), _cell(maxx, 180.0, size) + 1):
-                for iy in range(_cell(miny, 90.0, size), _cell(maxy, 90.0, size) + 1):
-                    keys.add((level, ix, iy))
-        return keys
+    def _keys(part: Polygon) -> list[tuple[int, int, int]]:
+        minx, miny, maxx, maxy = part.bounds
+        level = _level_for(maxx - minx, maxy - miny)
+        size = 180.0 / (1 << level)
+        return [
+            (level, ix, iy)
+            for ix in range(_cell(minx, 180.0, size), _cell(maxx, 180.0, size) + 1)
+            for iy in range(_cell(miny, 90.0, size), _cell(maxy, 90.0, size) + 1)
+        ]
 
-    def add(self, sub: Subscription) -> None:
+    def add(self, sub: Subscription, parts: list[tuple[int, Polygon]]) -> None:
         if sub.geofence is None:
             self.world[sub.id] = sub
             return
-        for key in self._keys(sub.geofence):
-            bucket = self.cells.get(key)
-            if bucket is None:
-                bucket = self.cells[key] = {}
-                self.levels[key[0]] += 1
-            bucket[sub.id] = sub
+        for slot, part in parts:
+            for key in self._keys(part):
+                cell = self.cells.get(key)
+                if cell is None:
+                    cell = self.cells[key] = set()
+                    self.levels[key[0]] += 1
+                cell.add(slot)
 
-    def remove(self, sub: Subscription) -> None:
+    def remove(self, sub: Subscription, slots: list[int]) -> None:
         if sub.geofence is None:
             self.world.pop(sub.id, None)
             return
-        for key in self._keys(sub.geofence):
-            bucket = self.cells.get(key)
-            if bucket is None:
-                continue
-            bucket.pop(sub.id, None)
-            if not bucket:
-                del self.cells[key]
-                self.levels[key[0]] -= 1
-                if not self.levels[key[0]]:
-                    del self.levels[key[0]]
+        for slot, part in zip(slots, sub.geofence.parts, strict=True):
+            for key in self._keys(part):
+                cell = self.cells.get(key)
+                if cell is None:
+                    continue
+                cell.discard(slot)
+                if not cell:
+                    del self.cells[key]
+                    self.levels[key[0]] -= 1
+                    if not self.levels[key[0]]:
+                        del self.levels[key[0]]
 
     def candidates(
         self,
         lon: float,
         lat: float,
         keys: list[list[_Key] | None],
-        out: dict[str, Subscription],
+        out: list[int],
         world: list[Subscription],
     ) -> None:
-        """Add the subscriptions that may cover the point (`keys` caches its cells per level).
+        """Add the slots of the parts that may cover the point (`keys` caches its cells).
 
         World subscriptions go to `world`: they match anywhere and sit in this
         one bucket only, so they need neither the covers check nor de-duplication.
@@ -108,9 +231,9 @@ class _SpatialBucket:
             if cells is None:
                 cells = keys[level] = _point_keys(level, lon, lat)
             for key in cells:
-                bucket = self.cells.get(key)
-                if bucket:
-                    out.update(bucket)
+                cell = self.cells.get(key)
+                if cell:
+                    out.extend(cell)
 
 
 _Key = tuple[int, int, int]
@@ -140,6 +263,7 @@ class SubscriptionIndex:
     def __init__(self) -> None:
         self._root = _TrieNode()
         self._subs: dict[str, Subscription] = {}
+        self._parts = _PartStore()
 
     def __len__(self) -> int:
         return len(self._subs)
@@ -163,7 +287,8 @@ class SubscriptionIndex:
             if child is None:
                 child = node.children[level] = _TrieNode()
             node = child
-        node.bucket.add(sub)
+        parts = [] if sub.geofence is None else self._parts.add(sub, sub.geofence)
+        node.bucket.add(sub, parts)
         self._subs[sub.id] = sub
         return old
 
@@ -176,7 +301,7 @@ class SubscriptionIndex:
         levels = sub.topic_filter.split("/")
         for level in levels:
             path.append(path[-1].children[level])
-        path[-1].bucket.remove(sub)
+        path[-1].bucket.remove(sub, self._parts.remove(sub_id))
         # Prune empty branches so memory follows the live subscriptions.
         for depth in range(len(levels), 0, -1):
             node = path[depth]
@@ -194,34 +319,22 @@ class SubscriptionIndex:
             return []
         lon, lat = location.lon, location.lat
         keys: list[list[_Key] | None] = [None] * (_MAX_LEVEL + 1)
-        found: dict[str, Subscription] = {}
+        slots: list[int] = []
         matched: list[Subscription] = []  # world subscriptions first
         # dict.fromkeys: a topic holding a wildcard (invalid, but match() is
         # public) reaches a node twice, which would list its world subs twice.
         for node in dict.fromkeys(nodes):
-            node.bucket.candidates(lon, lat, keys, found, matched)
+            node.bucket.candidates(lon, lat, keys, slots, matched)
+        if not slots:
+            return matched
         if abs(lon) == 180.0:
+            # -180 and 180 are one meridian, and a point there may sit in two cells.
+            owners = {id(o): o for o in (self._parts.owners[s] for s in slots)}
             matched.extend(
-                s for s in found.values() if s.geofence and s.geofence.covers_xy(lon, lat)
+                s for s in owners.values() if s and s.geofence and s.geofence.covers_xy(lon, lat)
             )
             return matched
-        # Bounding boxes first (plain comparisons), then one vectorized GEOS
-        # call for the survivors instead of one call per candidate.
-        inside = [
-            s
-            for s in found.values()
-            if s.geofence is not None
-            and s.geofence.bounds[0] <= lon <= s.geofence.bounds[2]
-            and s.geofence.bounds[1] <= lat <= s.geofence.bounds[3]
-        ]
-        if len(inside) < _VECTOR_MIN:
-            matched.extend(s for s in inside if s.geofence and s.geofence.covers_xy(lon, lat))
-        elif inside:
-            geoms = np.fromiter(
-                (s.geofence.geometry for s in inside if s.geofence), object, len(inside)
-            )
-            hits = shapely.intersects_xy(geoms, lon, lat)
-            matched.extend(s for s, hit in zip(inside, hits, strict=True) if hit)
+        matched.extend(self._parts.covering(slots, lon, lat))
         return matched
 
     def _nodes_for(self, topic: str) -> list[_TrieNode]:

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
+import shapely
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 from routing_testkit import (
     TOPIC_LEVELS,
+    circles,
     filters,
     geofences,
     near,
     points,
+    stars,
     topics,
 )
 
@@ -28,6 +33,7 @@ from geofed.routing import (
     validate_filter,
     validate_topic,
 )
+from geofed.routing._index import part_discs
 from geofed.routing._model import content_and_subscription_geocheck, make_event
 
 # --------------------------------------------------------------------------
@@ -223,3 +229,68 @@ def test_index_equals_brute_force_on_bulk_loads(
         model[s.id] = s
     for topic, where in probes:
         assert sorted(s.id for s in idx.match(topic, where)) == _brute(model, topic, where)
+
+
+# --------------------------------------------------------------------------
+# The exact check's disc pre-test (decides most candidates without GEOS)
+
+
+def _frame_point(part_disc: tuple[float, ...], r: float, angle: float) -> tuple[float, float]:
+    cx, cy, k = part_disc[:3]
+    return cx + r * math.cos(angle) / k, cy + r * math.sin(angle)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    fence=st.one_of(circles(), stars(), geofences(around=latlon(48.85, 2.35))).filter(
+        lambda f: f is not None
+    ),
+    angle=st.floats(0.0, 2 * math.pi),
+    scale=st.sampled_from([0.0, 0.5, 1.0 - 1e-9, 1.0, 1.0 + 1e-9, 1.5]),
+)
+def test_part_discs_never_decide_wrongly(fence: Geofence, angle: float, scale: float) -> None:
+    for part in fence.parts:
+        disc = part_discs(part)
+        cx, cy, k, inner2, outer2 = disc
+        if k == 0.0:
+            continue  # near a pole: no discs, GEOS decides every candidate
+        for r in (math.sqrt(max(inner2, 0.0)), math.sqrt(outer2)):
+            lon, lat = _frame_point(disc, r * scale, angle)
+            if not (-180.0 <= lon <= 180.0 and -90.0 <= lat <= 90.0):
+                continue
+            d2 = ((lon - cx) * k) ** 2 + (lat - cy) ** 2
+            covered = bool(shapely.intersects_xy(part, lon, lat))
+            if d2 < inner2:
+                assert covered, (part.wkt, lon, lat)
+            if d2 > outer2:
+                assert not covered, (part.wkt, lon, lat)
+
+
+@st.composite
+def near_an_edge(draw: st.DrawFn, fence: Geofence) -> LatLon:
+    """A vertex, a point on an edge, or one a hair inside or outside it."""
+    part = draw(st.sampled_from(list(fence.parts)))
+    ring = list(part.exterior.coords)
+    i = draw(st.integers(0, len(ring) - 2))
+    (ax, ay), (bx, by) = ring[i], ring[i + 1]
+    t = draw(st.one_of(st.sampled_from([0.0, 0.5]), st.floats(0.0, 1.0)))
+    off = draw(st.sampled_from([0.0, 1e-12, -1e-12, 1e-9, -1e-9, 1e-6, -1e-6, 1e-3, -1e-3]))
+    length = math.hypot(bx - ax, by - ay) or 1.0
+    lon = ax + t * (bx - ax) - off * (by - ay) / length
+    lat = ay + t * (by - ay) + off * (bx - ax) / length
+    return latlon(min(90.0, max(-90.0, lat)), min(180.0, max(-180.0, lon)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), copies=st.sampled_from([1, 3, 12]))
+def test_index_equals_covers_on_and_near_the_boundary(data: st.DataObject, copies: int) -> None:
+    # copies: few candidates take the per-candidate path, many the array path.
+    fence = data.draw(st.one_of(circles(), stars(), geofences()).filter(lambda f: f is not None))
+    idx = SubscriptionIndex()
+    for i in range(copies):
+        idx.add(Subscription(f"s{i}", "c", "t", fence))
+    for _ in range(5):
+        where = data.draw(near_an_edge(fence))
+        got = sorted(s.id for s in idx.match("t", where))
+        expected = [f"s{i}" for i in range(copies)] if fence.covers(where) else []
+        assert got == sorted(expected), (fence.wkt, where)
