@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -142,9 +141,6 @@ def build_session(master: str | None, driver_memory: str | None, conf: Sequence[
 
 def run(args: argparse.Namespace) -> int:
     """Run the analysis; 0 on success, 2 for invalid input (named on stderr)."""
-    # pyspark 4 warns that it does not fully support pandas 3; the job uses
-    # Arrow directly, not pandas.
-    warnings.filterwarnings("ignore", "PySpark does not yet fully support pandas", FutureWarning)
     from geofed.bench._spark_job import AnalysisConfig, Progress, analyze, load_federation
     from geofed.bench._spark_report import print_table, write_outputs
 

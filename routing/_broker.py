@@ -230,10 +230,17 @@ class BrokerCore:
             raise WrongBroker("event.publisher", owner, broker.client_endpoint)
         out = Outcome(deliveries=self._match_local(event))
         if self.strategy.matches_at_publisher:
+            # Only brokers whose area meets the event geofence can get a
+            # delivery: when there is none, remote subscriptions need no match.
+            reachable = self.strategy.delivery_targets(self.id, event.geofence, self.federation.ids)
             by_home: dict[str, list[str]] = defaultdict(list)
-            for sub in self.remote.match(event.topic, event.location):
-                by_home[self._remote_home[sub.id]].append(sub.id)
-            for dst in sorted(self.strategy.delivery_targets(self.id, event.geofence, by_home)):
+            if reachable:
+                homes = self._remote_home
+                for sub in self.remote.match(event.topic, event.location):
+                    home = homes[sub.id]
+                    if home in reachable:
+                        by_home[home].append(sub.id)
+            for dst in sorted(by_home):
                 out.sends.append(Send(dst, DeliveryMsg(event, tuple(sorted(by_home[dst])))))
         else:
             for dst in sorted(self.strategy.event_targets(self.id, event.geofence)):
