@@ -21,6 +21,7 @@ from geofed.routing import (
     BrokerCore,
     Delivery,
     DeliveryMsg,
+    Event,
     EventMsg,
     Federation,
     FederationMismatch,
@@ -491,7 +492,8 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
         node._update_sub_gauges()
         return cpb.UnsubscribeResponse(existed=True)
 
-    def _publish(self, client: str, pb: gpb.Event, field: str) -> str:
+    def _event(self, pb: gpb.Event, field: str) -> Event:
+        """Validate and convert one event (the node's state is not touched)."""
         node = self.node
         if len(pb.payload) > node.config.max_payload_bytes:
             raise TooLarge(f"{field}.payload", len(pb.payload), node.config.max_payload_bytes)
@@ -499,6 +501,11 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
             pb.id = uuid.uuid4().hex
         pb.publish_time = time.time()
         event = event_from_pb(pb, node.geofences, field=field)
+        node.core.check_publisher(event, f"{field}.publisher")
+        return event
+
+    def _publish(self, event: Event) -> str:
+        node = self.node
         with node.metrics.match_seconds.time():
             out = node.core.publish(event)
         node.metrics.events_published.inc()
@@ -508,10 +515,11 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
 
     @unary
     async def Publish(self, request: cpb.PublishRequest, context: Any) -> cpb.PublishResponse:
-        client = validate_id(request.client, "request.client")
+        validate_id(request.client, "request.client")
         if not request.HasField("event"):
             raise InvalidInput("request.event", "is required")
-        return cpb.PublishResponse(event_id=self._publish(client, request.event, "request.event"))
+        event = self._event(request.event, "request.event")
+        return cpb.PublishResponse(event_id=self._publish(event))
 
     async def PublishStream(
         self, request_iterator: AsyncIterator[cpb.PublishBatch], context: Any
@@ -520,16 +528,21 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
         limit = self.node.config.max_publish_batch
         async for batch in request_iterator:
             try:
-                client = validate_id(batch.client, "batch.client")
+                validate_id(batch.client, "batch.client")
                 if len(ids) + len(batch.events) > limit:
                     raise TooLarge("batch.events", len(ids) + len(batch.events), limit)
-                for pb in batch.events:
-                    ids.append(self._publish(client, pb, f"batch.events[{len(ids)}]"))
+                # A batch is published whole or not at all: validate it first.
+                events = [
+                    self._event(pb, f"batch.events[{len(ids) + i}]")
+                    for i, pb in enumerate(batch.events)
+                ]
             except GeofedError as exc:
-                # Earlier events of the call are published; say which one failed.
                 code = status_for(exc)
                 self.on_reject(code)
-                await context.abort(code, f"{exc} ({len(ids)} earlier events were published)")
+                await context.abort(
+                    code, f"{exc} (this batch was not published; {len(ids)} earlier events were)"
+                )
+            ids.extend(self._publish(event) for event in events)
         return cpb.PublishBatchResponse(accepted=len(ids), event_ids=ids)
 
 

@@ -224,10 +224,7 @@ class BrokerCore:
             WrongBroker: if another broker is responsible for the publisher's
                 location (the client must publish there).
         """
-        owner = self.federation.responsible(event.location)
-        if owner != self.id:
-            broker = self.federation.broker(owner)
-            raise WrongBroker("event.publisher", owner, broker.client_endpoint)
+        self.check_publisher(event)
         out = Outcome(deliveries=self._match_local(event))
         if self.strategy.matches_at_publisher:
             # Only brokers whose area meets the event geofence can get a
@@ -246,6 +243,12 @@ class BrokerCore:
             for dst in sorted(self.strategy.event_targets(self.id, event.geofence)):
                 out.sends.append(Send(dst, EventMsg(event)))
         return out
+
+    def check_publisher(self, event: Event, field: str = "event.publisher") -> None:
+        """Raise `WrongBroker` (naming `field`) unless this broker is the event's local broker."""
+        owner = self.federation.responsible(event.location)
+        if owner != self.id:
+            raise WrongBroker(field, owner, self.federation.broker(owner).client_endpoint)
 
     # -- peer side -------------------------------------------------------
 

@@ -188,6 +188,34 @@ def test_bad_input_is_rejected_naming_the_field_and_the_node_keeps_serving(
     assert metric(fed, "eu", "geofed_events_published_total") == 1
 
 
+def test_publish_stream_applies_a_batch_whole_or_not_at_all(
+    three_federation: LocalFederation,
+) -> None:
+    fed = three_federation
+    watcher = subscribe(fed, "eu", "w", "s-w", FRANKFURT)
+
+    def batch(*ids: str) -> cpb.PublishBatch:
+        return cpb.PublishBatch(
+            client="pub",
+            events=[
+                gpb.Event(id=i, topic="t/x", publisher=SINGAPORE if i == "bad" else FRANKFURT)
+                for i in ids
+            ],
+        )
+
+    with pytest.raises(grpc.RpcError) as err:
+        stub(fed, "eu").PublishStream(iter([batch("b1", "b2"), batch("b3", "bad", "b4")]))
+    # The bad event is named; its batch is not published, the earlier one is.
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "batch.events[3].publisher" in err.value.details()
+    assert "this batch was not published; 2 earlier events were" in err.value.details()
+    assert watcher.wait_for(2) == ["b1", "b2"]
+    assert metric(fed, "eu", "geofed_events_published_total") == 2
+    ok = stub(fed, "eu").PublishStream(iter([batch("b5")]))
+    assert ok.accepted == 1 and list(ok.event_ids) == ["b5"]
+    assert watcher.wait_for(3) == ["b1", "b2", "b5"]
+
+
 def test_bad_subscription_is_rejected(three_federation: LocalFederation) -> None:
     s = stub(three_federation, "eu")
     assert s.Connect(cpb.ConnectRequest(client="c", location=FRANKFURT)).accepted
