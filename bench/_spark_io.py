@@ -31,10 +31,10 @@ from geofed.routing import (
     Federation,
     GeofedError,
     Geofence,
+    GeofenceCache,
     InvalidInput,
     parse_op,
 )
-from geofed.routing._trace import _GeofenceCache
 
 from ._spark_geo import H3_RES_MAX, FederationIndex, fence_id, h3_cell
 
@@ -222,7 +222,7 @@ def parse_workload(fed_text: str) -> Callable[[Iterator[pa.RecordBatch]], Iterat
 
     def parse(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         fidx = worker_federation(fed_text)
-        cache = _GeofenceCache(DEFAULT_MAX_VERTICES)
+        cache = GeofenceCache(DEFAULT_MAX_VERTICES)
         ids: dict[Geofence, int] = {}
         meet: dict[int, list[int]] = {}
         shipped: set[int] = set()  # fences whose geometry this partition already emitted
@@ -245,7 +245,7 @@ def _record(row: dict[str, Any]) -> dict[str, Any]:
 def _parse_batch(
     batch: pa.RecordBatch,
     fidx: FederationIndex,
-    cache: _GeofenceCache,
+    cache: GeofenceCache,
     ids: dict[Geofence, int],
     meet: dict[int, list[int]],
     shipped: set[int],

@@ -7,13 +7,12 @@ exchange them as canonical WKT and cache the parsed shapes.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 from geofed.routing import (
     DeliveryMsg,
     Event,
     EventMsg,
     Geofence,
+    GeofenceCache,
     InvalidInput,
     LatLon,
     PeerMessage,
@@ -23,50 +22,30 @@ from geofed.routing import (
     latlon,
     make_event,
     make_subscription,
-    parse_geofence,
 )
 from geofed.v1 import federation_pb2 as fpb
 from geofed.v1 import geo_pb2 as gpb
 
-_CACHE_SIZE = 8192
 
-
-class GeofenceCache:
-    """Bounded cache of parsed geofences by their wire text."""
-
-    def __init__(self, max_vertices: int, size: int = _CACHE_SIZE) -> None:
-        self._max_vertices = max_vertices
-        self._size = size
-        self._cache: OrderedDict[tuple[str, str], Geofence | None] = OrderedDict()
-
-    def parse(self, pb: gpb.Geofence, field: str) -> Geofence | None:
-        """The geofence a message carries; an unset one is the whole world."""
-        shape = pb.WhichOneof("shape")
-        if shape is None:
-            return None
-        if shape == "circle":
-            c = pb.circle
-            if not c.HasField("center"):
-                raise InvalidInput(f"{field}.circle.center", "is required")
-            return parse_geofence(
-                {"circle": {"lat": c.center.lat, "lon": c.center.lon, "radius_m": c.radius_m}},
-                field,
-            )
-        text = pb.wkt if shape == "wkt" else pb.geojson
-        key = (shape, text)
-        hit = self._cache.get(key, ...)
-        if hit is not ...:
-            self._cache.move_to_end(key)
-            return hit
-        fence = parse_geofence(text, f"{field}.{shape}", max_vertices=self._max_vertices)
-        if fence is None:
-            raise InvalidInput(
-                f"{field}.{shape}", "must not be empty (leave the geofence unset for the world)"
-            )
-        self._cache[key] = fence
-        if len(self._cache) > self._size:
-            self._cache.popitem(last=False)
-        return fence
+def geofence_from_pb(pb: gpb.Geofence, field: str, cache: GeofenceCache) -> Geofence | None:
+    """The geofence a message carries (an unset one is the whole world); text via `cache`."""
+    shape = pb.WhichOneof("shape")
+    if shape is None:
+        return None
+    if shape == "circle":
+        c = pb.circle
+        if not c.HasField("center"):
+            raise InvalidInput(f"{field}.circle.center", "is required")
+        return cache.get(
+            {"circle": {"lat": c.center.lat, "lon": c.center.lon, "radius_m": c.radius_m}},
+            field,
+        )
+    fence = cache.get(pb.wkt if shape == "wkt" else pb.geojson, f"{field}.{shape}")
+    if fence is None:
+        raise InvalidInput(
+            f"{field}.{shape}", "must not be empty (leave the geofence unset for the world)"
+        )
+    return fence
 
 
 def location_from_pb(msg: object, name: str, field: str) -> LatLon:
@@ -87,7 +66,11 @@ def event_from_pb(
 ) -> Event:
     """Validate an event from the wire."""
     location = location_from_pb(pb, "publisher", f"{field}.publisher")
-    fence = cache.parse(pb.geofence, f"{field}.geofence") if pb.HasField("geofence") else None
+    fence = (
+        geofence_from_pb(pb.geofence, f"{field}.geofence", cache)
+        if pb.HasField("geofence")
+        else None
+    )
     if max_payload is not None and len(pb.payload) > max_payload:
         from geofed.routing import TooLarge
 
@@ -134,7 +117,11 @@ def subscription_from_pb(
         raise InvalidInput(
             f"{field}.client", f"{pb.client!r} differs from the session's client {client!r}"
         )
-    fence = cache.parse(pb.geofence, f"{field}.geofence") if pb.HasField("geofence") else None
+    fence = (
+        geofence_from_pb(pb.geofence, f"{field}.geofence", cache)
+        if pb.HasField("geofence")
+        else None
+    )
     return make_subscription(pb.id, owner, pb.topic_filter, fence, field=field)
 
 

@@ -26,6 +26,7 @@ from geofed.routing import (
     Federation,
     FederationMismatch,
     GeofedError,
+    GeofenceCache,
     InvalidInput,
     Kind,
     PeerMessage,
@@ -44,7 +45,6 @@ from geofed.v1 import geo_pb2 as gpb
 
 from ._config import NodeConfig
 from ._convert import (
-    GeofenceCache,
     event_from_pb,
     event_to_pb,
     location_from_pb,

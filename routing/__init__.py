@@ -25,6 +25,7 @@ from ._federation import Broker, Federation
 from ._geometry import (
     DEFAULT_MAX_VERTICES,
     Geofence,
+    GeofenceCache,
     LatLon,
     circle,
     covers,
@@ -56,6 +57,7 @@ __all__ = [
     "FederationMismatch",
     "GeofedError",
     "Geofence",
+    "GeofenceCache",
     "InvalidInput",
     "Kind",
     "LatLon",

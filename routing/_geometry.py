@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -195,6 +196,33 @@ def parse_geofence(
             return circle(center, c.get("radius_m"), f"{field}.circle")
         return parse_geojson(value, field, max_vertices=max_vertices)
     raise InvalidInput(field, f"must be WKT text, GeoJSON or a circle, got {type(value).__name__}")
+
+
+class GeofenceCache:
+    """Parses each distinct geofence text once: traces and wire messages repeat them.
+
+    Bounded: the least recently used text goes first. Only text (WKT or
+    GeoJSON) is cached; other notations are parsed every time.
+    """
+
+    def __init__(self, max_vertices: int = DEFAULT_MAX_VERTICES, size: int = 8192) -> None:
+        self.max_vertices = max_vertices
+        self._size = size
+        self._cache: OrderedDict[str, Geofence | None] = OrderedDict()
+
+    def get(self, value: Any, field: str = "geofence") -> Geofence | None:
+        """`parse_geofence(value, field)`, from the cache when `value` was seen."""
+        if not isinstance(value, str):
+            return parse_geofence(value, field, max_vertices=self.max_vertices)
+        hit = self._cache.get(value, ...)
+        if hit is not ...:
+            self._cache.move_to_end(value)
+            return hit
+        fence = parse_geofence(value, field, max_vertices=self.max_vertices)
+        self._cache[value] = fence
+        if len(self._cache) > self._size:
+            self._cache.popitem(last=False)
+        return fence
 
 
 def parse_wkt(

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ._errors import InvalidInput
-from ._geometry import DEFAULT_MAX_VERTICES, Geofence, LatLon, latlon, parse_geofence
+from ._geometry import DEFAULT_MAX_VERTICES, Geofence, GeofenceCache, LatLon, latlon
 from ._model import validate_id
 from ._topics import validate_filter, validate_topic
 
@@ -47,35 +47,14 @@ class TraceOp:
     line: int = 0
 
 
-class _GeofenceCache:
-    """Traces repeat geofences (one per client, say): parse each text once."""
-
-    def __init__(self, max_vertices: int, size: int = 10_000) -> None:
-        self._cache: dict[str, Geofence | None] = {}
-        self._max_vertices = max_vertices
-        self._size = size
-
-    def get(self, text: Any, field: str) -> Geofence | None:
-        if not isinstance(text, str):
-            return parse_geofence(text, field, max_vertices=self._max_vertices)
-        hit = self._cache.get(text, ...)
-        if hit is not ...:
-            return hit
-        fence = parse_geofence(text, field, max_vertices=self._max_vertices)
-        if len(self._cache) >= self._size:
-            self._cache.clear()  # bounded; traces rarely have this many distinct fences
-        self._cache[text] = fence
-        return fence
-
-
-def parse_op(record: Mapping[str, Any], line: int, cache: _GeofenceCache | None = None) -> TraceOp:
+def parse_op(record: Mapping[str, Any], line: int, cache: GeofenceCache | None = None) -> TraceOp:
     """Validate one trace record.
 
     Raises:
         InvalidInput: whose field reads ``line N: <field>``.
     """
     where = f"line {line}"
-    cache = cache or _GeofenceCache(DEFAULT_MAX_VERTICES)
+    cache = cache or GeofenceCache(DEFAULT_MAX_VERTICES)
     if not isinstance(record, Mapping):
         raise InvalidInput(where, "a record must be a JSON object")
     op = record.get("op")
@@ -115,7 +94,7 @@ def read_trace(
     Raises:
         InvalidInput: at the first malformed line, naming its number and field.
     """
-    cache = _GeofenceCache(max_vertices)
+    cache = GeofenceCache(max_vertices)
     last_t = 0.0
     for n, text in enumerate(lines, start=1):
         if not text.strip():

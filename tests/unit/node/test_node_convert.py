@@ -6,7 +6,6 @@ import grpc
 import pytest
 
 from geofed.node._convert import (
-    GeofenceCache,
     add_to_frame,
     event_from_pb,
     event_to_pb,
@@ -19,6 +18,7 @@ from geofed.routing import (
     EventMsg,
     FederationMismatch,
     GeofedError,
+    GeofenceCache,
     InvalidInput,
     NotFound,
     SubscribeMsg,
