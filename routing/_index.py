@@ -81,7 +81,7 @@ def part_discs(part: Polygon) -> tuple[float, float, float, float, float]:
 class _PartStore:
     """Geofence parts of indexed subscriptions packed in arrays, one slot per part."""
 
-    __slots__ = ("discs", "free", "geoms", "owners", "slots")
+    __slots__ = ("discs", "free", "geoms", "multipart", "owners", "slots")
 
     def __init__(self) -> None:
         self.owners: list[Subscription | None] = []
@@ -89,6 +89,7 @@ class _PartStore:
         self.geoms = np.empty(0, dtype=object)
         self.free: list[int] = []
         self.slots: dict[str, list[int]] = {}  # subscription id -> its slots
+        self.multipart = 0  # subscriptions with several parts (may be found twice)
 
     def add(self, sub: Subscription, fence: Geofence) -> list[tuple[int, Polygon]]:
         """Give each part of `fence` a slot; return (slot, part) pairs."""
@@ -107,11 +108,13 @@ class _PartStore:
             self.discs[slot] = part_discs(part)
             out.append((slot, part))
         self.slots[sub.id] = [slot for slot, _ in out]
+        self.multipart += len(out) > 1
         return out
 
     def remove(self, sub_id: str) -> list[int]:
         """Free the slots of a subscription; return them."""
         slots = self.slots.pop(sub_id, [])
+        self.multipart -= len(slots) > 1
         for slot in slots:
             self.owners[slot] = None
             self.geoms[slot] = None
@@ -141,8 +144,10 @@ class _PartStore:
             if len(unsure):
                 hit += unsure[shapely.intersects_xy(self.geoms[unsure], lon, lat)].tolist()
         owners = self.owners
-        # A subscription with several parts can be found through each of them.
-        return list({id(o): o for s in hit if (o := owners[s]) is not None}.values())
+        if self.multipart:
+            # A subscription with several parts can be found through each of them.
+            return list({id(o): o for s in hit if (o := owners[s]) is not None}.values())
+        return [owners[s] for s in hit]  # type: ignore[misc]  # live slots have owners
 
     def _covers(self, slot: int, lon: float, lat: float) -> bool:
         cx, cy, k, inner2, outer2 = self.discs[slot].tolist()

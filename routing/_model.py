@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,6 +11,7 @@ from ._geometry import DEFAULT_MAX_VERTICES, Geofence, LatLon, covers, parse_geo
 from ._topics import topic_matches, validate_filter, validate_topic
 
 MAX_ID_LENGTH = 256
+_CONTROL = re.compile("[\x00-\x1f]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +60,7 @@ def validate_id(value: object, field: str) -> str:
         raise InvalidInput(field, "must be a non-empty string")
     if len(value) > MAX_ID_LENGTH:
         raise InvalidInput(field, f"longer than {MAX_ID_LENGTH} characters")
-    if any(ch < " " for ch in value):
+    if _CONTROL.search(value):
         raise InvalidInput(field, "must not contain control characters")
     return value
 
