@@ -235,20 +235,14 @@ def subscription_message_sources(vers: DataFrame, vrh: DataFrame, segs: DataFram
     none_w = F.lit(None).cast("boolean")
     none_m = F.lit(None).cast("array<int>")
     world = F.col("fence").isNull()
+
+    def plain(kind: str, src: Column) -> list[Column]:
+        # The current version's geofence and filter, nothing spared.
+        return row(kind, src, world, F.col("meet"), False, none_w, none_m, F.col("filter"))
+
     out = [
         # A subscribe (new or changed) goes along its path from its home.
-        vers.select(
-            *row(
-                "subscribe",
-                F.col("home0"),
-                world,
-                F.col("meet"),
-                False,
-                none_w,
-                none_m,
-                F.col("filter"),
-            )
-        ),
+        vers.select(*plain("subscribe", F.col("home0"))),
         # A change withdraws the old version where the new one does not go.
         vers.where("upd").select(
             *row(
@@ -263,42 +257,11 @@ def subscription_message_sources(vers: DataFrame, vrh: DataFrame, segs: DataFram
             )
         ),
         # Re-homing: withdrawn at the old home, renewed at the new one.
-        vrh.select(
-            *row(
-                "unsubscribe",
-                F.col("old"),
-                world,
-                F.col("meet"),
-                False,
-                none_w,
-                none_m,
-                F.col("filter"),
-            )
-        ),
-        vrh.select(
-            *row(
-                "subscribe",
-                F.col("new"),
-                world,
-                F.col("meet"),
-                False,
-                none_w,
-                none_m,
-                F.col("filter"),
-            )
-        ),
+        vrh.select(*plain("unsubscribe", F.col("old"))),
+        vrh.select(*plain("subscribe", F.col("new"))),
         # An unsubscribe leaves from wherever the version ended up.
         segs.where(F.col("last") & (F.col("end_op") == "unsubscribe")).select(
-            *row(
-                "unsubscribe",
-                F.col("home"),
-                world,
-                F.col("meet"),
-                False,
-                none_w,
-                none_m,
-                F.col("filter"),
-            )
+            *plain("unsubscribe", F.col("home"))
         ),
     ]
     result = out[0]

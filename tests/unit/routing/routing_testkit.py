@@ -7,20 +7,26 @@ the name is unique so it cannot shadow a module of another test folder.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 
-from hypothesis import reject
+from hypothesis import event, reject, target
 from hypothesis import strategies as st
 
 from geofed.routing import (
+    STRATEGIES,
     Broker,
     Federation,
     Geofence,
     LatLon,
+    Simulator,
     TraceOp,
     circle,
     latlon,
     parse_wkt,
+    predict,
+    reference_deliveries,
+    simulate,
 )
 from geofed.routing._geometry import EARTH_RADIUS_M, build_geofence
 
@@ -438,3 +444,102 @@ def workloads(
                 )
             )
     return ops
+
+
+# --------------------------------------------------------------------------
+# The acceptance check
+
+
+def _lower_bounds(federation: Federation, ops: list[TraceOp]) -> dict[str, tuple[str, set[str]]]:
+    """Per event id: (origin broker, remote brokers hosting a matching subscriber).
+
+    Computed from the reference deliveries and the clients' locations alone,
+    not from the routing code's own bookkeeping.
+    """
+    delivered: dict[str, set[str]] = {}
+    for event_id, sub_id in reference_deliveries(ops):
+        delivered.setdefault(event_id, set()).add(sub_id)
+    where: dict[str, LatLon] = {}
+    owner: dict[str, str] = {}
+    out: dict[str, tuple[str, set[str]]] = {}
+    for op in ops:
+        if op.location is not None:
+            where[op.client] = op.location
+        if op.op == "subscribe":
+            owner.setdefault(op.id, op.client)
+        elif op.op == "unsubscribe" and owner.get(op.id) == op.client:
+            del owner[op.id]
+        elif op.op == "publish":
+            origin = federation.responsible(where[op.client])
+            homes = {federation.responsible(where[owner[s]]) for s in delivered.get(op.id, ())}
+            out[op.id] = (origin, homes - {origin})
+    return out
+
+
+def _describe(
+    federation: Federation,
+    ops: list[TraceOp],
+    expected: list[tuple[str, str]],
+    bounds: dict[str, tuple[str, set[str]]],
+) -> None:
+    """Label the workload (see ``pytest --hypothesis-show-statistics``)."""
+    home: dict[str, str] = {}
+    rehomed = 0
+    for op in ops:
+        if op.location is not None:
+            new = federation.responsible(op.location)
+            rehomed += home.get(op.client, new) != new
+            home[op.client] = new
+    remote = sum(len(h) for _, h in bounds.values())
+    event(f"deliveries: {'none' if not expected else 'some'}")
+    event(f"remote subscriber brokers: {'some' if remote else 'none'}")
+    # Steer generation towards workloads where events must cross brokers.
+    target(float(remote), label="remote subscriber brokers")
+    event(f"clients re-homed: {'some' if rehomed else 'none'}")
+
+
+def check_workload(federation: Federation, ops: list[TraceOp]) -> None:
+    """Every strategy against the reference; the cost model against the simulation."""
+    n = len(federation)
+    expected = reference_deliveries(ops)
+    bounds = _lower_bounds(federation, ops)
+    events = sum(op.op == "publish" for op in ops)
+    _describe(federation, ops, expected, bounds)
+    for name in STRATEGIES:
+        # Step through the trace to see each event's own messages.
+        sim = Simulator(federation, name)
+        per_event: dict[str, int] = {}
+        for op in ops:
+            before = sim.result.by_kind()
+            sim.apply(op)
+            if op.op == "publish":
+                after = sim.result.by_kind()
+                per_event[op.id] = sum(after[k] - before[k] for k in ("event", "delivery"))
+        result = sim.result
+        assert not [e for e in result.errors if "subscription id" not in e and "has no" not in e]
+
+        assert sorted(result.deliveries) == sorted(expected), name
+        assert max(Counter(result.deliveries).values(), default=1) == 1, name
+        # The one-shot entry point agrees with the stepped run.
+        assert simulate(federation, name, ops).deliveries == result.deliveries, name
+
+        report = predict(federation, name, ops)
+        assert report.messages == +result.messages, name
+        assert report.events == events
+        assert report.lower_bound_total == sum(len(h) for _, h in bounds.values()), name
+
+        for event_id, (_origin, homes) in bounds.items():
+            # The lower bound holds for every exact strategy.
+            assert len(homes) <= per_event[event_id], (name, event_id)
+        # Per broker pair too: every event dst needs must reach it somehow.
+        sent = Counter(
+            {(s, d): c for (k, s, d), c in result.messages.items() if k in ("event", "delivery")}
+        )
+        for pair, needed in report.lower_bound.items():
+            assert needed <= sent[pair], (name, pair)
+
+        if name == "flooding-events":
+            assert all(count == n - 1 for count in per_event.values())
+            assert result.by_kind()["event"] == (n - 1) * events
+            assert report.by_kind()["event"] == (n - 1) * events
+            assert result.by_kind()["subscribe"] == 0

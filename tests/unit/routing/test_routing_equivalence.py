@@ -10,14 +10,13 @@ model must predict exactly the messages the simulation sent.
 
 from __future__ import annotations
 
-from collections import Counter
-
 import pytest
-from hypothesis import HealthCheck, event, given, settings, target
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from routing_testkit import (
     boundary_fences,
     boundary_points,
+    check_workload,
     gap_federation,
     points,
     rect_wkt,
@@ -26,16 +25,11 @@ from routing_testkit import (
 )
 
 from geofed.routing import (
-    STRATEGIES,
-    Federation,
     LatLon,
-    Simulator,
     TraceOp,
     latlon,
     parse_wkt,
-    predict,
     reference_deliveries,
-    simulate,
 )
 
 FEDERATIONS = {"tiling": tiling_federation(), "gap": gap_federation()}
@@ -50,32 +44,6 @@ EQUIVALENCE = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-
-
-def _lower_bounds(federation: Federation, ops: list[TraceOp]) -> dict[str, tuple[str, set[str]]]:
-    """Per event id: (origin broker, remote brokers hosting a matching subscriber).
-
-    Computed from the reference deliveries and the clients' locations alone,
-    not from the routing code's own bookkeeping.
-    """
-    delivered: dict[str, set[str]] = {}
-    for event_id, sub_id in reference_deliveries(ops):
-        delivered.setdefault(event_id, set()).add(sub_id)
-    where: dict[str, LatLon] = {}
-    owner: dict[str, str] = {}
-    out: dict[str, tuple[str, set[str]]] = {}
-    for op in ops:
-        if op.location is not None:
-            where[op.client] = op.location
-        if op.op == "subscribe":
-            owner.setdefault(op.id, op.client)
-        elif op.op == "unsubscribe" and owner.get(op.id) == op.client:
-            del owner[op.id]
-        elif op.op == "publish":
-            origin = federation.responsible(where[op.client])
-            homes = {federation.responsible(where[owner[s]]) for s in delivered.get(op.id, ())}
-            out[op.id] = (origin, homes - {origin})
-    return out
 
 
 @SHRINK_TIMEOUT
@@ -93,75 +61,6 @@ def test_every_strategy_equals_the_central_matcher_on_boundaries(ops: list[Trace
     # Clients and geofences on area edges and on the antimeridian, where the
     # tie-break and the ±180 seam decide who is responsible.
     check_workload(FEDERATIONS["tiling"], ops)
-
-
-def _describe(
-    federation: Federation,
-    ops: list[TraceOp],
-    expected: list[tuple[str, str]],
-    bounds: dict[str, tuple[str, set[str]]],
-) -> None:
-    """Label the workload (see ``pytest --hypothesis-show-statistics``)."""
-    home: dict[str, str] = {}
-    rehomed = 0
-    for op in ops:
-        if op.location is not None:
-            new = federation.responsible(op.location)
-            rehomed += home.get(op.client, new) != new
-            home[op.client] = new
-    remote = sum(len(h) for _, h in bounds.values())
-    event(f"deliveries: {'none' if not expected else 'some'}")
-    event(f"remote subscriber brokers: {'some' if remote else 'none'}")
-    # Steer generation towards workloads where events must cross brokers.
-    target(float(remote), label="remote subscriber brokers")
-    event(f"clients re-homed: {'some' if rehomed else 'none'}")
-
-
-def check_workload(federation: Federation, ops: list[TraceOp]) -> None:
-    """Every strategy against the reference; the cost model against the simulation."""
-    n = len(federation)
-    expected = reference_deliveries(ops)
-    bounds = _lower_bounds(federation, ops)
-    events = sum(op.op == "publish" for op in ops)
-    _describe(federation, ops, expected, bounds)
-    for name in STRATEGIES:
-        # Step through the trace to see each event's own messages.
-        sim = Simulator(federation, name)
-        per_event: dict[str, int] = {}
-        for op in ops:
-            before = sim.result.by_kind()
-            sim.apply(op)
-            if op.op == "publish":
-                after = sim.result.by_kind()
-                per_event[op.id] = sum(after[k] - before[k] for k in ("event", "delivery"))
-        result = sim.result
-        assert not [e for e in result.errors if "subscription id" not in e and "has no" not in e]
-
-        assert sorted(result.deliveries) == sorted(expected), name
-        assert max(Counter(result.deliveries).values(), default=1) == 1, name
-        # The one-shot entry point agrees with the stepped run.
-        assert simulate(federation, name, ops).deliveries == result.deliveries, name
-
-        report = predict(federation, name, ops)
-        assert report.messages == +result.messages, name
-        assert report.events == events
-        assert report.lower_bound_total == sum(len(h) for _, h in bounds.values()), name
-
-        for event_id, (_origin, homes) in bounds.items():
-            # The lower bound holds for every exact strategy.
-            assert len(homes) <= per_event[event_id], (name, event_id)
-        # Per broker pair too: every event dst needs must reach it somehow.
-        sent = Counter(
-            {(s, d): c for (k, s, d), c in result.messages.items() if k in ("event", "delivery")}
-        )
-        for pair, needed in report.lower_bound.items():
-            assert needed <= sent[pair], (name, pair)
-
-        if name == "flooding-events":
-            assert all(count == n - 1 for count in per_event.values())
-            assert result.by_kind()["event"] == (n - 1) * events
-            assert report.by_kind()["event"] == (n - 1) * events
-            assert result.by_kind()["subscribe"] == 0
 
 
 @SHRINK_TIMEOUT

@@ -8,17 +8,13 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from routing_testkit import workloads
+from routing_testkit import check_workload, workloads
 
 from geofed.routing import (
-    STRATEGIES,
     Federation,
     TraceOp,
     latlon,
     parse_wkt,
-    predict,
-    reference_deliveries,
-    simulate,
 )
 
 FEDERATION_FILE = Path(__file__).resolve().parents[3] / "deploy" / "federations" / "three.geojson"
@@ -82,8 +78,4 @@ def test_a_european_geofence_stays_in_europe(three: Federation) -> None:
 def test_every_strategy_equals_the_central_matcher_on_three(
     three: Federation, ops: list[TraceOp]
 ) -> None:
-    expected = sorted(reference_deliveries(ops))
-    for name in STRATEGIES:
-        result = simulate(three, name, ops)
-        assert sorted(result.deliveries) == expected, name
-        assert predict(three, name, ops).messages == +result.messages, name
+    check_workload(three, ops)
