@@ -12,6 +12,7 @@ must therefore carry intermediate vertices.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -90,13 +91,20 @@ class Geofence:
     """
 
     geometry: BaseGeometry
-    wkt: str = field(init=False)
     bounds: tuple[float, float, float, float] = field(init=False)
 
     def __post_init__(self) -> None:
         shapely.prepare(self.geometry)
-        object.__setattr__(self, "wkt", shapely.to_wkt(self.geometry, rounding_precision=-1))
         object.__setattr__(self, "bounds", tuple(self.geometry.bounds))
+
+    @functools.cached_property
+    def wkt(self) -> str:
+        """Canonical WKT text (full precision).
+
+        Made when first asked for: a broker holding many subscriptions needs it
+        only for those it forwards.
+        """
+        return str(shapely.to_wkt(self.geometry, rounding_precision=-1))
 
     def covers(self, point: LatLon) -> bool:
         """True when `point` lies inside or on the boundary."""
