@@ -55,10 +55,10 @@ class NodeConfig:
     reconnect_max_s: float = _doc(
         "longest reconnect delay (exponential backoff, jittered)", default=5.0
     )
-    peer_heartbeat_s: float = _doc("an idle peer link sends an empty frame this often", default=1.0)
+    peer_heartbeat_s: float = _doc("an idle peer link sends an empty frame this often", default=5.0)
     peer_timeout_s: float = _doc(
         "a peer link that received nothing for this long is closed and redialled; 0 = never",
-        default=10.0,
+        default=20.0,
     )
     dedup_window: int = _doc(
         "recent event ids remembered per peer to drop duplicates", default=100_000
