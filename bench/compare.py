@@ -125,14 +125,44 @@ def register(subparsers: Any, name: str) -> argparse.ArgumentParser:
 
 
 class _Progress:
-    """One line per stage on stderr, with the seconds since the start."""
+    """One line per stage on stderr, with the seconds since the start.
+
+    On a terminal, long stages (the replays) also draw a progress bar,
+    redrawn in place; elsewhere (logs, CI) they print a line now and then.
+    """
+
+    _BAR_WIDTH = 30
 
     def __init__(self, out: IO[str] | None = None) -> None:
         self.t0 = time.monotonic()
         self.out = out if out is not None else sys.stderr
+        self.tty = self.out.isatty()
+        self._bar_open = False
+
+    @property
+    def every_s(self) -> float:
+        """How often a long stage should report."""
+        return 0.5 if self.tty else _HEARTBEAT_S
 
     def say(self, text: str) -> None:
+        if self._bar_open:
+            self.out.write("\n")
+            self._bar_open = False
         print(f"[{_PROG} {time.monotonic() - self.t0:7.1f}s] {text}", file=self.out, flush=True)
+
+    def bar(self, label: str, done: int, total: int, extra: str = "") -> None:
+        """Progress of a long stage: `done` of `total` steps."""
+        if not self.tty:
+            self.say(f"{label}: {done:,}/{total:,}{extra}")
+            return
+        filled = self._BAR_WIDTH * done // total if total else self._BAR_WIDTH
+        line = (
+            f"\r[{_PROG} {time.monotonic() - self.t0:7.1f}s] {label} "
+            f"[{'#' * filled}{'.' * (self._BAR_WIDTH - filled)}] {done:,}/{total:,}{extra}"
+        )
+        self.out.write(line + "\x1b[K")  # erase what a longer previous line left
+        self.out.flush()
+        self._bar_open = True
 
 
 def run(args: argparse.Namespace) -> int:
@@ -543,11 +573,13 @@ async def _replay(
 
         async def heartbeat() -> None:
             while True:
-                await asyncio.sleep(_HEARTBEAT_S)
+                await asyncio.sleep(progress.every_s)
                 lag = f", {pacer.max_lag:.1f}s behind at most" if speed > 0 else ""
-                progress.say(
-                    f"{name}:   {pacer.done:,}/{len(ops):,} actions, "
-                    f"{len(r.deliveries):,} deliveries{lag}"
+                progress.bar(
+                    f"{name}: actions",
+                    pacer.done,
+                    len(ops),
+                    f", {len(r.deliveries):,} deliveries{lag}",
                 )
 
         beat = asyncio.create_task(heartbeat())

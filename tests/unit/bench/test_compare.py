@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import io
 import json
 import random
 import time
@@ -510,3 +511,35 @@ def test_trim_traces_drops_records_after_the_cutoff(tmp_path: Path) -> None:
     assert [p.name for p in (src / "measured").iterdir()] == ["trace-eu.jsonl"]
     kept = (src / "measured" / "trace-eu.jsonl").read_text(encoding="utf-8").splitlines()
     assert kept == [json.dumps(recs[0]), "not json"]  # malformed lines are the analysis's to report
+
+
+# -- progress ----------------------------------------------------------------------
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_draws_a_bar_in_place_on_a_terminal() -> None:
+    out = _Terminal()
+    progress = compare._Progress(out)
+    assert progress.every_s < compare._HEARTBEAT_S
+    progress.bar("fe: actions", 25, 100, ", 3 deliveries")
+    progress.bar("fe: actions", 50, 100)
+    progress.say("fe: done")
+    text = out.getvalue()
+    first, second = text.split("\r")[1:3]
+    assert "[" + "#" * 7 + "." * 23 + "] 25/100, 3 deliveries" in first
+    assert "[" + "#" * 15 + "." * 15 + "] 50/100" in second
+    # The next line starts on a fresh line, after the bar.
+    assert "\n[geofed bench" in text and text.endswith("fe: done\n")
+
+
+def test_progress_prints_lines_in_logs() -> None:
+    out = io.StringIO()
+    progress = compare._Progress(out)
+    assert progress.every_s == compare._HEARTBEAT_S
+    progress.bar("fe: actions", 828, 3132, ", 60 deliveries")
+    assert "\r" not in out.getvalue()
+    assert out.getvalue().endswith("fe: actions: 828/3,132, 60 deliveries\n")
