@@ -47,7 +47,7 @@ from geofed.bench._machine import describe
 from geofed.bench.workload import WorkloadConfig, generate
 from geofed.node._convert import geofence_to_pb
 from geofed.node._local import FEDERATION_SERVICE, free_ports, health_status
-from geofed.node._replay import scrape
+from geofed.node._replay import metric
 from geofed.routing import Federation
 from geofed.v1 import client_pb2 as cpb
 from geofed.v1 import client_pb2_grpc as cpb_grpc
@@ -271,13 +271,7 @@ async def _run(
 
 
 async def _metric(url: str, name: str, **labels: str) -> float:
-    """A metric of the node summed over the series that carry `labels`."""
-    samples = await asyncio.to_thread(scrape, url)
-    return sum(
-        v
-        for (n, labs), v in samples.items()
-        if n == name and all(dict(labs).get(k) == x for k, x in labels.items())
-    )
+    return await asyncio.to_thread(metric, url, name, **labels)
 
 
 async def _latency(stub: Any, rate: float, seconds: float) -> list[float]:

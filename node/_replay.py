@@ -250,6 +250,15 @@ def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return out
 
 
+def metric(url: str, name: str, **labels: str) -> float:
+    """One metric of a node, summed over its series that carry `labels`."""
+    return sum(
+        v
+        for (n, labs), v in scrape(url).items()
+        if n == name and all(dict(labs).get(k) == x for k, x in labels.items())
+    )
+
+
 def peer_message_counts(
     metrics_urls: dict[str, str],
 ) -> dict[str, dict[tuple[str, str, str], float]]:

@@ -13,6 +13,7 @@ import grpc
 import pytest
 
 from geofed.node._local import FEDERATION_SERVICE, LocalFederation, health_status
+from geofed.node._replay import metric as node_metric
 from geofed.node._replay import scrape
 from geofed.v1 import client_pb2 as cpb
 from geofed.v1 import client_pb2_grpc as cpb_grpc
@@ -31,11 +32,7 @@ def stub(fed: LocalFederation, broker: str) -> cpb_grpc.ClientServiceStub:
 
 
 def metric(fed: LocalFederation, broker: str, name: str, **labels: str) -> float:
-    total = 0.0
-    for (n, labs), v in scrape(fed.nodes[broker].metrics_url).items():
-        if n == name and all(dict(labs).get(k) == val for k, val in labels.items()):
-            total += v
-    return total
+    return node_metric(fed.nodes[broker].metrics_url, name, **labels)
 
 
 class Collector:
