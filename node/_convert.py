@@ -66,11 +66,7 @@ def event_from_pb(
 ) -> Event:
     """Validate an event from the wire."""
     location = location_from_pb(pb, "publisher", f"{field}.publisher")
-    fence = (
-        geofence_from_pb(pb.geofence, f"{field}.geofence", cache)
-        if pb.HasField("geofence")
-        else None
-    )
+    fence = geofence_from_pb(pb.geofence, f"{field}.geofence", cache)  # unset: the world
     if max_payload is not None and len(pb.payload) > max_payload:
         from geofed.routing import TooLarge
 
@@ -117,11 +113,7 @@ def subscription_from_pb(
         raise InvalidInput(
             f"{field}.client", f"{pb.client!r} differs from the session's client {client!r}"
         )
-    fence = (
-        geofence_from_pb(pb.geofence, f"{field}.geofence", cache)
-        if pb.HasField("geofence")
-        else None
-    )
+    fence = geofence_from_pb(pb.geofence, f"{field}.geofence", cache)  # unset: the world
     return make_subscription(pb.id, owner, pb.topic_filter, fence, field=field)
 
 
