@@ -4,7 +4,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-SOURCES := $(shell find routing node bench proto deploy/federations -name '*.py' -o -name '*.proto' -o -name '*.geojson' 2>/dev/null)
+SOURCES := $(shell find client cli routing node bench proto deploy/federations deploy/k8s -name '*.py' -o -name '*.proto' -o -name '*.geojson' 2>/dev/null)
 
 .PHONY: setup demo test lint proto clean
 
@@ -27,7 +27,7 @@ test: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy -p geofed.routing -p geofed.node -p geofed.bench
+	$(BIN)/mypy -p geofed
 
 proto: setup
 	$(BIN)/python proto/generate.py

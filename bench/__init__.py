@@ -1,23 +1,40 @@
-"""geofed benchmarks: synthetic workload traces and their files.
+"""Tools around a running federation: workloads, trace files, local runs, benchmarks.
 
-`generate` turns a `WorkloadConfig` into trace ops (DESIGN §4); `write_trace`
-and `read_trace_file` store and load them as JSON Lines or Parquet.
+* `generate` turns a `WorkloadConfig` into trace ops; `write_trace` and
+  `read_trace_file` store and load them (JSON Lines or Parquet);
+* `LocalFederation` runs one node process per broker on loopback;
+* `Replayer` plays a trace through real clients (`geofed.client`);
+* `scrape`, `metric`, `peer_message_counts` and `wait_quiescent` read the
+  nodes' Prometheus metrics (the last one is the quiescence barrier);
+* ``geofed bench`` / ``geofed demo`` (`geofed.bench.compare`), the node and
+  index benchmarks, and the Spark analysis (``geofed analyze``,
+  `geofed.bench.analyze`, the ``analysis`` extra) build on them.
 """
 
-from .workload import (
-    SCENARIOS,
-    TraceSummary,
-    WorkloadConfig,
-    generate,
-    read_trace_file,
-    write_trace,
-)
+from .local import LocalFederation, LocalNode, free_ports, health_status
+from .replay import Replayer
+from .scrape import metric, peer_message_counts, scrape, wait_quiescent
+from .trace import TraceSummary, read_ops, read_trace_file, write_trace
+from .workload import SCENARIOS, WorkloadConfig, generate
 
 __all__ = [
+    # workloads and trace files
     "SCENARIOS",
     "TraceSummary",
     "WorkloadConfig",
     "generate",
+    "read_ops",
     "read_trace_file",
     "write_trace",
+    # a local federation and its clients
+    "LocalFederation",
+    "LocalNode",
+    "Replayer",
+    "free_ports",
+    "health_status",
+    # the nodes' metrics
+    "metric",
+    "peer_message_counts",
+    "scrape",
+    "wait_quiescent",
 ]

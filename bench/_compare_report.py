@@ -12,6 +12,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .scrape import Samples
+
 KINDS = ("event", "subscribe", "unsubscribe", "delivery")
 """Logical inter-region message kinds (DESIGN §5); ``control`` is reported apart."""
 BASELINES = ("flooding-events", "flooding-subscriptions")
@@ -63,10 +65,6 @@ def _stats(ms: list[float]) -> dict[str, Any]:
     out["mean"] = round(sum(ms) / len(ms), 3) if ms else None
     out["max"] = round(max(ms), 3) if ms else None
     return out
-
-
-Samples = Mapping[tuple[str, tuple[tuple[str, str], ...]], float]
-"""One node's scraped metrics: {(name, sorted labels): value}."""
 
 
 def node_totals(before: Mapping[str, Samples], after: Mapping[str, Samples]) -> dict[str, Any]:

@@ -39,7 +39,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
 
@@ -48,6 +47,7 @@ from geofed.routing import (
     Federation,
     InvalidInput,
     TraceOp,
+    federation_path,
     great_circle_m,
     predict,
     reference_deliveries,
@@ -55,9 +55,12 @@ from geofed.routing import (
 
 from . import _compare_report as rep
 from ._machine import describe
+from .local import LocalFederation
+from .replay import Replayer
+from .scrape import scrape_all, wait_quiescent
+from .trace import read_trace_file, write_trace
 
 _PROG = "geofed bench"
-_SAMPLES = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 # Long enough for a backlog on 21 brokers sharing two cores to drain.
 _DRAIN_TIMEOUT_S = 300.0
 _BARRIER_TIMEOUT_S = 60.0
@@ -190,8 +193,6 @@ def _terminate(signum: int, frame: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from geofed.node._cmd_routing import federation_path
-
     progress = _Progress()
     load_before = _loadavg()
     code = _code_version()  # now: the tree may change while a long run goes on
@@ -346,7 +347,7 @@ def _wan_settings(wan: str, ms_per_km: float | None, fed: Federation) -> tuple[d
 
 def _workload(args: argparse.Namespace, path: Path) -> tuple[list[TraceOp], dict[str, Any]]:
     """The ops to replay (generated or read), written to `path` for the Spark job."""
-    from geofed.bench.workload import WorkloadConfig, generate, read_trace_file, write_trace
+    from .workload import WorkloadConfig, generate
 
     if args.workload:
         ops = list(read_trace_file(args.workload))
@@ -449,7 +450,6 @@ def _run_strategy(
     barrier: bool,
     progress: _Progress,
 ) -> dict[str, Any]:
-    from geofed.node._local import LocalFederation
 
     _clean(workdir)
     t0 = time.monotonic()
@@ -461,7 +461,7 @@ def _run_strategy(
         started = time.monotonic() - t0
         progress.say(f"{name}: {len(fed.nodes)} brokers ready in {started:.1f}s; replaying ...")
         urls = {b: n.metrics_url for b, n in fed.nodes.items()}
-        before = _scrape_all(urls)
+        before = scrape_all(urls)
         played = asyncio.run(
             _replay(fed, ops, workdir / "deliveries.jsonl", speed, barrier, progress, name)
         )
@@ -560,7 +560,6 @@ async def _replay(
     progress: _Progress,
     name: str,
 ) -> dict[str, Any]:
-    from geofed.node._replay import Replayer, wait_quiescent
 
     urls = {b: n.metrics_url for b, n in fed.nodes.items()}
     pacer = _Pacer(ops, speed)
@@ -600,7 +599,7 @@ async def _replay(
             # Before the streams close: a closed Subscribe stream withdraws its
             # subscription, which would add unsubscribe messages to the count.
             cutoff = time.time()
-            after = await asyncio.to_thread(_scrape_all, urls)
+            after = await asyncio.to_thread(scrape_all, urls)
         finally:
             beat.cancel()
             await asyncio.gather(beat, return_exceptions=True)
@@ -634,13 +633,6 @@ async def _replay(
             "error_samples": errors[:10],
         },
     }
-
-
-def _scrape_all(urls: Mapping[str, str]) -> dict[str, _SAMPLES]:
-    from geofed.node._replay import scrape
-
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        return dict(zip(urls, pool.map(scrape, urls.values()), strict=True))
 
 
 # ---------------------------------------------------------------------------

@@ -44,16 +44,16 @@ from typing import Any
 import grpc
 
 from geofed.bench._machine import describe
+from geofed.bench.local import free_ports, health_status
+from geofed.bench.scrape import metric
 from geofed.bench.workload import WorkloadConfig, generate
-from geofed.node._convert import geofence_to_pb
-from geofed.node._local import FEDERATION_SERVICE, free_ports, health_status
-from geofed.node._replay import metric
 from geofed.routing import Federation
 from geofed.v1 import client_pb2 as cpb
 from geofed.v1 import client_pb2_grpc as cpb_grpc
 from geofed.v1 import federation_pb2 as fpb
 from geofed.v1 import federation_pb2_grpc as fpb_grpc
 from geofed.v1 import geo_pb2 as gpb
+from geofed.wire import FEDERATION_SERVICE, geofence_to_pb
 
 RESULTS = Path(__file__).resolve().parent / "results" / "node.md"
 PEER_BOX = [[-10.0, -89.0], [10.0, -89.0], [10.0, -85.0], [-10.0, -85.0], [-10.0, -89.0]]

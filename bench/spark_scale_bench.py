@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from geofed.bench import WorkloadConfig, generate, write_trace
 from geofed.bench._machine import cpu_model
-from geofed.bench.workload import WorkloadConfig, generate, write_trace
 
 REPO = Path(__file__).resolve().parents[1]
 # Subscribers ask for data from a circle around themselves (10% world-wide),

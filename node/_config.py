@@ -19,6 +19,12 @@ from typing import Any
 from geofed.routing import STRATEGIES, InvalidInput
 
 ENV_PREFIX = "GEOFED_"
+CLIENT_PORT = 7400
+"""Default port of the client gRPC service."""
+PEER_PORT = 7401
+"""Default port of the federation (broker-to-broker) gRPC service."""
+METRICS_PORT = 9400
+"""Default port of the Prometheus /metrics endpoint."""
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -33,10 +39,14 @@ class NodeConfig:
     broker_id: str = _doc("this broker's id in the federation file", default="")
     federation: str = _doc("path of the federation file (GeoJSON)", default="")
     strategy: str = _doc("routing strategy, the same on every broker", default="event-geofence")
-    client_listen: str = _doc("host:port of the client gRPC service", default="0.0.0.0:7400")
-    peer_listen: str = _doc("host:port of the federation gRPC service", default="0.0.0.0:7401")
+    client_listen: str = _doc(
+        "host:port of the client gRPC service", default=f"0.0.0.0:{CLIENT_PORT}"
+    )
+    peer_listen: str = _doc(
+        "host:port of the federation gRPC service", default=f"0.0.0.0:{PEER_PORT}"
+    )
     metrics_listen: str = _doc(
-        "host:port of the Prometheus /metrics endpoint", default="0.0.0.0:9400"
+        "host:port of the Prometheus /metrics endpoint", default=f"0.0.0.0:{METRICS_PORT}"
     )
     trace_path: str = _doc("node message trace file (JSON Lines); empty = off", default="")
     log_level: str = _doc("debug, info, warning or error", default="info")

@@ -1,4 +1,4 @@
-"""One mapping from geofed errors to gRPC status codes."""
+"""Servicer decorators: a geofed error ends the call with its status and typed metadata."""
 
 from __future__ import annotations
 
@@ -9,37 +9,21 @@ from typing import Any, TypeVar
 
 import grpc
 
-from geofed.routing import (
-    FederationMismatch,
-    GeofedError,
-    InvalidInput,
-    NotFound,
-    TooLarge,
-    WrongBroker,
-)
+from geofed.errors import details_for, status_for, trailing_metadata
+from geofed.routing import GeofedError
 
 log = logging.getLogger("geofed.node")
 
 T = TypeVar("T")
 
 
-def status_for(exc: GeofedError) -> grpc.StatusCode:
-    """The gRPC status a client sees for a geofed error."""
-    if isinstance(exc, InvalidInput):
-        return grpc.StatusCode.INVALID_ARGUMENT
-    if isinstance(exc, TooLarge):
-        return grpc.StatusCode.RESOURCE_EXHAUSTED
-    if isinstance(exc, NotFound):
-        return grpc.StatusCode.NOT_FOUND
-    if isinstance(exc, WrongBroker | FederationMismatch):
-        return grpc.StatusCode.FAILED_PRECONDITION
-    return grpc.StatusCode.INTERNAL
-
-
-def _details(exc: GeofedError) -> str:
-    if isinstance(exc, WrongBroker) and exc.endpoint:
-        return f"{exc} (endpoint {exc.endpoint})"
-    return str(exc)
+async def abort(
+    context: grpc.aio.ServicerContext[Any, Any], exc: GeofedError, suffix: str = ""
+) -> None:
+    """End a call with the status of `exc`, its message and its typed form (raises)."""
+    await context.abort(
+        status_for(exc), details_for(exc) + suffix, trailing_metadata=trailing_metadata(exc)
+    )
 
 
 class Guarded:
@@ -60,7 +44,7 @@ def unary(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
             code = status_for(exc)
             self.on_reject(code)
             log.info("rejected %s: %s: %s", fn.__name__, code.name, exc)
-            await context.abort(code, _details(exc))
+            await abort(context, exc)
             raise  # unreachable: abort raises
 
     return run
@@ -80,6 +64,6 @@ def streaming(fn: Callable[..., AsyncIterator[T]]) -> Callable[..., AsyncIterato
             code = status_for(exc)
             self.on_reject(code)
             log.info("rejected %s: %s: %s", fn.__name__, code.name, exc)
-            await context.abort(code, _details(exc))
+            await abort(context, exc)
 
     return run

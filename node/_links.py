@@ -24,18 +24,17 @@ import logging
 import random
 import time
 from collections import OrderedDict, deque
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import grpc
 
-from geofed.routing import Broker, Kind, PeerMessage, SubscribeMsg
+from geofed.routing import BrokerInfo, GeofenceCache, Kind, PeerMessage, SubscribeMsg
 from geofed.v1 import federation_pb2 as fpb
 from geofed.v1 import federation_pb2_grpc as fpb_grpc
+from geofed.wire import FRAME_RANK, add_to_frame, new_frame, snapshot_frames, snapshot_from_frame
 
-from ._convert import FRAME_RANK, add_to_frame, subscription_from_pb, subscription_to_pb
-
-if TYPE_CHECKING:
-    from ._server import BrokerNode
+from ._config import NodeConfig
+from ._metrics import NodeMetrics
 
 log = logging.getLogger("geofed.node.links")
 
@@ -92,6 +91,42 @@ class ContextTransport:
         await self._context.write(frame)
 
 
+class LinkHost(Protocol):
+    """What a link needs from the broker it belongs to (`BrokerServer`, or a test's fake)."""
+
+    broker_id: str
+    config: NodeConfig
+    metrics: NodeMetrics
+    geofences: GeofenceCache
+
+    def hello(self) -> fpb.Frame:
+        """This broker's hello frame."""
+
+    def check_hello(self, hello: fpb.Hello, expect: str | None = None) -> str:
+        """Why a peer's hello is refused ("" if accepted)."""
+
+    def snapshot_for(self, peer: str) -> list[SubscribeMsg]:
+        """The subscriptions `peer` needs from this broker (sent on every connect)."""
+
+    def apply_snapshot(self, peer: str, subs: list[SubscribeMsg], *, replace: bool) -> None:
+        """Replace (or extend) what this broker holds from `peer`."""
+
+    def receive_frame(self, peer: str, frame: fpb.Frame) -> None:
+        """Apply the messages of a frame from `peer`."""
+
+    def count_sent(self, peer: str, msgs: list[PeerMessage], sizes: list[int]) -> None:
+        """Account for messages written to `peer`."""
+
+    def count_control(self, peer: str) -> None:
+        """Account for a control-only frame written to `peer`."""
+
+    def link_state_changed(self) -> None:
+        """A link went up or down."""
+
+    def wan_delay_s(self, peer: str) -> float:
+        """Emulated one-way delay towards `peer` (0 when off)."""
+
+
 class LinkRefused(Exception):
     """The peer (or this side) refused the link: mismatched strategy or federation."""
 
@@ -99,7 +134,7 @@ class LinkRefused(Exception):
 class PeerLink:
     """The link from this broker to one peer."""
 
-    def __init__(self, node: BrokerNode, peer: Broker) -> None:
+    def __init__(self, node: LinkHost, peer: BrokerInfo) -> None:
         self.node = node
         self.peer = peer
         self.dials = node.broker_id < peer.id
@@ -210,7 +245,7 @@ class PeerLink:
         timeout = self.node.config.peer_timeout_s or None
         try:
             async with asyncio.timeout(timeout):
-                await transport.write(fpb.Frame(hello=self.node.hello()))
+                await transport.write(self.node.hello())
                 self.node.count_control(self.peer.id)
                 first = await transport.read()
         except TimeoutError:
@@ -223,7 +258,7 @@ class PeerLink:
 
     async def accept(self, transport: Transport) -> None:
         """Serve an accepted stream whose hello was already checked."""
-        await transport.write(fpb.Frame(hello=self.node.hello()))
+        await transport.write(self.node.hello())
         self.node.count_control(self.peer.id)
         if self._session is not None and not self._session.done():
             self._session.cancel()  # the peer reconnected before we saw the old stream die
@@ -328,7 +363,7 @@ class PeerLink:
                 wait = self._last_flush + delay - time.monotonic()
                 if wait > 0:
                     await asyncio.sleep(wait)
-            frame = fpb.Frame()
+            frame = new_frame()
             msgs: list[PeerMessage] = []
             sizes: list[int] = []
             rank, total = -1, 0
@@ -346,22 +381,9 @@ class PeerLink:
                 await self._write(transport, frame, msgs, sizes)  # empty: a heartbeat
 
     async def _send_snapshot(self, transport: Transport) -> None:
-        subs = self.node.core.snapshot_for(self.peer.id)
-        start = 0
-        while True:
-            snap = fpb.SubscriptionSnapshot(continued=start > 0)
-            sizes: list[int] = []
-            total, end = 0, start
-            while end < len(subs) and total < FRAME_SOFT_LIMIT:
-                m = subs[end]
-                pb = snap.subscriptions.add(subscription=subscription_to_pb(m.sub), home=m.home)
-                sizes.append(int(pb.ByteSize()))
-                total += sizes[-1]
-                end += 1
-            await self._write(transport, fpb.Frame(snapshot=snap), list(subs[start:end]), sizes)
-            start = end
-            if start >= len(subs):
-                return
+        subs = self.node.snapshot_for(self.peer.id)
+        for frame, msgs, sizes in snapshot_frames(subs, FRAME_SOFT_LIMIT):
+            await self._write(transport, frame, msgs, sizes)
 
     async def _write(
         self, transport: Transport, frame: fpb.Frame, msgs: list[Any], sizes: list[int]
@@ -399,10 +421,7 @@ class PeerLink:
                 while self._unacked and self._unacked[0][0] <= frame.ack.seq:
                     self._unacked.popleft()
             if frame.HasField("snapshot"):
-                subs = [
-                    SubscribeMsg(subscription_from_pb(rs.subscription, node.geofences), rs.home)
-                    for rs in frame.snapshot.subscriptions
-                ]
+                subs = snapshot_from_frame(frame, node.geofences)
                 node.apply_snapshot(self.peer.id, subs, replace=not frame.snapshot.continued)
             node.receive_frame(self.peer.id, frame)
             if frame.seq:

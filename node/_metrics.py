@@ -1,8 +1,25 @@
-"""Prometheus metrics of a broker node (names fixed by DESIGN §5)."""
+"""Prometheus metrics of a broker node (names are stable: docs/design.md, Metrics)."""
 
 from __future__ import annotations
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+
+# Metric names as scrapers see them (a histogram adds _bucket, _sum and _count).
+PEER_MESSAGES_SENT = "geofed_peer_messages_sent_total"
+PEER_MESSAGES_RECEIVED = "geofed_peer_messages_received_total"
+PEER_BYTES_SENT = "geofed_peer_bytes_sent_total"
+PEER_QUEUE_DROPPED = "geofed_peer_queue_dropped_total"
+PEER_DUPLICATES_DROPPED = "geofed_peer_duplicates_dropped_total"
+PEER_CONNECTED = "geofed_peer_connected"
+PEER_QUEUE_LENGTH = "geofed_peer_queue_length"
+EVENTS_PUBLISHED = "geofed_events_published_total"
+DELIVERIES = "geofed_deliveries_total"
+SUBSCRIBER_QUEUE_DROPPED = "geofed_subscriber_queue_dropped_total"
+SUBSCRIPTIONS = "geofed_subscriptions"
+SESSIONS = "geofed_sessions"
+REDIRECTS = "geofed_redirects_total"
+REQUESTS_REJECTED = "geofed_requests_rejected_total"
+MATCH_SECONDS = "geofed_match_seconds"
 
 
 class NodeMetrics:
@@ -11,73 +28,71 @@ class NodeMetrics:
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
         self.registry = registry
         self.peer_sent = Counter(
-            "geofed_peer_messages_sent_total",
+            PEER_MESSAGES_SENT,
             "Logical inter-broker messages sent, by destination broker and kind.",
             ["peer", "kind"],
             registry=registry,
         )
         self.peer_received = Counter(
-            "geofed_peer_messages_received_total",
+            PEER_MESSAGES_RECEIVED,
             "Logical inter-broker messages received, by source broker and kind.",
             ["peer", "kind"],
             registry=registry,
         )
         self.peer_bytes = Counter(
-            "geofed_peer_bytes_sent_total",
+            PEER_BYTES_SENT,
             "Serialized bytes of the messages sent, by destination broker and kind.",
             ["peer", "kind"],
             registry=registry,
         )
         self.peer_dropped = Counter(
-            "geofed_peer_queue_dropped_total",
+            PEER_QUEUE_DROPPED,
             "Messages dropped because a peer's queue was full.",
             ["peer"],
             registry=registry,
         )
         self.peer_duplicates = Counter(
-            "geofed_peer_duplicates_dropped_total",
+            PEER_DUPLICATES_DROPPED,
             "Events or deliveries received again (after a resend) and dropped.",
             ["peer"],
             registry=registry,
         )
         self.peer_connected = Gauge(
-            "geofed_peer_connected",
+            PEER_CONNECTED,
             "1 while the link to the peer is established.",
             ["peer"],
             registry=registry,
         )
         self.peer_queue = Gauge(
-            "geofed_peer_queue_length", "Messages waiting for a peer.", ["peer"], registry=registry
+            PEER_QUEUE_LENGTH, "Messages waiting for a peer.", ["peer"], registry=registry
         )
         self.events_published = Counter(
-            "geofed_events_published", "Events published by local clients.", registry=registry
+            EVENTS_PUBLISHED, "Events published by local clients.", registry=registry
         )
         self.deliveries = Counter(
-            "geofed_deliveries", "Events handed to local subscribers.", registry=registry
+            DELIVERIES, "Events handed to local subscribers.", registry=registry
         )
         self.subscriber_dropped = Counter(
-            "geofed_subscriber_queue_dropped",
+            SUBSCRIBER_QUEUE_DROPPED,
             "Deliveries dropped because a subscriber's queue was full (oldest first).",
             registry=registry,
         )
         self.subscriptions = Gauge(
-            "geofed_subscriptions",
+            SUBSCRIPTIONS,
             "Subscriptions held, local or remote (forwarded by other brokers).",
             ["scope"],
             registry=registry,
         )
-        self.sessions = Gauge("geofed_sessions", "Connected client sessions.", registry=registry)
-        self.redirects = Counter(
-            "geofed_redirects", "Clients sent to another broker.", registry=registry
-        )
+        self.sessions = Gauge(SESSIONS, "Connected client sessions.", registry=registry)
+        self.redirects = Counter(REDIRECTS, "Clients sent to another broker.", registry=registry)
         self.rejected = Counter(
-            "geofed_requests_rejected",
+            REQUESTS_REJECTED,
             "Client requests rejected, by gRPC status code.",
             ["code"],
             registry=registry,
         )
         self.match_seconds = Histogram(
-            "geofed_match_seconds",
+            MATCH_SECONDS,
             "Time to match one event against the subscriptions held here.",
             buckets=(1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2),
             registry=registry,

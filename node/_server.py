@@ -1,4 +1,4 @@
-"""The broker node: client and federation gRPC services around one `BrokerCore`."""
+"""The broker node: client and federation gRPC services around one `BrokerState`."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
 
+from geofed.errors import status_for
 from geofed.routing import (
-    BrokerCore,
+    BrokerState,
     Delivery,
     DeliveryMsg,
     Event,
@@ -42,24 +43,32 @@ from geofed.v1 import client_pb2_grpc as cpb_grpc
 from geofed.v1 import federation_pb2 as fpb
 from geofed.v1 import federation_pb2_grpc as fpb_grpc
 from geofed.v1 import geo_pb2 as gpb
-
-from ._config import NodeConfig
-from ._convert import (
+from geofed.wire import (
+    CLIENT_SERVICE,
+    FEDERATION_SERVICE,
+    accepted_response,
+    delivery_to_pb,
     event_from_pb,
     event_to_pb,
+    hello_frame,
     location_from_pb,
     messages_from_frame,
+    publish_batch_response,
+    publish_response,
+    redirect_response,
+    refuse_frame,
     subscription_from_pb,
+    unsubscribe_response,
 )
-from ._errors import Guarded, status_for, streaming, unary
+
+from ._config import NodeConfig
+from ._errors import Guarded, abort, streaming, unary
 from ._links import PROTOCOL_VERSION, SERVER_OPTIONS, ContextTransport, PeerLink
 from ._metrics import NodeMetrics
 from ._tracefile import MessageTrace
 
 log = logging.getLogger("geofed.node")
 
-CLIENT_SERVICE = "geofed.v1.ClientService"
-FEDERATION_SERVICE = "geofed.v1.FederationService"
 _END = object()
 
 
@@ -92,10 +101,10 @@ class _Stream:
         return self._items.popleft()
 
 
-class BrokerNode(Guarded):
+class BrokerServer(Guarded):
     """One broker of the federation.
 
-    Use ``async with BrokerNode(config): ...`` or `start` / `stop`.
+    Use ``async with BrokerServer(config): ...`` or `start` / `stop`.
     """
 
     def __init__(self, config: NodeConfig, registry: CollectorRegistry = REGISTRY) -> None:
@@ -104,7 +113,7 @@ class BrokerNode(Guarded):
         self.federation = Federation.load(config.federation)
         me = self.federation.broker(config.broker_id)
         self.strategy = strategy_for(config.strategy, self.federation)
-        self.core = BrokerCore(me.id, self.federation, self.strategy)
+        self.core = BrokerState(me.id, self.federation, self.strategy)
         self.metrics = NodeMetrics(registry)
         self.geofences = GeofenceCache(config.max_geofence_vertices)
         self.epoch = time.time_ns()
@@ -199,7 +208,7 @@ class BrokerNode(Guarded):
             self.trace.close()
         log.info("broker %s stopped", self.broker_id)
 
-    async def __aenter__(self) -> BrokerNode:
+    async def __aenter__(self) -> BrokerServer:
         await self.start()
         return self
 
@@ -224,14 +233,14 @@ class BrokerNode(Guarded):
 
     # -- federation protocol -----------------------------------------------
 
-    def hello(self) -> fpb.Hello:
+    def hello(self) -> fpb.Frame:
         """Our side of the link handshake."""
-        return fpb.Hello(
-            broker_id=self.broker_id,
-            strategy=self.config.strategy,
-            federation_digest=self.federation.digest,
-            protocol_version=PROTOCOL_VERSION,
-            epoch=self.epoch,
+        return hello_frame(
+            self.broker_id,
+            self.config.strategy,
+            self.federation.digest,
+            PROTOCOL_VERSION,
+            self.epoch,
         )
 
     def check_hello(self, hello: fpb.Hello, expect: str | None = None) -> str:
@@ -278,6 +287,10 @@ class BrokerNode(Guarded):
         self.metrics.peer_sent.labels(peer=peer, kind=Kind.CONTROL.value).inc()
         if self.trace is not None:
             self.trace.record(peer, Kind.CONTROL.value, [], None, 0)
+
+    def snapshot_for(self, peer: str) -> list[SubscribeMsg]:
+        """The subscriptions `peer` needs from this broker."""
+        return self.core.snapshot_for(peer)
 
     def apply_snapshot(self, peer: str, subs: list[SubscribeMsg], *, replace: bool) -> None:
         """Replace (or, for a continued snapshot, extend) the subscriptions held from `peer`."""
@@ -335,7 +348,7 @@ class BrokerNode(Guarded):
             pb = wire.get(id(d.event))
             if pb is None:
                 pb = wire[id(d.event)] = event_to_pb(d.event)
-            stream.push(cpb.Delivery(subscription_id=d.subscription, event=pb, deliver_time=now))
+            stream.push(delivery_to_pb(d.subscription, pb, now))
             self.metrics.deliveries.inc()
 
     def _update_sub_gauges(self) -> None:
@@ -396,7 +409,7 @@ def _wan_matrix(config: NodeConfig, fed: Federation) -> dict[str, float]:
 
 
 class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
-    def __init__(self, node: BrokerNode) -> None:
+    def __init__(self, node: BrokerServer) -> None:
         self.node = node
 
     def on_reject(self, code: grpc.StatusCode) -> None:
@@ -405,11 +418,7 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
     def _redirect(self, broker_id: str) -> cpb.ConnectResponse:
         self.node.metrics.redirects.inc()
         target = self.node.federation.broker(broker_id)
-        return cpb.ConnectResponse(
-            broker_id=self.node.broker_id,
-            accepted=False,
-            redirect=cpb.Redirect(broker_id=target.id, endpoint=target.client_endpoint),
-        )
+        return redirect_response(self.node.broker_id, target)
 
     @unary
     async def Connect(self, request: cpb.ConnectRequest, context: Any) -> cpb.ConnectResponse:
@@ -419,7 +428,7 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
         self.node._update_sub_gauges()
         if redirect is not None:
             return self._redirect(redirect)
-        return cpb.ConnectResponse(broker_id=self.node.broker_id, accepted=True)
+        return accepted_response(self.node.broker_id)
 
     @unary
     async def UpdateLocation(
@@ -429,7 +438,7 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
         where = location_from_pb(request, "location", "location")
         moved = self.node.core.update_location(client, where)
         if moved.redirect is None:
-            return cpb.ConnectResponse(broker_id=self.node.broker_id, accepted=True)
+            return accepted_response(self.node.broker_id)
         self.node.dispatch(moved.sends)
         for sub in moved.dropped:
             stream = self.node._streams.pop(sub.id, None)
@@ -490,7 +499,7 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
         if stream is not None:
             stream.close(None)
         node._update_sub_gauges()
-        return cpb.UnsubscribeResponse(existed=True)
+        return unsubscribe_response(True)
 
     def _event(self, pb: gpb.Event, field: str) -> Event:
         """Validate and convert one event (the node's state is not touched)."""
@@ -519,7 +528,7 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
         if not request.HasField("event"):
             raise InvalidInput("request.event", "is required")
         event = self._event(request.event, "request.event")
-        return cpb.PublishResponse(event_id=self._publish(event))
+        return publish_response(self._publish(event))
 
     async def PublishStream(
         self, request_iterator: AsyncIterator[cpb.PublishBatch], context: Any
@@ -537,17 +546,16 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
                     for i, pb in enumerate(batch.events)
                 ]
             except GeofedError as exc:
-                code = status_for(exc)
-                self.on_reject(code)
-                await context.abort(
-                    code, f"{exc} (this batch was not published; {len(ids)} earlier events were)"
+                self.on_reject(status_for(exc))
+                await abort(
+                    context, exc, f" (this batch was not published; {len(ids)} earlier events were)"
                 )
             ids.extend(self._publish(event) for event in events)
-        return cpb.PublishBatchResponse(accepted=len(ids), event_ids=ids)
+        return publish_batch_response(ids)
 
 
 class _FederationServicer(fpb_grpc.FederationServiceServicer):
-    def __init__(self, node: BrokerNode) -> None:
+    def __init__(self, node: BrokerServer) -> None:
         self.node = node
 
     async def Link(self, request_iterator: Any, context: Any) -> None:
@@ -560,9 +568,9 @@ class _FederationServicer(fpb_grpc.FederationServiceServicer):
         problem = node.check_hello(first.hello)
         if problem:
             log.error("refusing link from %s: %s", first.hello.broker_id or "?", problem)
-            await context.write(fpb.Frame(refuse_reason=problem))
+            await context.write(refuse_frame(problem))
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, problem)
         await node.links[first.hello.broker_id].accept(ContextTransport(context))
 
 
-__all__ = ["BrokerNode", "FederationMismatch"]
+__all__ = ["BrokerServer", "FederationMismatch"]

@@ -7,7 +7,7 @@ machine and an in-memory federation simulator. No network, no clocks.
 
 from ._areagen import Site, generate_areas, read_sites
 from ._broker import (
-    BrokerCore,
+    BrokerState,
     Delivery,
     DeliveryMsg,
     EventMsg,
@@ -21,7 +21,7 @@ from ._broker import (
 )
 from ._cost import CostReport, predict
 from ._errors import FederationMismatch, GeofedError, InvalidInput, NotFound, TooLarge, WrongBroker
-from ._federation import Broker, Federation
+from ._federation import BrokerInfo, Federation, bundled_federations, federation_path
 from ._geometry import (
     DEFAULT_MAX_VERTICES,
     Geofence,
@@ -41,13 +41,13 @@ from ._oracle import reference_deliveries, reference_topic_match
 from ._simulate import SimResult, Simulator, simulate
 from ._strategies import STRATEGIES, Strategy, strategy_for
 from ._topics import topic_matches, validate_filter, validate_topic
-from ._trace import TraceOp, op_to_record, parse_op, read_trace
+from ._trace import TraceOp, op_to_record, parse_op, parse_ops, read_trace
 
 __all__ = [
     "DEFAULT_MAX_VERTICES",
     "STRATEGIES",
-    "Broker",
-    "BrokerCore",
+    "BrokerInfo",
+    "BrokerState",
     "CostReport",
     "Delivery",
     "DeliveryMsg",
@@ -77,8 +77,10 @@ __all__ = [
     "TraceOp",
     "UnsubscribeMsg",
     "WrongBroker",
+    "bundled_federations",
     "circle",
     "covers",
+    "federation_path",
     "generate_areas",
     "great_circle_m",
     "latlon",
@@ -89,6 +91,7 @@ __all__ = [
     "parse_geofence",
     "parse_geojson",
     "parse_op",
+    "parse_ops",
     "parse_wkt",
     "predict",
     "read_sites",

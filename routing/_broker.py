@@ -1,6 +1,6 @@
 """The broker's routing state machine: pure, synchronous, no I/O.
 
-`BrokerCore` holds what one broker knows (client sessions, local and remote
+`BrokerState` holds what one broker knows (client sessions, local and remote
 subscriptions) and turns client actions and peer messages into local
 deliveries and messages for other brokers. The node drives it from gRPC; the
 simulator drives N of them over in-memory queues. Both therefore send exactly
@@ -131,7 +131,7 @@ class Moved:
     dropped: list[Subscription] = field(default_factory=list)
 
 
-class BrokerCore:
+class BrokerState:
     """Routing state of broker `broker_id` under `strategy`."""
 
     def __init__(self, broker_id: str, federation: Federation, strategy: Strategy) -> None:

@@ -7,6 +7,7 @@ import json
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ _SCAN_LIMIT = 256  # areas (parts) up to which responsible() scans bounding boxe
 
 
 @dataclass(frozen=True, eq=False)
-class Broker:
+class BrokerInfo:
     """One broker of the federation.
 
     Attributes:
@@ -58,10 +59,10 @@ class Federation:
     `geofed areas` produces gap-free federations.
     """
 
-    def __init__(self, brokers: list[Broker]) -> None:
+    def __init__(self, brokers: list[BrokerInfo]) -> None:
         if not brokers:
             raise InvalidInput("features", "a federation needs at least one broker")
-        self.brokers: tuple[Broker, ...] = tuple(sorted(brokers, key=lambda b: b.id))
+        self.brokers: tuple[BrokerInfo, ...] = tuple(sorted(brokers, key=lambda b: b.id))
         self.ids: tuple[str, ...] = tuple(b.id for b in self.brokers)
         self._by_id = {b.id: b for b in self.brokers}
         part_geoms: list[BaseGeometry] = []
@@ -98,13 +99,13 @@ class Federation:
     def __len__(self) -> int:
         return len(self.brokers)
 
-    def __iter__(self) -> Iterator[Broker]:
+    def __iter__(self) -> Iterator[BrokerInfo]:
         return iter(self.brokers)
 
     def __contains__(self, broker_id: object) -> bool:
         return broker_id in self._by_id
 
-    def broker(self, broker_id: str) -> Broker:
+    def broker(self, broker_id: str) -> BrokerInfo:
         """The broker with this id.
 
         Raises:
@@ -178,7 +179,7 @@ class Federation:
         """A copy whose brokers have the given (peer endpoint, client endpoint)."""
         return Federation(
             [
-                Broker(
+                BrokerInfo(
                     b.id,
                     b.area,
                     *endpoints.get(b.id, (b.endpoint, b.client_endpoint)),
@@ -223,7 +224,7 @@ class Federation:
         features = obj.get("features")
         if not isinstance(features, list) or not features:
             raise InvalidInput(f"{source}.features", "must be a non-empty list")
-        brokers: list[Broker] = []
+        brokers: list[BrokerInfo] = []
         seen: set[str] = set()
         for i, feat in enumerate(features):
             where = f"{source}.features[{i}]"
@@ -244,7 +245,7 @@ class Federation:
                     raise InvalidInput(f"{where}.properties.site", "must be [lon, lat]")
                 site_ll = latlon(site[1], site[0], f"{where}.properties.site")
             brokers.append(
-                Broker(
+                BrokerInfo(
                     id=bid,
                     area=area,
                     endpoint=_endpoint(props.get("endpoint"), f"{where}.properties.endpoint"),
@@ -259,12 +260,12 @@ class Federation:
 
     @classmethod
     def load(cls, path: str | Path) -> Federation:
-        """Read a federation file.
+        """Read a federation file, or a bundled federation by name (`federation_path`).
 
         Raises:
-            InvalidInput: naming the file (unreadable, not JSON) or the bad field.
+            InvalidInput: naming the file (missing, unreadable, not JSON) or the bad field.
         """
-        p = Path(path)
+        p = federation_path(path)
         try:
             text = p.read_text(encoding="utf-8")
         except OSError as exc:
@@ -278,6 +279,39 @@ class Federation:
                 "federation", f"{p} is not JSON: {exc.msg} (line {exc.lineno})"
             ) from None
         return cls.from_geojson(obj, source=f"federation {p.name}")
+
+
+BUNDLED_PACKAGE = "geofed.federations"
+"""The package whose ``<name>.geojson`` files are the bundled federations."""
+
+
+def bundled_federations() -> list[str]:
+    """Names of the federations that ship with geofed (``aws-2020``, ``three``, ...)."""
+    root = resources.files(BUNDLED_PACKAGE)
+    return sorted(
+        f.name.removesuffix(".geojson") for f in root.iterdir() if f.name.endswith(".geojson")
+    )
+
+
+def federation_path(name_or_path: str | Path) -> Path:
+    """The file of a federation: a path that exists, or the name of a bundled one.
+
+    Raises:
+        InvalidInput: (field ``federation``) when it is neither.
+    """
+    p = Path(name_or_path)
+    if p.exists():
+        return p
+    name = str(name_or_path)
+    if "/" not in name and not name.endswith(".geojson"):
+        candidate = resources.files(BUNDLED_PACKAGE).joinpath(f"{name}.geojson")
+        if candidate.is_file():
+            return Path(str(candidate))
+    raise InvalidInput(
+        "federation",
+        f"no such file or bundled federation: {name!r} "
+        f"(bundled: {', '.join(bundled_federations())})",
+    )
 
 
 def _json_shaped(value: Any) -> Any:

@@ -13,7 +13,7 @@ from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ._broker import BrokerCore, Delivery, MessageCounts, Send
+from ._broker import BrokerState, Delivery, MessageCounts, Send
 from ._errors import GeofedError
 from ._federation import Federation
 from ._geometry import LatLon
@@ -46,12 +46,12 @@ class _Client:
 
 
 class Simulator:
-    """Runs trace actions through one `BrokerCore` per broker."""
+    """Runs trace actions through one `BrokerState` per broker."""
 
     def __init__(self, federation: Federation, strategy: str) -> None:
         self.federation = federation
         self.strategy = strategy_for(strategy, federation)
-        self.cores = {b.id: BrokerCore(b.id, federation, self.strategy) for b in federation}
+        self.cores = {b.id: BrokerState(b.id, federation, self.strategy) for b in federation}
         self.result = SimResult()
         self._clients: dict[str, _Client] = {}
         self._owner: dict[str, str] = {}  # live subscription id -> client

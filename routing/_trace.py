@@ -86,6 +86,25 @@ def parse_op(record: Mapping[str, Any], line: int, cache: GeofenceCache | None =
     return TraceOp(float(t), op, client, location, op_id, topic, fence, size, line)
 
 
+def parse_ops(
+    records: Iterable[tuple[int, Any]], *, max_vertices: int = DEFAULT_MAX_VERTICES
+) -> Iterator[TraceOp]:
+    """Validate numbered trace records (line or row number, record) in time order.
+
+    Raises:
+        InvalidInput: at the first malformed record, naming its number and
+            field, or a time going backwards.
+    """
+    cache = GeofenceCache(max_vertices)
+    last_t = 0.0
+    for n, record in records:
+        op = parse_op(record, n, cache)
+        if op.t < last_t:
+            raise InvalidInput(f"line {n}: t", f"goes back in time ({op.t} < {last_t})")
+        last_t = op.t
+        yield op
+
+
 def read_trace(
     lines: Iterable[str], *, max_vertices: int = DEFAULT_MAX_VERTICES
 ) -> Iterator[TraceOp]:
@@ -94,20 +113,17 @@ def read_trace(
     Raises:
         InvalidInput: at the first malformed line, naming its number and field.
     """
-    cache = GeofenceCache(max_vertices)
-    last_t = 0.0
+    return parse_ops(_json_records(lines), max_vertices=max_vertices)
+
+
+def _json_records(lines: Iterable[str]) -> Iterator[tuple[int, Any]]:
     for n, text in enumerate(lines, start=1):
         if not text.strip():
             continue
         try:
-            record = json.loads(text)
+            yield n, json.loads(text)
         except json.JSONDecodeError as exc:
             raise InvalidInput(f"line {n}", f"not JSON: {exc.msg}") from None
-        op = parse_op(record, n, cache)
-        if op.t < last_t:
-            raise InvalidInput(f"line {n}: t", f"goes back in time ({op.t} < {last_t})")
-        last_t = op.t
-        yield op
 
 
 def op_to_record(op: TraceOp) -> dict[str, Any]:

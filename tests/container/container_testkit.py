@@ -2,7 +2,7 @@
 
 `ContainerFederation` runs one container per broker on a Docker network of its
 own, with the environment the Kubernetes manifests give the pods
-(`geofed.node._k8s.container_env`), a read-only root filesystem, no
+(`geofed.k8s.container_env`), a read-only root filesystem, no
 capabilities, and ports published on 127.0.0.1 only.
 """
 
@@ -21,9 +21,10 @@ import docker
 from testcontainers.core.container import DockerContainer
 from testcontainers.core.network import Network
 
-from geofed.node._k8s import CLIENT_PORT, METRICS_PORT, PEER_PORT, container_env, slug
-from geofed.node._local import FEDERATION_SERVICE, free_ports, health_status
+from geofed.bench import free_ports, health_status
+from geofed.k8s import CLIENT_PORT, METRICS_PORT, PEER_PORT, container_env, slug
 from geofed.routing import Federation
+from geofed.wire import FEDERATION_SERVICE
 
 TEST_LABEL = "org.geofed.test"
 

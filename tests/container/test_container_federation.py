@@ -22,12 +22,12 @@ import grpc
 import pytest
 from container_testkit import ContainerFederation, start_federation
 
-from geofed.node._local import FEDERATION_SERVICE, health_status
-from geofed.node._replay import Replayer, peer_message_counts
+from geofed.bench import Replayer, health_status, peer_message_counts
 from geofed.routing import Federation, TraceOp, read_trace, reference_deliveries
 from geofed.v1 import client_pb2 as cpb
 from geofed.v1 import client_pb2_grpc as cpb_grpc
 from geofed.v1 import geo_pb2 as gpb
+from geofed.wire import FEDERATION_SERVICE
 
 pytestmark = [pytest.mark.container, pytest.mark.timeout(2400)]
 

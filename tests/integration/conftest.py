@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from geofed.node._local import LocalFederation
+from geofed.bench import LocalFederation
 
 ROOT = Path(__file__).resolve().parents[2]
 THREE = ROOT / "deploy" / "federations" / "three.geojson"

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from geofed.bench.workload import WorkloadConfig, generate, write_trace
-from geofed.node._local import LocalFederation
+from geofed.bench import LocalFederation, WorkloadConfig, generate, write_trace
 from geofed.routing import reference_deliveries
 
 pytestmark = pytest.mark.integration

@@ -12,12 +12,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from geofed.node._local import FEDERATION_SERVICE, LocalFederation, health_status
-from geofed.node._replay import metric as node_metric
-from geofed.node._replay import scrape
+from geofed.bench import LocalFederation, health_status, scrape
+from geofed.bench import metric as node_metric
 from geofed.v1 import client_pb2 as cpb
 from geofed.v1 import client_pb2_grpc as cpb_grpc
 from geofed.v1 import geo_pb2 as gpb
+from geofed.wire import FEDERATION_SERVICE
 
 pytestmark = pytest.mark.integration
 

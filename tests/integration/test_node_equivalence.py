@@ -19,8 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from geofed.node._local import LocalFederation
-from geofed.node._replay import Replayer, peer_message_counts, wait_quiescent
+from geofed.bench import LocalFederation, Replayer, peer_message_counts, wait_quiescent
 from geofed.routing import (
     STRATEGIES,
     TraceOp,

@@ -20,8 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from geofed.node._local import LocalFederation
-from geofed.node._replay import Replayer, wait_quiescent
+from geofed.bench import LocalFederation, Replayer, wait_quiescent
 from geofed.routing import LatLon, TraceOp, great_circle_m, latlon
 
 ROOT = Path(__file__).resolve().parents[2]

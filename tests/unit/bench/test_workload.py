@@ -459,7 +459,7 @@ def test_cli_rejects_bad_values_naming_the_field(tmp_path: Path) -> None:
 def test_geofed_main_runs_workload(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cli = importlib.import_module("geofed.node.cli")
+    cli = importlib.import_module("geofed.cli")
     assert cli.SUBCOMMANDS["workload"] == "geofed.bench.workload"
     # Other subcommands' modules may not exist yet; main() dispatches the same way.
     monkeypatch.setattr(cli, "SUBCOMMANDS", {"workload": "geofed.bench.workload"})

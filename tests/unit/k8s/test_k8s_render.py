@@ -23,8 +23,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from geofed.node import _k8s
-from geofed.node._config import NodeConfig
+import geofed.k8s as _k8s
+from geofed.node import NodeConfig
 from geofed.routing import Federation, GeofedError, InvalidInput
 
 ROOT = Path(__file__).resolve().parents[3]

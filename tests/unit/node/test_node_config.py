@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from geofed.node._config import NodeConfig, add_arguments, from_args
+from geofed.node import NodeConfig, add_arguments, from_args
 from geofed.routing import InvalidInput
 
 BASE = {"broker_id": "eu", "federation": "f.geojson"}

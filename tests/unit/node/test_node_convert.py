@@ -5,14 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from geofed.node._convert import (
-    add_to_frame,
-    event_from_pb,
-    event_to_pb,
-    messages_from_frame,
-    subscription_from_pb,
-)
-from geofed.node._errors import status_for
+from geofed.errors import status_for
 from geofed.routing import (
     DeliveryMsg,
     EventMsg,
@@ -32,6 +25,13 @@ from geofed.routing import (
 from geofed.routing import latlon as ll
 from geofed.v1 import federation_pb2 as fpb
 from geofed.v1 import geo_pb2 as gpb
+from geofed.wire import (
+    add_to_frame,
+    event_from_pb,
+    event_to_pb,
+    messages_from_frame,
+    subscription_from_pb,
+)
 
 
 def test_event_round_trip_keeps_geofence_and_payload() -> None:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from geofed.routing import (
     STRATEGIES,
-    Broker,
+    BrokerInfo,
     Federation,
     Geofence,
     LatLon,
@@ -45,11 +45,11 @@ def tiling_federation() -> Federation:
     """
     return Federation(
         [
-            Broker("a", parse_wkt("POLYGON((-60 -90, 60 -90, 30 90, -60 90, -60 -90))")),
-            Broker(
+            BrokerInfo("a", parse_wkt("POLYGON((-60 -90, 60 -90, 30 90, -60 90, -60 -90))")),
+            BrokerInfo(
                 "b", parse_wkt("POLYGON((60 -90, 150 -90, 150 0, 180 0, 180 90, 30 90, 60 -90))")
             ),
-            Broker(
+            BrokerInfo(
                 "c",
                 parse_wkt("POLYGON((150 -90, -60 -90, -60 90, -180 90, -180 0, 150 0, 150 -90))"),
             ),
@@ -64,9 +64,9 @@ def gap_federation() -> Federation:
     """
     return Federation(
         [
-            Broker("eu", parse_wkt("POLYGON((-20 30, 40 30, 40 70, -20 70, -20 30))")),
-            Broker("as", parse_wkt("POLYGON((60 0, 150 0, 150 60, 60 60, 60 0))")),
-            Broker("pac", parse_wkt("POLYGON((160 -50, -150 -50, -150 10, 160 10, 160 -50))")),
+            BrokerInfo("eu", parse_wkt("POLYGON((-20 30, 40 30, 40 70, -20 70, -20 30))")),
+            BrokerInfo("as", parse_wkt("POLYGON((60 0, 150 0, 150 60, 60 60, 60 0))")),
+            BrokerInfo("pac", parse_wkt("POLYGON((160 -50, -150 -50, -150 10, 160 10, 160 -50))")),
         ]
     )
 

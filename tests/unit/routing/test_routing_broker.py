@@ -1,12 +1,12 @@
-"""BrokerCore: the per-broker state machine, driven by hand."""
+"""BrokerState: the per-broker state machine, driven by hand."""
 
 from __future__ import annotations
 
 import pytest
 
 from geofed.routing import (
-    Broker,
-    BrokerCore,
+    BrokerInfo,
+    BrokerState,
     DeliveryMsg,
     Event,
     EventMsg,
@@ -27,16 +27,16 @@ from geofed.routing import (
 # Three bands of longitude: west [-180, -60], mid [-60, 60], east [60, 180].
 FED = Federation(
     [
-        Broker(
+        BrokerInfo(
             "west",
             parse_wkt("POLYGON((-180 -90, -60 -90, -60 90, -180 90, -180 -90))"),
             "w:1",
             "w:2",
         ),
-        Broker(
+        BrokerInfo(
             "mid", parse_wkt("POLYGON((-60 -90, 60 -90, 60 90, -60 90, -60 -90))"), "m:1", "m:2"
         ),
-        Broker(
+        BrokerInfo(
             "east", parse_wkt("POLYGON((60 -90, 180 -90, 180 90, 60 90, 60 -90))"), "e:1", "e:2"
         ),
     ]
@@ -46,8 +46,8 @@ MID_ONLY = parse_wkt("POLYGON((-10 40, 10 40, 10 50, -10 50, -10 40))")
 MID_AND_EAST = parse_wkt("POLYGON((50 40, 70 40, 70 50, 50 50, 50 40))")
 
 
-def core(broker: str, strategy: str = "subscription-geofence") -> BrokerCore:
-    return BrokerCore(broker, FED, strategy_for(strategy, FED))
+def core(broker: str, strategy: str = "subscription-geofence") -> BrokerState:
+    return BrokerState(broker, FED, strategy_for(strategy, FED))
 
 
 def test_unknown_broker_id() -> None:

@@ -13,7 +13,7 @@ from routing_testkit import gap_federation, geofences, points, tiling_federation
 from shapely.geometry import Point
 
 from geofed.routing import (
-    Broker,
+    BrokerInfo,
     Federation,
     Geofence,
     LatLon,
@@ -32,10 +32,10 @@ def _four_quadrants() -> Federation:
     # Ids deliberately not in geometric order.
     return Federation(
         [
-            Broker("ne", _box(0, 0, 180, 90)),
-            Broker("nw", _box(-180, 0, 0, 90)),
-            Broker("se", _box(0, -90, 180, 0)),
-            Broker("sw", _box(-180, -90, 0, 0)),
+            BrokerInfo("ne", _box(0, 0, 180, 90)),
+            BrokerInfo("nw", _box(-180, 0, 0, 90)),
+            BrokerInfo("se", _box(0, -90, 180, 0)),
+            BrokerInfo("sw", _box(-180, -90, 0, 0)),
         ]
     )
 
@@ -99,13 +99,15 @@ def test_location_in_a_gap_belongs_to_the_nearest_area(lat: float, lon: float, o
 
 
 def test_nearest_area_looks_across_the_antimeridian() -> None:
-    fed = Federation([Broker("x", _box(170, -10, 179, 10)), Broker("y", _box(-100, -10, 0, 10))])
+    fed = Federation(
+        [BrokerInfo("x", _box(170, -10, 179, 10)), BrokerInfo("y", _box(-100, -10, 0, 10))]
+    )
     # -175 is 4 degrees from x across ±180, 75 degrees from y.
     assert fed.responsible(latlon(0.0, -175.0)) == "x"
 
 
 def test_equidistant_gap_location_goes_to_the_smallest_id() -> None:
-    fed = Federation([Broker("z", _box(10, 0, 20, 10)), Broker("m", _box(-20, 0, -10, 10))])
+    fed = Federation([BrokerInfo("z", _box(10, 0, 20, 10)), BrokerInfo("m", _box(-20, 0, -10, 10))])
     assert fed.responsible(latlon(5.0, 0.0)) == "m"
 
 
@@ -180,7 +182,7 @@ def test_brokers_meeting_is_cached_by_geofence_text() -> None:
 # Digest, loading, round trip
 
 
-def _feature(broker: Broker) -> dict[str, Any]:
+def _feature(broker: BrokerInfo) -> dict[str, Any]:
     return {
         "type": "Feature",
         "geometry": broker.area.geometry.__geo_interface__,
@@ -208,19 +210,21 @@ def test_digest_is_stable_and_independent_of_feature_order() -> None:
 def test_digest_changes_with_an_area_or_an_id() -> None:
     base = _four_quadrants()
     moved = Federation(
-        [Broker(b.id, _box(0, 0, 90, 90)) if b.id == "ne" else b for b in _four_quadrants()]
+        [BrokerInfo(b.id, _box(0, 0, 90, 90)) if b.id == "ne" else b for b in _four_quadrants()]
     )
-    renamed = Federation([Broker("ne2", b.area) if b.id == "ne" else b for b in _four_quadrants()])
+    renamed = Federation(
+        [BrokerInfo("ne2", b.area) if b.id == "ne" else b for b in _four_quadrants()]
+    )
     assert len({base.digest, moved.digest, renamed.digest}) == 3
 
 
 def test_round_trip_through_a_file(tmp_path: Path) -> None:
     fed = Federation(
         [
-            Broker(
+            BrokerInfo(
                 "a", _box(-180, -90, 0, 90), "10.0.0.1:7401", "10.0.0.1:7400", latlon(1, 2), "A"
             ),
-            Broker("b", _box(0, -90, 180, 90)),
+            BrokerInfo("b", _box(0, -90, 180, 90)),
         ]
     )
     path = tmp_path / "f.geojson"
@@ -244,7 +248,9 @@ def test_round_trip_through_a_file(tmp_path: Path) -> None:
 
 def test_gap_below_the_tolerance_is_ignored() -> None:
     # Two areas that miss each other by a sliver of 1e-12 degrees.
-    fed = Federation([Broker("a", _box(-180, -90, 0, 90)), Broker("b", _box(1e-12, -90, 180, 90))])
+    fed = Federation(
+        [BrokerInfo("a", _box(-180, -90, 0, 90)), BrokerInfo("b", _box(1e-12, -90, 180, 90))]
+    )
     assert fed.gap is None
 
 
@@ -256,7 +262,9 @@ def test_areas_are_checked_against_shapely_directly() -> None:
 
 
 def test_to_geojson_is_json_shaped_and_reads_back_directly() -> None:
-    fed = Federation([Broker("a", _box(-180, -90, 0, 90)), Broker("b", _box(0, -90, 180, 90))])
+    fed = Federation(
+        [BrokerInfo("a", _box(-180, -90, 0, 90)), BrokerInfo("b", _box(0, -90, 180, 90))]
+    )
     doc = fed.to_geojson()
     assert doc == json.loads(json.dumps(doc))  # lists, not tuples
     assert Federation.from_geojson(doc).digest == fed.digest

@@ -16,19 +16,19 @@ from collections.abc import Sequence
 from geofed.routing import GeofedError
 
 SUBCOMMANDS: dict[str, str] = {
-    "areas": "geofed.node._cmd_routing",
-    "route": "geofed.node._cmd_routing",
-    "simulate": "geofed.node._cmd_routing",
-    "node": "geofed.node._cmd_node",
-    "up": "geofed.node._cmd_node",
-    "publish": "geofed.node._cmd_client",
-    "subscribe": "geofed.node._cmd_client",
-    "replay": "geofed.node._cmd_client",
-    "demo": "geofed.node._cmd_demo",
+    "areas": "geofed.cli._routing",
+    "route": "geofed.cli._routing",
+    "simulate": "geofed.cli._routing",
+    "node": "geofed.cli._node",
+    "up": "geofed.cli._node",
+    "publish": "geofed.cli._client",
+    "subscribe": "geofed.cli._client",
+    "replay": "geofed.cli._client",
+    "demo": "geofed.cli._demo",
     "workload": "geofed.bench.workload",
     "analyze": "geofed.bench.analyze",
     "bench": "geofed.bench.compare",
-    "k8s": "geofed.node._k8s",
+    "k8s": "geofed.k8s",
 }
 
 

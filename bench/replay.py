@@ -13,10 +13,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO, Any
 
 import grpc
@@ -25,8 +23,7 @@ from geofed.routing import Federation, GeofedError, LatLon, TraceOp
 from geofed.v1 import client_pb2 as cpb
 from geofed.v1 import client_pb2_grpc as cpb_grpc
 from geofed.v1 import geo_pb2 as gpb
-
-from ._convert import geofence_to_pb
+from geofed.wire import geofence_to_pb
 
 
 def latlon_pb(p: LatLon) -> gpb.LatLon:
@@ -228,79 +225,3 @@ class Replayer:
         except grpc.aio.AioRpcError as exc:
             if exc.code() not in (grpc.StatusCode.CANCELLED, grpc.StatusCode.FAILED_PRECONDITION):
                 self.errors.append(f"stream {client.id}: {exc.code().name}: {exc.details()}")
-
-
-def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Parse a Prometheus text exposition into {(name, labels): value}."""
-    with urllib.request.urlopen(url, timeout=5) as resp:
-        text = resp.read().decode()
-    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        head, _, value = line.rpartition(" ")
-        name, _, rest = head.partition("{")
-        labels: list[tuple[str, str]] = []
-        if rest:
-            for part in rest.rstrip("}").split('",'):
-                if "=" in part:
-                    k, _, v = part.partition("=")
-                    labels.append((k.strip(), v.strip().strip('"')))
-        out[(name, tuple(sorted(labels)))] = float(value)
-    return out
-
-
-def metric(url: str, name: str, **labels: str) -> float:
-    """One metric of a node, summed over its series that carry `labels`."""
-    return sum(
-        v
-        for (n, labs), v in scrape(url).items()
-        if n == name and all(dict(labs).get(k) == x for k, x in labels.items())
-    )
-
-
-def peer_message_counts(
-    metrics_urls: dict[str, str],
-) -> dict[str, dict[tuple[str, str, str], float]]:
-    """Sent and received inter-broker messages by (kind, src, dst), from every node's metrics."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    sent: dict[tuple[str, str, str], float] = {}
-    received: dict[tuple[str, str, str], float] = {}
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        scraped = dict(zip(metrics_urls, pool.map(scrape, metrics_urls.values()), strict=True))
-    for broker, samples in scraped.items():
-        for (name, labels), value in samples.items():
-            lab = dict(labels)
-            if name == "geofed_peer_messages_sent_total":
-                sent[(lab["kind"], broker, lab["peer"])] = value
-            elif name == "geofed_peer_messages_received_total":
-                received[(lab["kind"], lab["peer"], broker)] = value
-    return {"sent": sent, "received": received}
-
-
-async def wait_quiescent(metrics_urls: dict[str, str], timeout: float = 10.0) -> None:
-    """Wait until every non-control message sent has been received (totals per kind)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        counts = await asyncio.to_thread(peer_message_counts, metrics_urls)
-        totals: dict[str, list[float]] = {}
-        for side, i in (("sent", 0), ("received", 1)):
-            for (kind, _, _), v in counts[side].items():
-                if kind != "control":
-                    totals.setdefault(kind, [0.0, 0.0])[i] += v
-        if all(sent == received for sent, received in totals.values()):
-            return
-        if time.monotonic() > deadline:
-            raise GeofedError(
-                f"federation not quiescent after {timeout}s: [sent, received] {totals}"
-            )
-        await asyncio.sleep(0.005)
-
-
-def read_ops(path: str | Path) -> list[TraceOp]:
-    """Read a workload trace file."""
-    from geofed.routing import read_trace
-
-    with open(path, encoding="utf-8") as f:
-        return list(read_trace(f))

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from geofed.routing import Federation, InvalidInput
+from geofed.routing import Federation, InvalidInput, federation_path
 
 CLIENT_PORT = 7400
 PEER_PORT = 7401
@@ -815,16 +815,8 @@ def register(sub: Any, name: str) -> None:
     r.set_defaults(func=_cmd_render)
 
 
-def _federation_path(name_or_path: str) -> Path:
-    try:
-        from ._cmd_routing import federation_path
-    except ImportError:  # pragma: no cover - the routing commands are optional here
-        return Path(name_or_path)
-    return Path(federation_path(name_or_path))
-
-
 def _cmd_render(args: argparse.Namespace) -> int:
-    path = _federation_path(args.federation)
+    path = federation_path(args.federation)
     federation = Federation.load(path)
     endpoints = None
     if args.endpoints:

@@ -12,13 +12,12 @@ from typing import Any
 
 import grpc
 
+from geofed.bench import Replayer, read_ops, wait_quiescent
+from geofed.bench.replay import latlon_pb
 from geofed.routing import Federation, InvalidInput, latlon, parse_geofence
 from geofed.v1 import client_pb2 as cpb
 from geofed.v1 import geo_pb2 as gpb
-
-from ._cmd_routing import federation_path
-from ._convert import geofence_to_pb
-from ._replay import Replayer, latlon_pb, read_ops, wait_quiescent
+from geofed.wire import geofence_to_pb
 
 
 def register(sub: Any, name: str) -> None:
@@ -67,7 +66,7 @@ def _geofence(text: str | None) -> gpb.Geofence:
 
 
 async def _session(args: argparse.Namespace) -> tuple[Replayer, str]:
-    fed = Federation.load(federation_path(args.federation))
+    fed = Federation.load(args.federation)
     where = latlon(args.lat, args.lon, "location")
     r = Replayer(fed)
     broker = await r._connect(args.client, where, fed.responsible(where))
@@ -142,7 +141,7 @@ def _subscribe(args: argparse.Namespace) -> int:
 
 def _replay(args: argparse.Namespace) -> int:
     ops = read_ops(args.workload)
-    fed = Federation.load(federation_path(args.federation))
+    fed = Federation.load(args.federation)
     if args.speed < 0:
         raise InvalidInput("speed", "must be >= 0")
 

@@ -25,24 +25,6 @@ from geofed.routing import (
 DEFAULT_FEDERATION = "aws-2020"
 
 
-def federation_path(name_or_path: str) -> Path:
-    """Resolve a federation argument: a file path, or the name of a bundled one."""
-    p = Path(name_or_path)
-    if p.exists():
-        return p
-    from importlib import resources
-
-    candidate = resources.files("geofed.federations").joinpath(f"{name_or_path}.geojson")
-    if candidate.is_file():
-        return Path(str(candidate))
-    raise InvalidInput("federation", f"no such file or bundled federation: {name_or_path!r}")
-
-
-def load_federation(name_or_path: str) -> Federation:
-    """Load a federation file or a bundled federation by name."""
-    return Federation.load(federation_path(name_or_path))
-
-
 def register(sub: Any, name: str) -> None:
     """Add the ``areas``, ``route`` or ``simulate`` subcommand."""
     if name == "areas":
@@ -97,7 +79,7 @@ def _parse_cli_geofence(text: str) -> Any:
 def _route(args: argparse.Namespace) -> int:
     from geofed.routing import latlon
 
-    fed = load_federation(args.federation)
+    fed = Federation.load(args.federation)
     fence = _parse_cli_geofence(args.geofence)
     if args.at:
         fed.broker(args.at)
@@ -149,7 +131,7 @@ def _route(args: argparse.Namespace) -> int:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    fed = load_federation(args.federation)
+    fed = Federation.load(args.federation)
     path = Path(args.trace)
     try:
         with path.open(encoding="utf-8") as f:

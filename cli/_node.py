@@ -3,26 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import gc
-import logging
 import signal
 import sys
 import time
 from typing import Any
 
+from geofed.node import add_arguments
 from geofed.routing import STRATEGIES
-
-from . import _config
-
-log = logging.getLogger("geofed.node")
 
 
 def register(sub: Any, name: str) -> None:
     """Add the ``node`` or ``up`` subcommand."""
     if name == "node":
         p = sub.add_parser(name, help="run one broker node")
-        _config.add_arguments(p)
+        add_arguments(p)
         p.set_defaults(func=_node)
     else:
         p = sub.add_parser(name, help="run a local federation: one node process per broker")
@@ -34,39 +28,15 @@ def register(sub: Any, name: str) -> None:
 
 
 def _node(args: argparse.Namespace) -> int:
-    from ._logging import configure
+    from geofed.node import run
 
-    cfg = _config.from_args(args)
-    configure(cfg.log_level, cfg.broker_id)
-    return asyncio.run(_serve(cfg))
-
-
-async def _serve(cfg: _config.NodeConfig) -> int:
-    from ._server import BrokerNode
-
-    node = BrokerNode(cfg)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await node.start()
-    # Start-up objects (federation areas, modules) live as long as the node:
-    # keep them out of the collector's full passes, which would stall serving.
-    gc.collect()
-    gc.freeze()
-    await stop.wait()
-    log.info("signal received: shutting down")
-    await node.stop()
-    return 0
+    return run(args)
 
 
 def _up(args: argparse.Namespace) -> int:
-    from ._cmd_routing import federation_path
-    from ._local import LocalFederation
+    from geofed.bench.local import LocalFederation
 
-    fed = LocalFederation(
-        federation_path(args.federation), args.strategy, args.workdir, trace=args.trace
-    )
+    fed = LocalFederation(args.federation, args.strategy, args.workdir, trace=args.trace)
     stop = False
 
     def on_signal(signum: int, frame: Any) -> None:

@@ -18,8 +18,6 @@ from typing import Any
 
 from geofed.routing import STRATEGIES, TraceOp, op_to_record, predict, reference_deliveries
 
-from ._cmd_routing import federation_path
-
 KINDS = ("event", "subscribe", "unsubscribe", "delivery")
 
 
@@ -47,13 +45,12 @@ def register(sub: Any, name: str) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from geofed.bench.local import LocalFederation
     from geofed.bench.workload import WorkloadConfig, generate
-
-    from ._local import LocalFederation
 
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    fed_file = federation_path(args.federation)
+    fed_file = args.federation
     ops = list(
         generate(
             WorkloadConfig(
@@ -117,7 +114,7 @@ def _demo(args: argparse.Namespace) -> int:
 async def _replay(
     fed: Any, ops: list[TraceOp], log_path: Path
 ) -> tuple[dict[str, float], list[tuple[str, str]], list[str]]:
-    from ._replay import Replayer, peer_message_counts, wait_quiescent
+    from geofed.bench import Replayer, peer_message_counts, wait_quiescent
 
     urls = {b: n.metrics_url for b, n in fed.nodes.items()}
     with log_path.open("w", encoding="utf-8") as log:

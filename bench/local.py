@@ -25,8 +25,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from geofed.routing import Federation, GeofedError
-
-FEDERATION_SERVICE = "geofed.v1.FederationService"
+from geofed.wire import FEDERATION_SERVICE
 
 
 @dataclass(frozen=True)
@@ -130,7 +129,7 @@ class LocalFederation:
         log_path = self.workdir / f"node-{broker_id}.log"
         log_file = log_path.open("ab")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "geofed.node", "node"],
+            [sys.executable, "-m", "geofed.node"],
             env=env,
             stdout=log_file,
             stderr=subprocess.STDOUT,

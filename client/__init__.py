@@ -1,0 +1,63 @@
+"""geofed: a geo-distributed publish/subscribe broker federation.
+
+Connect to the broker of your region and publish and subscribe with
+geo-context::
+
+    import geofed
+
+    async with await geofed.connect(federation="three", client_id="c1",
+                                    location=geofed.LatLon(48.85, 2.35)) as client:
+        sub = await client.subscribe("sensors/#")
+        await client.publish("sensors/paris/temp", b"21.5")
+        async for msg in sub:
+            print(msg.topic, msg.payload)
+
+Packages: `geofed.client` (this API), `geofed.errors` (the typed errors),
+`geofed.wire` (protobuf conversions), `geofed.routing` (the pure routing
+core), `geofed.node` (the broker), `geofed.bench` (tools and benchmarks),
+`geofed.k8s` (Kubernetes manifests), ``geofed.cli`` (the command line).
+"""
+
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _version
+
+from geofed.errors import (
+    ClientClosed,
+    DeadlineExceeded,
+    FederationMismatch,
+    GeofedError,
+    InvalidInput,
+    NotFound,
+    RequestFailed,
+    TooLarge,
+    Unavailable,
+    WrongBroker,
+)
+from geofed.routing import Federation, Geofence, LatLon, circle, latlon, parse_geofence
+
+try:
+    __version__ = _version("geofed")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree without install
+    __version__ = "0+unknown"
+
+__all__ = [
+    "__version__",
+    # errors
+    "ClientClosed",
+    "DeadlineExceeded",
+    "FederationMismatch",
+    "GeofedError",
+    "InvalidInput",
+    "NotFound",
+    "RequestFailed",
+    "TooLarge",
+    "Unavailable",
+    "WrongBroker",
+    # geometry and the federation
+    "Federation",
+    "Geofence",
+    "LatLon",
+    "circle",
+    "latlon",
+    "parse_geofence",
+]

@@ -1,0 +1,75 @@
+"""The broker node: one process per region serving clients and peers over gRPC.
+
+`BrokerServer` wraps the routing core's `BrokerState` with the client and
+federation gRPC services, one `PeerLink` per other broker, Prometheus metrics
+and the node message trace. ``python -m geofed.node`` (or ``geofed node``)
+runs one, configured by a `NodeConfig` from flags, ``GEOFED_*`` environment
+variables or a JSON file.
+"""
+
+from ._config import (
+    CLIENT_PORT,
+    ENV_PREFIX,
+    METRICS_PORT,
+    PEER_PORT,
+    NodeConfig,
+    add_arguments,
+    from_args,
+)
+from ._links import LinkHost, PeerLink, Transport
+from ._metrics import (
+    DELIVERIES,
+    EVENTS_PUBLISHED,
+    MATCH_SECONDS,
+    PEER_BYTES_SENT,
+    PEER_CONNECTED,
+    PEER_DUPLICATES_DROPPED,
+    PEER_MESSAGES_RECEIVED,
+    PEER_MESSAGES_SENT,
+    PEER_QUEUE_DROPPED,
+    PEER_QUEUE_LENGTH,
+    REDIRECTS,
+    REQUESTS_REJECTED,
+    SESSIONS,
+    SUBSCRIBER_QUEUE_DROPPED,
+    SUBSCRIPTIONS,
+    NodeMetrics,
+)
+from ._run import main, run, serve
+from ._server import BrokerServer
+
+__all__ = [
+    # the node
+    "BrokerServer",
+    "LinkHost",
+    "NodeConfig",
+    "NodeMetrics",
+    "PeerLink",
+    "Transport",
+    "add_arguments",
+    "from_args",
+    "main",
+    "run",
+    "serve",
+    # ports and the environment
+    "CLIENT_PORT",
+    "ENV_PREFIX",
+    "METRICS_PORT",
+    "PEER_PORT",
+    # metric names
+    "DELIVERIES",
+    "EVENTS_PUBLISHED",
+    "MATCH_SECONDS",
+    "PEER_BYTES_SENT",
+    "PEER_CONNECTED",
+    "PEER_DUPLICATES_DROPPED",
+    "PEER_MESSAGES_RECEIVED",
+    "PEER_MESSAGES_SENT",
+    "PEER_QUEUE_DROPPED",
+    "PEER_QUEUE_LENGTH",
+    "REDIRECTS",
+    "REQUESTS_REJECTED",
+    "SESSIONS",
+    "SUBSCRIBER_QUEUE_DROPPED",
+    "SUBSCRIPTIONS",
+]
