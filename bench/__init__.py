@@ -11,7 +11,7 @@
   `geofed.bench.analyze`, the ``analysis`` extra) build on them.
 """
 
-from .local import LocalFederation, LocalNode, free_ports, health_status
+from .local import LocalFederation, LocalNode, free_ports
 from .replay import Replayer
 from .scrape import metric, peer_message_counts, scrape, wait_quiescent
 from .trace import TraceSummary, read_ops, read_trace_file, write_trace
@@ -31,7 +31,6 @@ __all__ = [
     "LocalNode",
     "Replayer",
     "free_ports",
-    "health_status",
     # the nodes' metrics
     "metric",
     "peer_message_counts",

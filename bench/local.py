@@ -7,7 +7,6 @@ file, and readiness is awaited through gRPC health checks, never by sleeping.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -21,9 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
+from geofed.client import health_status
 from geofed.routing import Federation, GeofedError
 from geofed.wire import FEDERATION_SERVICE
 
@@ -204,13 +201,3 @@ class LocalFederation:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
-
-
-def health_status(endpoint: str, service: str = "", timeout: float = 1.0) -> str:
-    """The gRPC health status name of `service` at `endpoint` ("UNREACHABLE" if none)."""
-    with grpc.insecure_channel(endpoint) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        with contextlib.suppress(grpc.RpcError):
-            resp = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
-            return str(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))
-    return "UNREACHABLE"

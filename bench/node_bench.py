@@ -44,9 +44,10 @@ from typing import Any
 import grpc
 
 from geofed.bench._machine import describe
-from geofed.bench.local import free_ports, health_status
+from geofed.bench.local import free_ports
 from geofed.bench.scrape import metric
 from geofed.bench.workload import WorkloadConfig, generate
+from geofed.client import health_status
 from geofed.routing import Federation
 from geofed.v1 import client_pb2 as cpb
 from geofed.v1 import client_pb2_grpc as cpb_grpc

@@ -21,6 +21,16 @@ core), `geofed.node` (the broker), `geofed.bench` (tools and benchmarks),
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _version
 
+from geofed.client import (
+    Client,
+    ClientConfig,
+    Message,
+    Publication,
+    RetryConfig,
+    Subscription,
+    TLSConfig,
+    connect,
+)
 from geofed.errors import (
     ClientClosed,
     DeadlineExceeded,
@@ -42,6 +52,15 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree wi
 
 __all__ = [
     "__version__",
+    # the client
+    "Client",
+    "ClientConfig",
+    "Message",
+    "Publication",
+    "RetryConfig",
+    "Subscription",
+    "TLSConfig",
+    "connect",
     # errors
     "ClientClosed",
     "DeadlineExceeded",

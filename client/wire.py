@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf.message import Message as ProtoMessage
+from grpc_health.v1 import health_pb2
 
 from geofed.routing import (
     BrokerInfo,
@@ -433,3 +434,8 @@ def message_from_pb(pb: cpb.Delivery, broker: str) -> Message:
         origin=ev.origin,
         broker=broker,
     )
+
+
+def health_check_request(service: str = "") -> health_pb2.HealthCheckRequest:
+    """A gRPC health check of `service` ("" = the server as a whole)."""
+    return health_pb2.HealthCheckRequest(service=service)

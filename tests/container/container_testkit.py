@@ -21,7 +21,8 @@ import docker
 from testcontainers.core.container import DockerContainer
 from testcontainers.core.network import Network
 
-from geofed.bench import free_ports, health_status
+from geofed.bench import free_ports
+from geofed.client import health_status
 from geofed.k8s import CLIENT_PORT, METRICS_PORT, PEER_PORT, container_env, slug
 from geofed.routing import Federation
 from geofed.wire import FEDERATION_SERVICE

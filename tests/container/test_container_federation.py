@@ -22,7 +22,8 @@ import grpc
 import pytest
 from container_testkit import ContainerFederation, start_federation
 
-from geofed.bench import Replayer, health_status, peer_message_counts
+from geofed.bench import Replayer, peer_message_counts
+from geofed.client import health_status
 from geofed.routing import Federation, TraceOp, read_trace, reference_deliveries
 from geofed.v1 import client_pb2 as cpb
 from geofed.v1 import client_pb2_grpc as cpb_grpc

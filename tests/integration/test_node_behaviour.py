@@ -12,8 +12,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from geofed.bench import LocalFederation, health_status, scrape
+from geofed.bench import LocalFederation, scrape
 from geofed.bench import metric as node_metric
+from geofed.client import health_status
 from geofed.v1 import client_pb2 as cpb
 from geofed.v1 import client_pb2_grpc as cpb_grpc
 from geofed.v1 import geo_pb2 as gpb

@@ -1,0 +1,708 @@
+"""The geofed client: publish and subscribe at the broker of your region.
+
+::
+
+    import geofed
+
+    client = await geofed.connect(federation="three", client_id="c1",
+                                  location=geofed.LatLon(48.85, 2.35))
+    async with client:
+        sub = await client.subscribe("sensors/+/temp", geofence="POLYGON((...))")
+        await client.publish("sensors/paris/temp", b"21.5")
+        async for msg in sub:
+            ...
+
+`connect` finds the broker responsible for the client's location (from the
+federation file, or by asking any broker, which answers with a redirect) and
+opens a session there. `Client.move` reports a new location; when it leaves
+the broker's area the client follows the redirect and re-establishes every
+subscription at the new broker, with the same `Subscription` objects.
+
+What a handover can miss (the federation is exact only between moves): the
+old broker withdraws the client's subscriptions when it answers the move, and
+the new broker holds them once `move` returns. An event matched in between is
+not delivered, and under the subscription-forwarding strategies the renewed
+subscriptions reach remote brokers one link delay later, so an event published
+there within that delay is missed too. Nothing is delivered twice: an event
+that reaches the client through both brokers is handed over once.
+
+Every failure is a `geofed.GeofedError` subclass (`geofed.errors`), never a
+raw ``grpc.RpcError``: input the broker rejects raises the same
+`InvalidInput` / `TooLarge` it raised, with its field name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import uuid
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from geofed.errors import (
+    ClientClosed,
+    DeadlineExceeded,
+    GeofedError,
+    InvalidInput,
+    Unavailable,
+    from_rpc_error,
+)
+from geofed.routing import Federation, LatLon, latlon, validate_id
+from geofed.v1 import client_pb2_grpc as cpb_grpc
+from geofed.wire import (
+    GeofenceInput,
+    Message,
+    Publication,
+    connect_request,
+    health_check_request,
+    message_from_pb,
+    publish_batch,
+    publish_request,
+    subscribe_request,
+    unsubscribe_request,
+    update_location_request,
+)
+
+T = TypeVar("T")
+
+DEFAULT_PENDING_LIMIT = 10_000
+"""Deliveries a subscription buffers before it drops the oldest."""
+DEFAULT_BATCH_SIZE = 1_000
+"""Events per batch message of `Client.publish_many`."""
+_DEDUP_WINDOW = 4_096  # recent event ids per subscription: covers a handover's overlap
+_MOVED = grpc.StatusCode.FAILED_PRECONDITION  # how a broker ends the streams of a client that left
+
+
+@dataclass(frozen=True)
+class RetryConfig:
+    """How idempotent requests (connect, move, subscribe, unsubscribe) retry a broker that is down.
+
+    Publishing is never retried: a publish whose answer was lost may have been
+    accepted, and trying it again could deliver the event twice.
+    """
+
+    attempts: int = 5
+    """Tries per request, the first included (1 = no retry)."""
+    initial_backoff_s: float = 0.1
+    """Wait before the first retry; doubled after each, with full jitter."""
+    max_backoff_s: float = 2.0
+    """Longest wait between two tries."""
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise InvalidInput("retry.attempts", f"must be >= 1, got {self.attempts!r}")
+        if not 0 < self.initial_backoff_s <= self.max_backoff_s:
+            raise InvalidInput("retry.initial_backoff_s", "must be > 0 and <= retry.max_backoff_s")
+
+
+@dataclass(frozen=True)
+class TLSConfig:
+    """TLS towards the broker (reserved: brokers speak plaintext gRPC for now).
+
+    Setting `ClientConfig.tls` raises `InvalidInput` until brokers serve TLS.
+    """
+
+    ca_file: str = ""
+    """PEM file of the authority that signed the broker certificates."""
+    cert_file: str = ""
+    """PEM client certificate, for brokers that authenticate clients by certificate."""
+    key_file: str = ""
+    """PEM private key of `cert_file`."""
+    server_name: str = ""
+    """Name to verify in the broker certificate (default: the endpoint's host)."""
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """Everything `connect` needs; give exactly one of `federation` and `endpoint`."""
+
+    client_id: str
+    """This client's id, unique in the federation (keys its session and subscriptions)."""
+    location: LatLon
+    """Where the client is; decides its broker and the geofence checks."""
+    federation: str | None = None
+    """Federation file or bundled name (``aws-2020``, ``three``): the local broker is looked up."""
+    endpoint: str | None = None
+    """``host:port`` of any broker's client service: the broker redirects to the right one."""
+    connect_timeout_s: float = 10.0
+    """How long opening a session may take (each try)."""
+    request_timeout_s: float = 30.0
+    """How long any other request may take before `DeadlineExceeded`."""
+    retry: RetryConfig = field(default_factory=RetryConfig)
+    """Retries of idempotent requests when a broker is unavailable."""
+    pending_limit: int = DEFAULT_PENDING_LIMIT
+    """Deliveries buffered per subscription; when full, the oldest is dropped and counted."""
+    max_redirects: int = 8
+    """Redirects followed while opening a session before giving up."""
+    tls: TLSConfig | None = None
+    """TLS settings (reserved; see `TLSConfig`)."""
+
+    def __post_init__(self) -> None:
+        validate_id(self.client_id, "client_id")
+        if not isinstance(self.location, LatLon):
+            raise InvalidInput("location", "must be a geofed.LatLon (build it with geofed.latlon)")
+        latlon(self.location.lat, self.location.lon, "location")
+        if (self.federation is None) == (self.endpoint is None):
+            raise InvalidInput("federation", "give exactly one of federation and endpoint")
+        for name in ("connect_timeout_s", "request_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise InvalidInput(name, f"must be > 0, got {getattr(self, name)!r}")
+        for name in ("pending_limit", "max_redirects"):
+            if getattr(self, name) < 1:
+                raise InvalidInput(name, f"must be >= 1, got {getattr(self, name)!r}")
+        if self.tls is not None:
+            raise InvalidInput("tls", "not supported yet: brokers serve plaintext gRPC")
+
+
+async def connect(config: ClientConfig | None = None, **settings: Any) -> Client:
+    """Open a session at the broker responsible for the client's location.
+
+    Args:
+        config: the settings; or give them as keywords (`ClientConfig` fields).
+
+    Raises:
+        InvalidInput: a setting is wrong (named), or the broker rejected it.
+        Unavailable: no broker could be reached (after `RetryConfig.attempts`).
+    """
+    if config is None:
+        config = ClientConfig(**settings)
+    elif settings:
+        raise InvalidInput("settings", "give a ClientConfig or keyword settings, not both")
+    client = Client(config)
+    try:
+        await client._open()
+    except BaseException:
+        await client.close()
+        raise
+    return client
+
+
+class Client:
+    """A session at the local broker. Make one with `connect`; close it (or use ``async with``)."""
+
+    def __init__(self, config: ClientConfig) -> None:
+        self.config = config
+        self._federation = Federation.load(config.federation) if config.federation else None
+        self._location = config.location
+        self._broker_id = ""
+        self._endpoint = ""
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._subs: dict[str, Subscription] = {}
+        self._lock = asyncio.Lock()  # session changes (open, move) and subscription renewals
+        self._closed = False
+        self.redirects = 0
+        """Redirects followed so far (opening the session and moves)."""
+
+    # -- what the application sees -------------------------------------------
+
+    @property
+    def client_id(self) -> str:
+        """This client's id."""
+        return self.config.client_id
+
+    @property
+    def location(self) -> LatLon:
+        """The location last reported to the broker."""
+        return self._location
+
+    @property
+    def broker_id(self) -> str:
+        """Id of the broker the session is at."""
+        return self._broker_id
+
+    @property
+    def endpoint(self) -> str:
+        """Client endpoint (``host:port``) of that broker."""
+        return self._endpoint
+
+    @property
+    def subscriptions(self) -> list[Subscription]:
+        """The live subscriptions."""
+        return list(self._subs.values())
+
+    async def publish(
+        self,
+        topic: str,
+        payload: bytes | str = b"",
+        *,
+        geofence: GeofenceInput = None,
+        event_id: str = "",
+    ) -> str:
+        """Publish one event at the client's location; returns its id.
+
+        Args:
+            topic: topic name (``/``-separated levels, no wildcards).
+            payload: bytes, or text (sent as UTF-8).
+            geofence: the event geofence, where subscribers must be (None: the
+                world): a `geofed.Geofence`, WKT or GeoJSON text, or a circle
+                ``{"circle": {"lat": ..., "lon": ..., "radius_m": ...}}``.
+            event_id: a globally unique id; empty lets the broker choose one.
+        """
+        pub = Publication(topic, _bytes(payload), self._location, geofence, event_id)
+        resp = await self._call(
+            "publish",
+            lambda stub, timeout: stub.Publish(
+                publish_request(self.client_id, pub), timeout=timeout
+            ),
+            retry=False,
+        )
+        return str(resp.event_id)
+
+    async def publish_many(
+        self, events: Iterable[Publication], *, batch_size: int = DEFAULT_BATCH_SIZE
+    ) -> list[str]:
+        """Publish many events in one streaming call (much faster than `publish` in a loop).
+
+        Each `Publication` carries its own location. A batch the broker
+        rejects raises its typed error; the batches before it were published.
+        Returns the event ids in order.
+        """
+        if batch_size < 1:
+            raise InvalidInput("batch_size", f"must be >= 1, got {batch_size!r}")
+        items = list(events)
+
+        async def batches() -> AsyncIterator[Any]:
+            for i in range(0, len(items), batch_size):
+                yield publish_batch(self.client_id, items[i : i + batch_size])
+
+        resp = await self._call(
+            "publish_many",
+            lambda stub, timeout: stub.PublishStream(batches(), timeout=timeout),
+            retry=False,
+        )
+        return list(resp.event_ids)
+
+    async def subscribe(
+        self,
+        topic_filter: str,
+        *,
+        geofence: GeofenceInput = None,
+        subscription_id: str | None = None,
+        pending_limit: int | None = None,
+    ) -> Subscription:
+        """Subscribe; the returned `Subscription` is an async iterator of `Message`.
+
+        Args:
+            topic_filter: MQTT filter (``+`` one level, ``#`` the rest).
+            geofence: the subscription geofence, where publishers must be (None: the world).
+            subscription_id: unique in the federation; default: generated.
+            pending_limit: deliveries buffered (default `ClientConfig.pending_limit`).
+
+        Returns once the broker holds the subscription: events published
+        afterwards at this broker match it.
+        """
+        self._check_open()
+        sub_id = subscription_id or f"{self.client_id}-{uuid.uuid4().hex[:12]}"
+        limit = pending_limit if pending_limit is not None else self.config.pending_limit
+        if limit < 1:
+            raise InvalidInput("pending_limit", f"must be >= 1, got {limit!r}")
+        sub = Subscription(self, sub_id, topic_filter, geofence, limit)
+        async with self._lock:
+            old = self._subs.get(sub_id)
+            await self._retrying("subscribe", lambda: sub._attach(self._broker_id, self._stub()))
+            self._subs[sub_id] = sub
+        if old is not None:
+            old._finish(None)  # the broker ended its stream: the new one took the id over
+        return sub
+
+    async def move(self, location: LatLon) -> bool:
+        """Report a new location; returns True if the session moved to another broker.
+
+        A move out of the broker's area follows the redirect: the session opens
+        at the responsible broker and every subscription is renewed there,
+        before this returns (see the module docs for what a handover can miss).
+        """
+        self._check_open()
+        where = latlon(getattr(location, "lat", None), getattr(location, "lon", None), "location")
+        async with self._lock:
+            resp = await self._retrying(
+                "move",
+                lambda: self._unary(
+                    "move",
+                    self._stub().UpdateLocation(
+                        update_location_request(self.client_id, where),
+                        timeout=self.config.request_timeout_s,
+                    ),
+                ),
+            )
+            self._location = where
+            if resp.accepted:
+                return False
+            self.redirects += 1
+            # The old broker ended our streams and withdrew the subscriptions.
+            await self._open_session(resp.redirect.broker_id, resp.redirect.endpoint)
+            for sub in list(self._subs.values()):
+                await self._retrying(
+                    "subscribe", lambda s=sub: s._attach(self._broker_id, self._stub())
+                )
+            return True
+
+    async def close(self) -> None:
+        """End every subscription's iteration and close the connections (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        for sub in list(self._subs.values()):
+            sub._finish(None)
+            await sub._detach()
+        self._subs.clear()
+        for channel in self._channels.values():
+            await channel.close(grace=None)
+        self._channels.clear()
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # -- session ---------------------------------------------------------------
+
+    async def _open(self) -> None:
+        async with self._lock:
+            if self._federation is not None:
+                home = self._federation.broker(self._federation.responsible(self._location))
+                if not home.client_endpoint:
+                    raise InvalidInput(
+                        "federation",
+                        f"broker {home.id} has no client_endpoint in the federation file",
+                    )
+                await self._open_session(home.id, home.client_endpoint)
+            else:
+                assert self.config.endpoint is not None
+                await self._open_session("", self.config.endpoint)
+
+    async def _open_session(self, broker_id: str, endpoint: str) -> None:
+        """Connect at `endpoint`, following redirects, and make it the session's broker."""
+        for _ in range(self.config.max_redirects + 1):
+            self._broker_id, self._endpoint = broker_id, endpoint
+            resp = await self._retrying(
+                "connect",
+                lambda: self._unary(
+                    "connect",
+                    self._stub().Connect(
+                        connect_request(self.client_id, self._location),
+                        timeout=self.config.connect_timeout_s,
+                    ),
+                    self.config.connect_timeout_s,
+                ),
+            )
+            if resp.accepted:
+                self._broker_id = resp.broker_id
+                return
+            self.redirects += 1
+            broker_id, endpoint = resp.redirect.broker_id, resp.redirect.endpoint
+            if not endpoint and self._federation is not None:
+                endpoint = self._federation.broker(broker_id).client_endpoint
+            if not endpoint:
+                raise Unavailable(
+                    "", f"broker {broker_id} is responsible but has no client endpoint"
+                )
+        raise GeofedError(
+            f"client {self.client_id}: more than {self.config.max_redirects} redirects"
+        )
+
+    async def _renew(self, sub: Subscription) -> None:
+        """Re-establish `sub` after its stream broke (the broker restarted, say)."""
+        async with self._lock:
+            if self._closed or self._subs.get(sub.id) is not sub:
+                return
+            await self._open_session(self._broker_id, self._endpoint)
+            await sub._attach(self._broker_id, self._stub())
+
+    # -- calls -------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientClosed(f"client {self.client_id} is closed")
+
+    def _stub(self) -> cpb_grpc.ClientServiceStub:
+        self._check_open()
+        channel = self._channels.get(self._endpoint)
+        if channel is None:
+            channel = self._channels[self._endpoint] = grpc.aio.insecure_channel(self._endpoint)
+        return cpb_grpc.ClientServiceStub(channel)
+
+    async def _unary(self, operation: str, call: Awaitable[T], timeout: float | None = None) -> T:
+        try:
+            return await call
+        except grpc.aio.AioRpcError as exc:
+            raise _error(
+                exc, self._endpoint, operation, timeout or self.config.request_timeout_s
+            ) from None
+
+    async def _call(
+        self,
+        operation: str,
+        start: Callable[[cpb_grpc.ClientServiceStub, float], Awaitable[T]],
+        *,
+        retry: bool,
+    ) -> T:
+        self._check_open()
+        timeout = self.config.request_timeout_s
+
+        async def once() -> T:
+            return await self._unary(operation, start(self._stub(), timeout))
+
+        return await (self._retrying(operation, once) if retry else once())
+
+    async def _retrying(self, operation: str, attempt: Callable[[], Awaitable[T]]) -> T:
+        """`attempt` again while the broker is unavailable, with jittered exponential backoff."""
+        retry = self.config.retry
+        backoff = retry.initial_backoff_s
+        for n in range(1, retry.attempts + 1):
+            try:
+                return await attempt()
+            except Unavailable:
+                if n == retry.attempts or self._closed:
+                    raise
+            await asyncio.sleep(random.uniform(0.5, 1.0) * backoff)
+            backoff = min(retry.max_backoff_s, backoff * 2)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+class Subscription:
+    """A live subscription: ``async for msg in sub`` yields each `Message`.
+
+    Iteration ends after `unsubscribe` or `Client.close`; it raises the typed
+    error when the subscription was lost for good (its broker rejected the
+    renewal, or stayed unreachable through every retry). Moves are invisible:
+    the same object carries on at the new broker.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        subscription_id: str,
+        topic_filter: str,
+        geofence: GeofenceInput,
+        pending_limit: int,
+    ) -> None:
+        self._client = client
+        self.id = subscription_id
+        """The subscription id."""
+        self.topic_filter = topic_filter
+        """The MQTT topic filter."""
+        self.geofence = geofence
+        """The subscription geofence as given (None: the world)."""
+        self.pending_limit = pending_limit
+        """Deliveries buffered before the oldest is dropped."""
+        self.dropped = 0
+        """Deliveries dropped because the application did not keep up."""
+        self._items: deque[Message] = deque()
+        self._ready = asyncio.Event()
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._done = False
+        self._error: GeofedError | None = None
+        self._call: Any = None
+        self._pump: asyncio.Task[None] | None = None
+        self._recovery: asyncio.Task[None] | None = None
+
+    @property
+    def pending(self) -> int:
+        """Deliveries received and not yet taken."""
+        return len(self._items)
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> Message:
+        try:
+            return await self.next()
+        except ClientClosed:
+            raise StopAsyncIteration from None
+
+    async def next(self, timeout: float | None = None) -> Message:
+        """The next delivery.
+
+        Raises:
+            ClientClosed: the subscription ended (unsubscribed or client closed).
+            DeadlineExceeded: nothing arrived within `timeout` seconds.
+            GeofedError: the subscription was lost (see the class docs).
+        """
+        while not self._items:
+            if self._done:
+                if self._error is not None:
+                    raise self._error
+                raise ClientClosed(f"subscription {self.id} ended")
+            self._ready.clear()
+            try:
+                await asyncio.wait_for(self._ready.wait(), timeout)
+            except TimeoutError:
+                raise DeadlineExceeded(f"subscription {self.id}", timeout) from None
+        return self._items.popleft()
+
+    async def unsubscribe(self) -> None:
+        """Withdraw the subscription; iteration ends after the buffered deliveries."""
+        client = self._client
+        if self._done:
+            return
+        async with client._lock:
+            if client._subs.get(self.id) is self:
+                del client._subs[self.id]
+            self._finish(None)
+            if not client._closed:
+                await client._call(
+                    "unsubscribe",
+                    lambda stub, timeout: stub.Unsubscribe(
+                        unsubscribe_request(client.client_id, self.id), timeout=timeout
+                    ),
+                    retry=True,
+                )
+            await self._detach()
+
+    # -- the stream underneath -------------------------------------------------
+
+    async def _attach(self, broker_id: str, stub: cpb_grpc.ClientServiceStub) -> None:
+        """Register at a broker and pump its stream (replacing any earlier one)."""
+        await self._detach()
+        client = self._client
+        call = stub.Subscribe(
+            subscribe_request(client.client_id, self.id, self.topic_filter, self.geofence)
+        )
+        try:
+            # Sent once the broker registered the subscription; rejections end the call.
+            async with asyncio.timeout(client.config.request_timeout_s):
+                await call.initial_metadata()
+        except TimeoutError:
+            call.cancel()
+            raise DeadlineExceeded("subscribe", client.config.request_timeout_s) from None
+        if call.done():
+            code = await call.code()
+            if code != grpc.StatusCode.OK:
+                raise _error(
+                    _Ended(code, await call.details(), await call.trailing_metadata()),
+                    client.endpoint,
+                    "subscribe",
+                    None,
+                )
+        self._call = call
+        self._pump = asyncio.create_task(self._read(call, broker_id), name=f"sub-{self.id}")
+
+    async def _detach(self) -> None:
+        call, pump = self._call, self._pump
+        self._call = self._pump = None
+        if self._done and self._recovery is not None and not self._recovery.done():
+            if self._recovery is not asyncio.current_task():
+                self._recovery.cancel()
+        if call is not None:
+            call.cancel()
+        if pump is not None and pump is not asyncio.current_task():
+            with contextlib.suppress(asyncio.CancelledError):
+                await pump
+
+    async def _read(self, call: Any, broker_id: str) -> None:
+        try:
+            async for pb in call:
+                self._push(message_from_pb(pb, broker_id))
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code()
+            if code in (grpc.StatusCode.CANCELLED, _MOVED):
+                return  # we cancelled it, or the client moved: `move` renews the stream
+            if code == grpc.StatusCode.UNAVAILABLE and not self._done:
+                self._recovery = asyncio.create_task(self._recover(), name=f"renew-{self.id}")
+                return
+            self._finish(_error(exc, self._client.endpoint, "subscribe", None))
+            return
+        if self._call is call:
+            # The broker ended the stream: another Subscribe took the id over,
+            # or the subscription was withdrawn there.
+            self._finish(None)
+
+    async def _recover(self) -> None:
+        try:
+            await self._client._retrying("subscribe", lambda: self._client._renew(self))
+        except GeofedError as err:
+            self._finish(err)
+
+    def _push(self, msg: Message) -> None:
+        if msg.event_id in self._seen:
+            return  # the same event through the old and the new broker of a handover
+        self._seen[msg.event_id] = None
+        if len(self._seen) > _DEDUP_WINDOW:
+            self._seen.popitem(last=False)
+        if len(self._items) >= self.pending_limit:
+            self._items.popleft()
+            self.dropped += 1
+        self._items.append(msg)
+        self._ready.set()
+
+    def _finish(self, error: GeofedError | None) -> None:
+        if self._done:
+            return
+        self._done = True
+        self._error = error
+        self._ready.set()
+
+
+@dataclass
+class _Ended:
+    """A finished call's status, shaped like a ``grpc.RpcError`` for `from_rpc_error`."""
+
+    status: grpc.StatusCode
+    text: str
+    metadata: Any
+
+    def code(self) -> grpc.StatusCode:
+        return self.status
+
+    def details(self) -> str:
+        return self.text
+
+    def trailing_metadata(self) -> Any:
+        return self.metadata
+
+
+def _error(exc: Any, endpoint: str, operation: str, timeout: float | None) -> GeofedError:
+    if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return DeadlineExceeded(operation, timeout)
+    return from_rpc_error(exc, endpoint=endpoint, operation=operation)
+
+
+def _bytes(payload: bytes | str) -> bytes:
+    if isinstance(payload, str):
+        return payload.encode()
+    if isinstance(payload, bytes | bytearray | memoryview):
+        return bytes(payload)
+    raise InvalidInput("payload", f"must be bytes or str, got {type(payload).__name__}")
+
+
+def health_status(endpoint: str, service: str = "", timeout: float = 1.0) -> str:
+    """The gRPC health status name of `service` at `endpoint` ("UNREACHABLE" if none answers).
+
+    `service` is "" (the broker), `geofed.wire.CLIENT_SERVICE` or
+    `geofed.wire.FEDERATION_SERVICE` (SERVING only while every peer link is up).
+    """
+    with grpc.insecure_channel(endpoint) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        with contextlib.suppress(grpc.RpcError):
+            resp = stub.Check(health_check_request(service), timeout=timeout)
+            return str(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))
+    return "UNREACHABLE"
+
+
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "DEFAULT_PENDING_LIMIT",
+    "Client",
+    "ClientConfig",
+    "Message",
+    "Publication",
+    "RetryConfig",
+    "Subscription",
+    "TLSConfig",
+    "connect",
+    "health_status",
+]
