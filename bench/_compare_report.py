@@ -12,6 +12,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from geofed.node import (
+    PEER_BYTES_SENT,
+    PEER_MESSAGES_SENT,
+    PEER_QUEUE_DROPPED,
+    SUBSCRIBER_QUEUE_DROPPED,
+)
+
 from .scrape import Samples
 
 KINDS = ("event", "subscribe", "unsubscribe", "delivery")
@@ -93,15 +100,15 @@ def node_totals(before: Mapping[str, Samples], after: Mapping[str, Samples]) -> 
             name, labels = key
             delta = value - old.get(key, 0.0)
             kind = dict(labels).get("kind")
-            if name in ("geofed_peer_messages_sent_total", "geofed_peer_bytes_sent_total"):
-                what = "messages" if "messages" in name else "bytes"
+            if name in (PEER_MESSAGES_SENT, PEER_BYTES_SENT):
+                what = "messages" if name == PEER_MESSAGES_SENT else "bytes"
                 if kind in msgs:
                     (msgs if what == "messages" else byts)[kind] += round(delta)
                 elif kind == "control":
                     control[what] += round(delta)
-            elif name == "geofed_peer_queue_dropped_total":
+            elif name == PEER_QUEUE_DROPPED:
                 drops["peer_queue"] += round(delta)
-            elif name == "geofed_subscriber_queue_dropped_total":
+            elif name == SUBSCRIBER_QUEUE_DROPPED:
                 drops["subscriber_queue"] += round(delta)
             elif name == "process_cpu_seconds_total":
                 cpu[broker] = round(delta, 3)
@@ -402,6 +409,32 @@ def markdown(report: Mapping[str, Any]) -> str:
         out += ["", "## Plots", ""]
         out += [f"![{p}]({p})" for p in plots]
     return "\n".join(out) + "\n"
+
+
+def summary(report: Mapping[str, Any]) -> str:
+    """One compact table: messages by kind against the cost model, savings, accuracy."""
+    rows, w = report["strategies"], report["workload"]
+    head = f"{'strategy':<24}{'event':>7}{'sub':>6}{'unsub':>6}{'deliv':>7}{'total':>7}{'model':>7}"
+    out = [
+        f"inter-region messages measured from the nodes' metrics ({w['events']:,} events)",
+        head + f"{'vs f-ev':>9}{'vs f-sub':>9}{'recall':>8}{'precis':>8}{'dups':>5}",
+    ]
+    for r in rows:
+        m, d = r["messages"], r["deliveries"]
+        fe = r["savings"]["flooding-events"]["messages_percent"]
+        fs = r["savings"]["flooding-subscriptions"]["messages_percent"]
+        out.append(
+            f"{r['strategy']:<24}{m['event']:>7}{m['subscribe']:>6}{m['unsubscribe']:>6}"
+            f"{m['delivery']:>7}{m['total']:>7}{r['model']['total']:>7}"
+            f"{'' if fe is None else f'{fe:+.0f}%':>9}{'' if fs is None else f'{fs:+.0f}%':>9}"
+            f"{d['recall']:>8.3f}{d['precision']:>8.3f}{d['duplicates']:>5}"
+        )
+    if rows:
+        out.append(
+            "lower bound (remote brokers hosting a matching subscriber, per event, summed): "
+            f"{rows[0]['lower_bound']}"
+        )
+    return "\n".join(out)
 
 
 def _code(code: Mapping[str, Any] | None) -> str:

@@ -67,11 +67,35 @@ _BARRIER_TIMEOUT_S = 60.0
 _HEARTBEAT_S = 15.0
 
 
+PRESETS: dict[str, dict[str, Any]] = {
+    "bench": {},
+    # The main job: a small exact run of every strategy, printed as one table.
+    "demo": {
+        "scenario": "global",
+        "clients": 40,
+        "duration": 20.0,
+        "seed": 7,
+        "wan": "off",
+        "barrier": True,
+        "analysis": False,
+        "plots": False,
+        "summary": True,
+        "out": "out/demo/report",
+        "workdir": "out/demo/work",
+    },
+}
+"""Subcommands of this pipeline and the defaults each changes (``geofed demo`` is a preset)."""
+_HELP = {
+    "bench": "routing strategies head to head on a live local federation (report folder)",
+    "demo": "the main job: a live 21-region federation under each strategy, exact, one table",
+}
+
+
 def register(subparsers: Any, name: str) -> argparse.ArgumentParser:
-    """Add the ``bench`` subcommand (called `name`) to an argparse subparsers object."""
+    """Add the ``bench`` subcommand, or a preset of it (`PRESETS`), called `name`."""
     p: argparse.ArgumentParser = subparsers.add_parser(
         name,
-        help="routing strategies head to head on a live local federation (report folder)",
+        help=_HELP[name],
         description=__doc__.split("\n\n")[1] if __doc__ else None,
     )
     p.add_argument(
@@ -120,10 +144,23 @@ def register(subparsers: Any, name: str) -> argparse.ArgumentParser:
     o.add_argument(
         "--workdir", default="out/bench/work", help="logs, node traces, delivery logs, Spark tables"
     )
-    o.add_argument("--no-analysis", action="store_true", help="skip the Spark analysis")
-    o.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    o.add_argument(
+        "--analysis",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the Spark analysis of the node traces",
+    )
+    o.add_argument(
+        "--plots", action=argparse.BooleanOptionalAction, default=True, help="write PNG plots"
+    )
+    o.add_argument(
+        "--summary",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="print one compact table instead of the report's first sections",
+    )
     o.add_argument("--json", action="store_true", help="print report.json instead of the table")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, **PRESETS[name])
     return p
 
 
@@ -237,7 +274,7 @@ def _run(args: argparse.Namespace) -> int:
     rep.add_comparisons(rows, {s: m.total_messages for s, m in models.items()})
 
     analysis: dict[str, Any] | None = None
-    if not args.no_analysis:
+    if args.analysis:
         traces = sorted(
             str(p) for s in strategies for p in (workdir / s / "measured").glob("trace-*.jsonl")
         )
@@ -265,7 +302,7 @@ def _run(args: argparse.Namespace) -> int:
         "strategies": rows,
         "analysis": analysis,
     }
-    if not args.no_plots:
+    if args.plots:
         with _stage(progress, "plots"):
             report["plots"] = rep.plot(report, out)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
@@ -273,6 +310,9 @@ def _run(args: argparse.Namespace) -> int:
     (out / "report.md").write_text(text, encoding="utf-8")
     if args.json:
         print(json.dumps(report, indent=2))
+    elif args.summary:
+        print(rep.summary(report))
+        print(f"\nreport: {out / 'report.md'}; logs, node traces, deliveries: {workdir}/")
     else:
         print(text.split("\n## Deliveries", 1)[0].rstrip())
         print(f"\nreport: {out / 'report.md'}")
@@ -399,8 +439,10 @@ def _command_line(args: argparse.Namespace, speed: float) -> str:
     if args.barrier:
         cmd.append("--barrier")
     cmd += ["--out", args.out, "--workdir", args.workdir]
-    if args.no_analysis:
+    if not args.analysis:
         cmd.append("--no-analysis")
+    if not args.plots:
+        cmd.append("--no-plots")
     return shlex.join(cmd)
 
 
@@ -595,7 +637,7 @@ async def _replay(
             # Every inter-broker message sent has arrived: the federation has
             # absorbed the load (deliveries to clients may still be on their way).
             drain = time.monotonic() - t1
-            await r.settle()
+            await r.settle(urls)
             # Before the streams close: a closed Subscribe stream withdraws its
             # subscription, which would add unsubscribe messages to the count.
             cutoff = time.time()

@@ -203,7 +203,7 @@ async def _run(
             "GEOFED_LOG_LEVEL": os.environ.get("GEOFED_LOG_LEVEL", "warning"),
         }
     )
-    proc = subprocess.Popen([sys.executable, "-m", "geofed.node", "node"], env=env)
+    proc = subprocess.Popen([sys.executable, "-m", "geofed.node"], env=env)
     try:
         while health_status(f"127.0.0.1:{peer_listen}", FEDERATION_SERVICE) != "SERVING":
             await asyncio.sleep(0.1)

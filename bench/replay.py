@@ -1,11 +1,11 @@
-"""Real gRPC clients: connect at the local broker, follow redirects, replay traces.
+"""Replaying a workload trace through real clients (`geofed.client`).
 
-`Replayer` plays a workload trace (DESIGN §4) against a running federation:
-one client session per trace client, each at the broker responsible for its
-location; a location update that leaves the area is answered with a redirect,
-and the client reconnects there and renews its subscriptions (the same
-semantics as the in-memory simulator). Deliveries received on the Subscribe
-streams are written to the delivery log.
+`Replayer` plays a trace (docs/design.md §4) against a running federation:
+one `geofed.Client` per trace client, opened at the broker responsible for
+its first location; a ``move`` is `Client.move` (which follows a redirect and
+renews the client's subscriptions at its new broker, as the in-memory
+simulator does); every delivery a subscription yields is recorded, and
+written to the delivery log.
 """
 
 from __future__ import annotations
@@ -13,35 +13,18 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import IO, Any
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import IO
 
-import grpc
-
+from geofed.client import Channels, Client, ClientConfig, Subscription, connect
+from geofed.node import DELIVERIES, SUBSCRIBER_QUEUE_DROPPED
 from geofed.routing import Federation, GeofedError, LatLon, TraceOp
-from geofed.v1 import client_pb2 as cpb
-from geofed.v1 import client_pb2_grpc as cpb_grpc
-from geofed.v1 import geo_pb2 as gpb
-from geofed.wire import geofence_to_pb
 
-
-def latlon_pb(p: LatLon) -> gpb.LatLon:
-    """Wire form of a point."""
-    return gpb.LatLon(lat=p.lat, lon=p.lon)
-
-
-@dataclass
-class _Client:
-    id: str
-    location: LatLon
-    broker: str
-    subs: dict[str, gpb.Subscription] = field(default_factory=dict)
-    streams: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+from .scrape import scrape_all
 
 
 class Replayer:
-    """Replays trace actions with one gRPC session per client.
+    """Replays trace actions with one client session per trace client.
 
     Args:
         federation: the federation, with client endpoints.
@@ -54,54 +37,33 @@ class Replayer:
         self,
         federation: Federation,
         delivery_log: IO[str] | None = None,
-        barrier: Callable[[], Any] | None = None,
+        barrier: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
         self.federation = federation
         self._log = delivery_log
         self._barrier = barrier
-        self._channels: dict[str, grpc.aio.Channel] = {}
-        self._clients: dict[str, _Client] = {}
+        self._channels = Channels()  # one connection per broker for every client
+        self._clients: dict[str, Client] = {}
+        self._subs: dict[tuple[str, str], Subscription] = {}
+        self._readers: list[asyncio.Task[None]] = []
+        self._ended: list[Subscription] = []
         self.deliveries: list[tuple[str, str]] = []
-        self.latencies: list[
-            tuple[str, str, float]
-        ] = []  # (publisher broker, subscriber broker, seconds)
-        self.redirects = 0
+        """(event id, subscription id) of every delivery, in arrival order."""
+        self.latencies: list[tuple[str, str, float]] = []
+        """(publisher's broker, subscriber's broker, seconds from publish to delivery)."""
         self.errors: list[str] = []
         self._origin: dict[str, str] = {}
 
-    def stub(self, broker_id: str) -> cpb_grpc.ClientServiceStub:
-        """A client stub for a broker (one channel per broker)."""
-        ch = self._channels.get(broker_id)
-        if ch is None:
-            endpoint = self.federation.broker(broker_id).client_endpoint
-            if not endpoint:
-                raise GeofedError(
-                    f"broker {broker_id} has no client_endpoint in the federation file"
-                )
-            ch = self._channels[broker_id] = grpc.aio.insecure_channel(endpoint)
-        return cpb_grpc.ClientServiceStub(ch)
+    @property
+    def redirects(self) -> int:
+        """Redirects the clients followed (opening sessions and moves)."""
+        return sum(c.redirects for c in self._clients.values())
 
-    async def close(self) -> None:
-        """Cancel streams and close channels."""
-        for c in self._clients.values():
-            for task in c.streams.values():
-                task.cancel()
-        for c in self._clients.values():
-            await asyncio.gather(*c.streams.values(), return_exceptions=True)
-        for ch in self._channels.values():
-            await ch.close()
-
-    async def settle(self, quiet: float = 0.3) -> None:
-        """Wait until no delivery has arrived for `quiet` seconds.
-
-        Deliveries the brokers already pushed may still be on the client streams
-        after the federation went quiescent.
-        """
-        last, since = -1, time.monotonic()
-        while time.monotonic() - since < quiet:
-            if len(self.deliveries) != last:
-                last, since = len(self.deliveries), time.monotonic()
-            await asyncio.sleep(0.05)
+    @property
+    def received(self) -> int:
+        """Deliveries that reached the clients, duplicates of handovers included."""
+        subs = [*self._subs.values(), *self._ended]
+        return sum(s.received for s in subs)
 
     async def run(self, ops: Iterable[TraceOp], speed: float = 0.0) -> None:
         """Replay `ops`; `speed` > 0 honours ``t`` scaled by it, 0 goes as fast as possible."""
@@ -113,115 +75,105 @@ class Replayer:
                     await asyncio.sleep(wait)
             try:
                 await self.apply(op)
-            except grpc.aio.AioRpcError as exc:
-                self.errors.append(f"line {op.line}: {exc.code().name}: {exc.details()}")
+            except GeofedError as exc:
+                self.errors.append(f"line {op.line}: {type(exc).__name__}: {exc}")
             if self._barrier is not None:
                 await self._barrier()
 
     async def apply(self, op: TraceOp) -> None:
-        """Perform one trace action through gRPC."""
-        if op.location is not None:
-            await self._locate(op.client, op.location)
+        """Perform one trace action through the client library."""
         client = self._clients.get(op.client)
+        if op.location is not None:
+            client = await self._locate(op.client, op.location)
         if op.op == "subscribe":
             assert client is not None
-            sub = gpb.Subscription(
-                id=op.id,
-                client=op.client,
-                topic_filter=op.topic,
-                geofence=geofence_to_pb(op.geofence),
-            )
-            await self._subscribe(client, sub)
+            old = self._subs.pop((op.client, op.id), None)
+            sub = await client.subscribe(op.topic, geofence=op.geofence, subscription_id=op.id)
+            if old is not None:
+                self._ended.append(old)  # an update: the broker ended the old stream
+            self._subs[(op.client, op.id)] = sub
+            self._readers.append(asyncio.create_task(self._read(client, sub)))
         elif op.op == "unsubscribe":
-            if client is None or op.id not in client.subs:
+            gone = self._subs.pop((op.client, op.id), None)
+            if gone is None:
                 self.errors.append(
                     f"line {op.line}: client {op.client} has no subscription {op.id}"
                 )
                 return
-            del client.subs[op.id]
-            await self.stub(client.broker).Unsubscribe(
-                cpb.UnsubscribeRequest(client=op.client, subscription_id=op.id)
-            )
-            task = client.streams.pop(op.id, None)
-            if task is not None:
-                await asyncio.gather(task, return_exceptions=True)
+            self._ended.append(gone)
+            await gone.unsubscribe()
         elif op.op == "publish":
-            assert client is not None and op.location is not None
-            ev = gpb.Event(
-                id=op.id,
-                topic=op.topic,
-                payload=b"\0" * op.payload_size,
-                publisher=latlon_pb(op.location),
-                geofence=geofence_to_pb(op.geofence),
+            assert client is not None
+            self._origin[op.id] = client.broker_id
+            await client.publish(
+                op.topic, b"\0" * op.payload_size, geofence=op.geofence, event_id=op.id
             )
-            self._origin[op.id] = client.broker
-            await self.stub(client.broker).Publish(cpb.PublishRequest(client=op.client, event=ev))
 
-    async def _locate(self, client_id: str, where: LatLon) -> None:
+    async def settle(self, metrics_urls: Mapping[str, str], timeout: float = 60.0) -> None:
+        """Wait until every delivery the brokers handed to a stream has reached its client.
+
+        Call it once the federation is quiescent: the brokers' delivery counts
+        (minus what their subscriber queues dropped) are then final.
+
+        Raises:
+            GeofedError: if deliveries are still missing after `timeout` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            samples = await asyncio.to_thread(scrape_all, metrics_urls)
+            sent = sum(
+                v
+                for node in samples.values()
+                for (name, _), v in node.items()
+                if name == DELIVERIES
+            ) - sum(
+                v
+                for node in samples.values()
+                for (name, _), v in node.items()
+                if name == SUBSCRIBER_QUEUE_DROPPED
+            )
+            if self.received >= sent:
+                return
+            if time.monotonic() > deadline:
+                raise GeofedError(
+                    f"{int(sent) - self.received} deliveries sent by the brokers did not "
+                    f"reach their clients within {timeout:g}s"
+                )
+            await asyncio.sleep(0.01)
+
+    async def close(self) -> None:
+        """Close every client (their subscriptions end) and the connections."""
+        for client in self._clients.values():
+            await client.close()
+        await asyncio.gather(*self._readers, return_exceptions=True)
+        await self._channels.close()
+
+    async def _locate(self, client_id: str, where: LatLon) -> Client:
         client = self._clients.get(client_id)
         if client is None:
-            broker = await self._connect(client_id, where, self.federation.responsible(where))
-            self._clients[client_id] = _Client(client_id, where, broker)
-            return
-        if client.location == where:
-            return
-        client.location = where
-        resp = await self.stub(client.broker).UpdateLocation(
-            cpb.UpdateLocationRequest(client=client_id, location=latlon_pb(where))
-        )
-        if resp.accepted:
-            return
-        self.redirects += 1
-        # The old broker ended our streams and withdrew the subscriptions.
-        for task in client.streams.values():
-            await asyncio.gather(task, return_exceptions=True)
-        client.streams.clear()
-        client.broker = await self._connect(client_id, where, resp.redirect.broker_id)
-        for sub in client.subs.values():
-            await self._subscribe(client, sub)
-
-    async def _connect(self, client_id: str, where: LatLon, broker: str) -> str:
-        for _ in range(len(self.federation) + 1):
-            resp = await self.stub(broker).Connect(
-                cpb.ConnectRequest(client=client_id, location=latlon_pb(where))
+            client = await connect(
+                ClientConfig(client_id, where, federation=self.federation),
+                channels=self._channels,
             )
-            if resp.accepted:
-                return broker
-            self.redirects += 1
-            broker = resp.redirect.broker_id
-        raise GeofedError(f"client {client_id}: redirect loop")
+            self._clients[client_id] = client
+        elif client.location != where:
+            await client.move(where)
+        return client
 
-    async def _subscribe(self, client: _Client, sub: gpb.Subscription) -> None:
-        old = client.streams.pop(sub.id, None)
-        call = self.stub(client.broker).Subscribe(
-            cpb.SubscribeRequest(client=client.id, subscription=sub)
-        )
-        await call.initial_metadata()  # sent once the broker registered the subscription
-        client.subs[sub.id] = sub
-        client.streams[sub.id] = asyncio.create_task(self._pump(client, client.broker, call))
-        if old is not None:
-            await asyncio.gather(old, return_exceptions=True)
-
-    async def _pump(self, client: _Client, broker: str, call: Any) -> None:
+    async def _read(self, client: Client, sub: Subscription) -> None:
         try:
-            async for d in call:
-                now = time.time()
-                self.deliveries.append((d.event.id, d.subscription_id))
-                origin = self._origin.get(d.event.id, "")
-                self.latencies.append((origin, broker, d.deliver_time - d.event.publish_time))
+            async for msg in sub:
+                self.deliveries.append((msg.event_id, msg.subscription_id))
+                origin = self._origin.get(msg.event_id, "")
+                self.latencies.append((origin, msg.broker, msg.deliver_time - msg.publish_time))
                 if self._log is not None:
-                    self._log.write(
-                        json.dumps(
-                            {
-                                "event": d.event.id,
-                                "subscription": d.subscription_id,
-                                "client": client.id,
-                                "t_publish": d.event.publish_time,
-                                "t_deliver": now,
-                            }
-                        )
-                        + "\n"
-                    )
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() not in (grpc.StatusCode.CANCELLED, grpc.StatusCode.FAILED_PRECONDITION):
-                self.errors.append(f"stream {client.id}: {exc.code().name}: {exc.details()}")
+                    record = {
+                        "event": msg.event_id,
+                        "subscription": msg.subscription_id,
+                        "client": client.client_id,
+                        "t_publish": msg.publish_time,
+                        "t_deliver": time.time(),
+                    }
+                    self._log.write(json.dumps(record) + "\n")
+        except GeofedError as exc:
+            self.errors.append(f"subscription {sub.id} of {client.client_id}: {exc}")

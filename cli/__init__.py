@@ -24,7 +24,7 @@ SUBCOMMANDS: dict[str, str] = {
     "publish": "geofed.cli._client",
     "subscribe": "geofed.cli._client",
     "replay": "geofed.cli._client",
-    "demo": "geofed.cli._demo",
+    "demo": "geofed.bench.compare",
     "workload": "geofed.bench.workload",
     "analyze": "geofed.bench.analyze",
     "bench": "geofed.bench.compare",

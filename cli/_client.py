@@ -1,4 +1,4 @@
-"""``geofed publish``, ``geofed subscribe`` and ``geofed replay``: real gRPC clients."""
+"""``geofed publish``, ``geofed subscribe`` and ``geofed replay``: clients from the shell."""
 
 from __future__ import annotations
 
@@ -10,14 +10,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import grpc
+from geofed.client import ClientConfig, connect
+from geofed.routing import InvalidInput, latlon
 
-from geofed.bench import Replayer, read_ops, wait_quiescent
-from geofed.bench.replay import latlon_pb
-from geofed.routing import Federation, InvalidInput, latlon, parse_geofence
-from geofed.v1 import client_pb2 as cpb
-from geofed.v1 import geo_pb2 as gpb
-from geofed.wire import geofence_to_pb
+from ._args import geofence_arg
 
 
 def register(sub: Any, name: str) -> None:
@@ -26,12 +22,19 @@ def register(sub: Any, name: str) -> None:
         p = sub.add_parser(
             name, help=f"{name} at the local broker for a location (follows redirects)"
         )
-        p.add_argument("--federation", required=True, help="federation file with client endpoints")
+        where = p.add_mutually_exclusive_group(required=True)
+        where.add_argument(
+            "--federation", help="federation file or bundled name: finds the local broker"
+        )
+        where.add_argument("--endpoint", help="host:port of any broker's client service")
         p.add_argument("--client", required=True, help="client id")
         p.add_argument("--lat", type=float, required=True)
         p.add_argument("--lon", type=float, required=True)
         p.add_argument("--topic", required=True, help="topic (publish) or filter (subscribe)")
-        p.add_argument("--geofence", help="WKT or GeoJSON (default: the whole world)")
+        p.add_argument(
+            "--geofence",
+            help="WKT, GeoJSON or circle:LAT,LON,RADIUS_M (default: the whole world)",
+        )
         p.add_argument("--id", default="", help="event / subscription id (default: generated)")
         if name == "publish":
             p.add_argument("--payload", default="", help="payload text")
@@ -43,7 +46,7 @@ def register(sub: Any, name: str) -> None:
             p.set_defaults(func=_subscribe)
     else:
         p = sub.add_parser(name, help="replay a workload trace against a running federation")
-        p.add_argument("workload", help="workload trace (JSON Lines)")
+        p.add_argument("workload", help="workload trace (JSON Lines, or Parquet: .parquet)")
         p.add_argument("--federation", required=True, help="federation file with client endpoints")
         p.add_argument(
             "--speed",
@@ -56,106 +59,101 @@ def register(sub: Any, name: str) -> None:
             "--metrics",
             nargs="*",
             default=[],
-            help="metrics URLs: wait for in-flight messages after each action",
+            help="metrics URLs of every broker: wait for in-flight messages after each action,"
+            " and for every delivery at the end",
+        )
+        p.add_argument(
+            "--grace",
+            type=float,
+            default=0.5,
+            help="without --metrics: seconds to wait for late deliveries at the end",
         )
         p.set_defaults(func=_replay)
 
 
-def _geofence(text: str | None) -> gpb.Geofence:
-    return geofence_to_pb(parse_geofence(text, "geofence")) if text else gpb.Geofence()
-
-
-async def _session(args: argparse.Namespace) -> tuple[Replayer, str]:
-    fed = Federation.load(args.federation)
-    where = latlon(args.lat, args.lon, "location")
-    r = Replayer(fed)
-    broker = await r._connect(args.client, where, fed.responsible(where))
-    return r, broker
+def _config(args: argparse.Namespace) -> ClientConfig:
+    return ClientConfig(
+        client_id=args.client,
+        location=latlon(args.lat, args.lon, "location"),
+        federation=args.federation,
+        endpoint=args.endpoint,
+    )
 
 
 def _publish(args: argparse.Namespace) -> int:
+    geofence = geofence_arg(args.geofence) if args.geofence else None
+
     async def run() -> int:
-        r, broker = await _session(args)
-        try:
-            ev = gpb.Event(
-                id=args.id,
-                topic=args.topic,
-                payload=args.payload.encode(),
-                publisher=latlon_pb(latlon(args.lat, args.lon)),
-                geofence=_geofence(args.geofence),
+        async with await connect(_config(args)) as client:
+            event_id = await client.publish(
+                args.topic, args.payload, geofence=geofence, event_id=args.id
             )
-            resp = await r.stub(broker).Publish(cpb.PublishRequest(client=args.client, event=ev))
-            print(json.dumps({"event": resp.event_id, "broker": broker}))
-            return 0
-        except grpc.aio.AioRpcError as exc:
-            print(f"geofed publish: {exc.code().name}: {exc.details()}", file=sys.stderr)
-            return 1
-        finally:
-            await r.close()
+            print(json.dumps({"event": event_id, "broker": client.broker_id}))
+        return 0
 
     return asyncio.run(run())
 
 
 def _subscribe(args: argparse.Namespace) -> int:
+    geofence = geofence_arg(args.geofence) if args.geofence else None
+    if args.count < 0:
+        raise InvalidInput("count", f"must be >= 0, got {args.count}")
+
     async def run() -> int:
-        r, broker = await _session(args)
-        sub = gpb.Subscription(
-            id=args.id or f"{args.client}-{int(time.time() * 1000)}",
-            client=args.client,
-            topic_filter=args.topic,
-            geofence=_geofence(args.geofence),
-        )
-        call = r.stub(broker).Subscribe(cpb.SubscribeRequest(client=args.client, subscription=sub))
-        seen = 0
-        try:
-            await call.initial_metadata()
-            print(f"subscribed {sub.id} at broker {broker}", file=sys.stderr, flush=True)
-            async for d in call:
-                print(
-                    json.dumps(
-                        {
-                            "event": d.event.id,
-                            "subscription": d.subscription_id,
-                            "client": args.client,
-                            "topic": d.event.topic,
-                            "payload": d.event.payload.decode(errors="replace"),
-                            "t_publish": d.event.publish_time,
-                            "t_deliver": time.time(),
-                        }
-                    ),
-                    flush=True,
-                )
+        async with await connect(_config(args)) as client:
+            sub = await client.subscribe(
+                args.topic, geofence=geofence, subscription_id=args.id or None
+            )
+            print(f"subscribed {sub.id} at broker {client.broker_id}", file=sys.stderr, flush=True)
+            seen = 0
+            async for msg in sub:
+                record = {
+                    "event": msg.event_id,
+                    "subscription": msg.subscription_id,
+                    "client": args.client,
+                    "topic": msg.topic,
+                    "payload": msg.payload.decode(errors="replace"),
+                    "t_publish": msg.publish_time,
+                    "t_deliver": time.time(),
+                }
+                print(json.dumps(record), flush=True)
                 seen += 1
                 if args.count and seen >= args.count:
                     break
-            return 0
-        except grpc.aio.AioRpcError as exc:
-            print(f"geofed subscribe: {exc.code().name}: {exc.details()}", file=sys.stderr)
-            return 1
-        finally:
-            call.cancel()
-            await r.close()
+        return 0
 
     return asyncio.run(run())
 
 
 def _replay(args: argparse.Namespace) -> int:
+    from geofed.bench import Replayer, read_ops, wait_quiescent
+    from geofed.routing import Federation
+
     ops = read_ops(args.workload)
     fed = Federation.load(args.federation)
     if args.speed < 0:
         raise InvalidInput("speed", "must be >= 0")
+    try:
+        log = Path(args.deliveries).open("w", encoding="utf-8")  # noqa: SIM115 - `with log` below
+    except OSError as exc:
+        raise InvalidInput(
+            "deliveries", f"cannot write {args.deliveries}: {exc.strerror}"
+        ) from None
 
     async def run() -> int:
         urls = {str(i): u for i, u in enumerate(args.metrics)}
         barrier = (lambda: wait_quiescent(urls)) if urls else None
-        with Path(args.deliveries).open("w", encoding="utf-8") as log:
-            r = Replayer(fed, log, barrier)
-            started = time.monotonic()
-            try:
-                await r.run(ops, speed=args.speed)
-                await asyncio.sleep(0.5)  # let the last deliveries arrive
-            finally:
-                await r.close()
+        r = Replayer(fed, log, barrier)
+        started = time.monotonic()
+        try:
+            await r.run(ops, speed=args.speed)
+            if urls:
+                await wait_quiescent(urls)
+                await r.settle(urls)
+            else:
+                await asyncio.sleep(args.grace)  # nothing to ask: give deliveries a moment
+        finally:
+            await r.close()
         took = time.monotonic() - started
         print(
             f"replayed {len(ops)} actions in {took:.1f}s: {len(r.deliveries)} deliveries, "
@@ -165,4 +163,5 @@ def _replay(args: argparse.Namespace) -> int:
             print("  " + e, file=sys.stderr)
         return 0 if not r.errors else 1
 
-    return asyncio.run(run())
+    with log:
+        return asyncio.run(run())

@@ -13,14 +13,15 @@ from geofed.routing import (
     Federation,
     InvalidInput,
     generate_areas,
-    parse_geofence,
+    latlon,
     predict,
     read_sites,
-    read_trace,
     reference_deliveries,
     simulate,
     strategy_for,
 )
+
+from ._args import geofence_arg, location_arg
 
 DEFAULT_FEDERATION = "aws-2020"
 
@@ -43,7 +44,7 @@ def register(sub: Any, name: str) -> None:
         p.set_defaults(func=_route)
     elif name == "simulate":
         p = sub.add_parser(name, help="workload trace -> per-strategy inter-broker messages")
-        p.add_argument("trace", help="workload trace (JSON Lines)")
+        p.add_argument("trace", help="workload trace (JSON Lines, or Parquet: .parquet)")
         p.add_argument("--federation", default=DEFAULT_FEDERATION, help="file or bundled name")
         p.add_argument("--strategy", action="append", choices=list(STRATEGIES))
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -67,27 +68,15 @@ def _areas(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parse_cli_geofence(text: str) -> Any:
-    if text.strip().lower() == "world":
-        return None
-    if text.startswith("circle:"):
-        lat, lon, radius = (float(v) for v in text[len("circle:") :].split(","))
-        return parse_geofence({"circle": {"lat": lat, "lon": lon, "radius_m": radius}}, "geofence")
-    return parse_geofence(text, "geofence")
-
-
 def _route(args: argparse.Namespace) -> int:
-    from geofed.routing import latlon
-
     fed = Federation.load(args.federation)
-    fence = _parse_cli_geofence(args.geofence)
+    fence = geofence_arg(args.geofence)
     if args.at:
         fed.broker(args.at)
         origin = args.at
     else:
         if args.location:
-            lat, lon = (float(v) for v in args.location.split(","))
-            where = latlon(lat, lon, "location")
+            where = location_arg(args.location)
         elif fence is not None:
             c = fence.geometry.representative_point()
             where = latlon(c.y, c.x, "location")
@@ -132,12 +121,9 @@ def _route(args: argparse.Namespace) -> int:
 
 def _simulate(args: argparse.Namespace) -> int:
     fed = Federation.load(args.federation)
-    path = Path(args.trace)
-    try:
-        with path.open(encoding="utf-8") as f:
-            ops = list(read_trace(f))
-    except OSError as exc:
-        raise InvalidInput("trace", f"cannot read {path}: {exc.strerror}") from None
+    from geofed.bench.trace import read_ops
+
+    ops = read_ops(args.trace)
     expected = reference_deliveries(ops)
     names = args.strategy or list(STRATEGIES)
     table: list[dict[str, Any]] = []

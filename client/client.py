@@ -35,11 +35,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -127,8 +129,8 @@ class ClientConfig:
     """This client's id, unique in the federation (keys its session and subscriptions)."""
     location: LatLon
     """Where the client is; decides its broker and the geofence checks."""
-    federation: str | None = None
-    """Federation file or bundled name (``aws-2020``, ``three``): the local broker is looked up."""
+    federation: str | Path | Federation | None = None
+    """Federation file, bundled name (``aws-2020``, ``three``) or a loaded one: finds the broker."""
     endpoint: str | None = None
     """``host:port`` of any broker's client service: the broker redirects to the right one."""
     connect_timeout_s: float = 10.0
@@ -161,11 +163,39 @@ class ClientConfig:
             raise InvalidInput("tls", "not supported yet: brokers serve plaintext gRPC")
 
 
-async def connect(config: ClientConfig | None = None, **settings: Any) -> Client:
+class Channels:
+    """gRPC channels by broker endpoint, shareable by many clients of one process.
+
+    A `Client` makes its own unless it is given one; a load generator or a
+    trace replay running thousands of clients shares one, so that each broker
+    is one connection, and closes it when they are all done.
+    """
+
+    def __init__(self) -> None:
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def get(self, endpoint: str) -> grpc.aio.Channel:
+        """The channel to `endpoint` (opened on first use)."""
+        channel = self._channels.get(endpoint)
+        if channel is None:
+            channel = self._channels[endpoint] = grpc.aio.insecure_channel(endpoint)
+        return channel
+
+    async def close(self) -> None:
+        """Close every channel (idempotent)."""
+        channels, self._channels = self._channels, {}
+        for channel in channels.values():
+            await channel.close(grace=None)
+
+
+async def connect(
+    config: ClientConfig | None = None, *, channels: Channels | None = None, **settings: Any
+) -> Client:
     """Open a session at the broker responsible for the client's location.
 
     Args:
         config: the settings; or give them as keywords (`ClientConfig` fields).
+        channels: connections shared with other clients (closed by their owner).
 
     Raises:
         InvalidInput: a setting is wrong (named), or the broker rejected it.
@@ -175,7 +205,7 @@ async def connect(config: ClientConfig | None = None, **settings: Any) -> Client
         config = ClientConfig(**settings)
     elif settings:
         raise InvalidInput("settings", "give a ClientConfig or keyword settings, not both")
-    client = Client(config)
+    client = Client(config, channels)
     try:
         await client._open()
     except BaseException:
@@ -187,13 +217,17 @@ async def connect(config: ClientConfig | None = None, **settings: Any) -> Client
 class Client:
     """A session at the local broker. Make one with `connect`; close it (or use ``async with``)."""
 
-    def __init__(self, config: ClientConfig) -> None:
+    def __init__(self, config: ClientConfig, channels: Channels | None = None) -> None:
         self.config = config
-        self._federation = Federation.load(config.federation) if config.federation else None
+        fed = config.federation
+        self._federation = (
+            fed if isinstance(fed, Federation) else None if fed is None else Federation.load(fed)
+        )
         self._location = config.location
         self._broker_id = ""
         self._endpoint = ""
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._own_channels = channels is None
+        self._channels = Channels() if channels is None else channels
         self._subs: dict[str, Subscription] = {}
         self._lock = asyncio.Lock()  # session changes (open, move) and subscription renewals
         self._closed = False
@@ -306,7 +340,7 @@ class Client:
         sub = Subscription(self, sub_id, topic_filter, geofence, limit)
         async with self._lock:
             old = self._subs.get(sub_id)
-            await self._retrying("subscribe", lambda: sub._attach(self._broker_id, self._stub()))
+            await self._retrying("subscribe", functools.partial(self._reattach, sub))
             self._subs[sub_id] = sub
         if old is not None:
             old._finish(None)  # the broker ended its stream: the new one took the id over
@@ -339,9 +373,7 @@ class Client:
             # The old broker ended our streams and withdrew the subscriptions.
             await self._open_session(resp.redirect.broker_id, resp.redirect.endpoint)
             for sub in list(self._subs.values()):
-                await self._retrying(
-                    "subscribe", lambda s=sub: s._attach(self._broker_id, self._stub())
-                )
+                await self._retrying("subscribe", functools.partial(self._reattach, sub))
             return True
 
     async def close(self) -> None:
@@ -353,9 +385,8 @@ class Client:
             sub._finish(None)
             await sub._detach()
         self._subs.clear()
-        for channel in self._channels.values():
-            await channel.close(grace=None)
-        self._channels.clear()
+        if self._own_channels:
+            await self._channels.close()
 
     async def __aenter__(self) -> Client:
         return self
@@ -414,13 +445,16 @@ class Client:
             f"client {self.client_id}: more than {self.config.max_redirects} redirects"
         )
 
+    async def _reattach(self, sub: Subscription) -> None:
+        await sub._attach(self._broker_id, self._stub())
+
     async def _renew(self, sub: Subscription) -> None:
         """Re-establish `sub` after its stream broke (the broker restarted, say)."""
         async with self._lock:
             if self._closed or self._subs.get(sub.id) is not sub:
                 return
             await self._open_session(self._broker_id, self._endpoint)
-            await sub._attach(self._broker_id, self._stub())
+            await self._reattach(sub)
 
     # -- calls -------------------------------------------------------------------
 
@@ -430,10 +464,7 @@ class Client:
 
     def _stub(self) -> cpb_grpc.ClientServiceStub:
         self._check_open()
-        channel = self._channels.get(self._endpoint)
-        if channel is None:
-            channel = self._channels[self._endpoint] = grpc.aio.insecure_channel(self._endpoint)
-        return cpb_grpc.ClientServiceStub(channel)
+        return cpb_grpc.ClientServiceStub(self._channels.get(self._endpoint))
 
     async def _unary(self, operation: str, call: Awaitable[T], timeout: float | None = None) -> T:
         try:
@@ -501,6 +532,10 @@ class Subscription:
         """Deliveries buffered before the oldest is dropped."""
         self.dropped = 0
         """Deliveries dropped because the application did not keep up."""
+        self.received = 0
+        """Deliveries that arrived from brokers, duplicates of a handover included."""
+        self.duplicates = 0
+        """Deliveries that arrived twice (through both brokers of a handover) and were dropped."""
         self._items: deque[Message] = deque()
         self._ready = asyncio.Event()
         self._seen: OrderedDict[str, None] = OrderedDict()
@@ -545,23 +580,31 @@ class Subscription:
         return self._items.popleft()
 
     async def unsubscribe(self) -> None:
-        """Withdraw the subscription; iteration ends after the buffered deliveries."""
+        """Withdraw the subscription; iteration ends after the deliveries already sent."""
         client = self._client
         if self._done:
             return
         async with client._lock:
             if client._subs.get(self.id) is self:
                 del client._subs[self.id]
-            self._finish(None)
-            if not client._closed:
-                await client._call(
-                    "unsubscribe",
-                    lambda stub, timeout: stub.Unsubscribe(
-                        unsubscribe_request(client.client_id, self.id), timeout=timeout
-                    ),
-                    retry=True,
-                )
-            await self._detach()
+            try:
+                if not client._closed:
+                    await client._call(
+                        "unsubscribe",
+                        lambda stub, timeout: stub.Unsubscribe(
+                            unsubscribe_request(client.client_id, self.id), timeout=timeout
+                        ),
+                        retry=True,
+                    )
+                    # The broker ends the stream after what it had queued: take all of it.
+                    pump = self._pump
+                    if pump is not None:
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(client.config.request_timeout_s):
+                                await asyncio.shield(pump)
+            finally:
+                self._finish(None)
+                await self._detach()
 
     # -- the stream underneath -------------------------------------------------
 
@@ -628,8 +671,10 @@ class Subscription:
             self._finish(err)
 
     def _push(self, msg: Message) -> None:
+        self.received += 1
         if msg.event_id in self._seen:
-            return  # the same event through the old and the new broker of a handover
+            self.duplicates += 1  # the same event through the old and the new broker of a handover
+            return
         self._seen[msg.event_id] = None
         if len(self._seen) > _DEDUP_WINDOW:
             self._seen.popitem(last=False)
@@ -696,6 +741,7 @@ def health_status(endpoint: str, service: str = "", timeout: float = 1.0) -> str
 __all__ = [
     "DEFAULT_BATCH_SIZE",
     "DEFAULT_PENDING_LIMIT",
+    "Channels",
     "Client",
     "ClientConfig",
     "Message",

@@ -91,7 +91,7 @@ def _bench(tmp_path: Path, name: str, *args: str) -> tuple[int, Path, str]:
         [
             sys.executable,
             "-m",
-            "geofed.node",
+            "geofed.cli",
             "bench",
             "--federation",
             str(THREE),

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from geofed.routing import reference_deliveries
 pytestmark = pytest.mark.integration
 
 THREE = Path(__file__).resolve().parents[2] / "deploy" / "federations" / "three.geojson"
-GEOFED = [sys.executable, "-m", "geofed.node"]
+GEOFED = [sys.executable, "-m", "geofed.cli"]
 
 
 def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -28,7 +27,7 @@ def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
 
 
 def test_up_starts_a_federation_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
-    proc = subprocess.Popen(
+    with subprocess.Popen(
         [
             *GEOFED,
             "up",
@@ -42,22 +41,21 @@ def test_up_starts_a_federation_and_stops_cleanly_on_sigterm(tmp_path: Path) -> 
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    assert proc.stdout is not None
-    lines = []
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        lines.append(line)
-        if "all brokers healthy" in line or not line:
-            break
-    assert any("all brokers healthy" in line for line in lines), lines
-    table = "".join(lines)
-    for broker in ("eu", "us", "ap"):
-        assert broker in table
-    assert "http://127.0.0.1:" in table
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(30) == 0
+    ) as proc:
+        assert proc.stdout is not None
+        lines = []
+        while True:  # `up` prints the table, then this line once every broker is linked
+            line = proc.stdout.readline()
+            lines.append(line)
+            if "all brokers healthy" in line or not line:
+                break
+        assert any("all brokers healthy" in line for line in lines), lines
+        table = "".join(lines)
+        for broker in ("eu", "us", "ap"):
+            assert broker in table
+        assert "http://127.0.0.1:" in table
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
     for broker in ("eu", "us", "ap"):
         assert "stopped" in (tmp_path / f"node-{broker}.log").read_text()
 
@@ -65,7 +63,7 @@ def test_up_starts_a_federation_and_stops_cleanly_on_sigterm(tmp_path: Path) -> 
 def test_publish_and_subscribe_commands_follow_redirects(tmp_path: Path) -> None:
     with LocalFederation(THREE, "event-geofence", tmp_path) as fed:
         fed_file = str(fed.federation_path)
-        sub = subprocess.Popen(
+        with subprocess.Popen(
             [
                 *GEOFED,
                 "subscribe",
@@ -87,29 +85,29 @@ def test_publish_and_subscribe_commands_follow_redirects(tmp_path: Path) -> None
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-        )
-        assert sub.stderr is not None
-        assert "subscribed sub1 at broker ap" in sub.stderr.readline()
-        out = run(
-            "publish",
-            "--federation",
-            fed_file,
-            "--client",
-            "p",
-            "--lat",
-            "50.1",
-            "--lon",
-            "8.7",
-            "--topic",
-            "news/eu",
-            "--payload",
-            "hello",
-            "--geofence",
-            "POLYGON((90 -10, 120 -10, 120 10, 90 10, 90 -10))",
-        )
-        assert out.returncode == 0, out.stderr
-        assert json.loads(out.stdout)["broker"] == "eu"
-        stdout, _ = sub.communicate(timeout=30)
+        ) as sub:
+            assert sub.stderr is not None
+            assert "subscribed sub1 at broker ap" in sub.stderr.readline()
+            out = run(
+                "publish",
+                "--federation",
+                fed_file,
+                "--client",
+                "p",
+                "--lat",
+                "50.1",
+                "--lon",
+                "8.7",
+                "--topic",
+                "news/eu",
+                "--payload",
+                "hello",
+                "--geofence",
+                "POLYGON((90 -10, 120 -10, 120 10, 90 10, 90 -10))",
+            )
+            assert out.returncode == 0, out.stderr
+            assert json.loads(out.stdout)["broker"] == "eu"
+            stdout, _ = sub.communicate(timeout=30)
         got = json.loads(stdout.splitlines()[0])
         assert (got["subscription"], got["payload"], got["topic"]) == ("sub1", "hello", "news/eu")
         bad = run(
@@ -166,12 +164,17 @@ def test_demo_compares_every_strategy(tmp_path: Path) -> None:
         "--duration",
         "4",
         "--workdir",
-        str(tmp_path),
-        "--json",
+        str(tmp_path / "work"),
+        "--out",
+        str(tmp_path / "report"),
         timeout=300,
     )
     assert out.returncode == 0, out.stderr
-    rows = json.loads(out.stdout)
+    # The demo is a preset of `geofed bench`: exact (barrier) runs, one table.
+    assert "inter-region messages measured from the nodes' metrics" in out.stdout
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert report["settings"]["barrier"] and report["analysis"] is None
+    rows = report["strategies"]
     assert [r["strategy"] for r in rows] == [
         "flooding-events",
         "flooding-subscriptions",
@@ -179,8 +182,10 @@ def test_demo_compares_every_strategy(tmp_path: Path) -> None:
         "subscription-geofence",
     ]
     for r in rows:
-        assert r["messages"] == r["predicted"] and r["recall"] == 1.0 and r["precision"] == 1.0
-    assert (tmp_path / "results.json").exists()
+        d = r["deliveries"]
+        assert r["messages"]["total"] == r["model"]["total"]
+        assert d["recall"] == 1.0 and d["precision"] == 1.0 and d["duplicates"] == 0
+        assert f"{r['strategy']:<24}{r['messages']['event']:>7}" in out.stdout
 
 
 def test_route_and_simulate_commands(tmp_path: Path) -> None:

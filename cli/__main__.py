@@ -1,0 +1,5 @@
+import sys
+
+from geofed.cli import main
+
+sys.exit(main())
