@@ -1,4 +1,4 @@
-"""The node message trace (DESIGN §4): one JSON line per inter-broker message sent.
+"""The node message trace (docs/design.md §4): one JSON line per inter-broker message sent.
 
 Records are buffered in memory and written in blocks, so tracing costs one
 small dict per message on the hot path. The buffer is bounded: when the disk

@@ -1,4 +1,4 @@
-"""The federation file: brokers, their areas, and who is responsible where (DESIGN §2)."""
+"""The federation file: brokers, their areas, and who is responsible where (docs/design.md §2)."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ class BrokerInfo:
 class Federation:
     """The brokers of a federation and the geometry questions routing asks.
 
-    Responsibility (DESIGN §2): a location covered by one or more areas belongs
+    Responsibility (docs/design.md §2): a location covered by one or more areas belongs
     to the smallest covering id; a location covered by none to the nearest area
     (planar distance in degrees, across the antimeridian). If the areas leave
     such a gap, a geofence that meets the gap is routed to every broker, since
@@ -191,7 +191,7 @@ class Federation:
         )
 
     def to_geojson(self) -> dict[str, Any]:
-        """The federation as a GeoJSON FeatureCollection (DESIGN §2)."""
+        """The federation as a GeoJSON FeatureCollection (docs/design.md §2)."""
         features = []
         for b in self.brokers:
             props: dict[str, Any] = {"id": b.id}

@@ -1,4 +1,4 @@
-"""Events, subscriptions and the match predicate (DESIGN §1)."""
+"""Events, subscriptions and the match predicate (docs/design.md §1)."""
 
 from __future__ import annotations
 

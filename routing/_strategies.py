@@ -1,4 +1,4 @@
-"""Routing strategies (DESIGN §3) and their cost model.
+"""Routing strategies (docs/design.md §3) and their cost model.
 
 Each strategy answers, without sending anything, which remote brokers an event,
 a subscription (or its unsubscription / geofence change) and a matched event

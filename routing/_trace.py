@@ -1,4 +1,4 @@
-"""Workload traces (DESIGN §4): one client action per JSON line, in time order."""
+"""Workload traces (docs/design.md §4): one client action per JSON line, in time order."""
 
 from __future__ import annotations
 

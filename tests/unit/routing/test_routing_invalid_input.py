@@ -1,6 +1,6 @@
 """Every class of bad input is rejected with `InvalidInput` naming the field.
 
-DESIGN §1: invalid input is rejected with a message naming the field, never
+docs/design.md §1: invalid input is rejected with a message naming the field, never
 repaired silently, never a crash (no other exception type escapes).
 """
 
