@@ -43,20 +43,26 @@ from typing import Any
 
 import grpc
 
-from geofed.bench._machine import describe
-from geofed.bench.local import free_ports
-from geofed.bench.scrape import metric
-from geofed.bench.workload import WorkloadConfig, generate
-from geofed.client import health_status
-from geofed.routing import Federation
-from geofed.v1 import client_pb2 as cpb
-from geofed.v1 import client_pb2_grpc as cpb_grpc
-from geofed.v1 import federation_pb2 as fpb
+from geofed.client import Publication, connect, health_status
+from geofed.node import PEER_MESSAGES_SENT, PEER_QUEUE_LENGTH, SUBSCRIPTIONS
+from geofed.routing import Federation, LatLon, SubscribeMsg, Subscription
 from geofed.v1 import federation_pb2_grpc as fpb_grpc
-from geofed.v1 import geo_pb2 as gpb
-from geofed.wire import FEDERATION_SERVICE, geofence_to_pb
+from geofed.wire import (
+    FEDERATION_SERVICE,
+    ack_frame,
+    add_to_frame,
+    hello_frame,
+    new_frame,
+    snapshot_frames,
+)
+
+from ._machine import describe
+from .local import free_ports
+from .scrape import metric
+from .workload import WorkloadConfig, generate
 
 RESULTS = Path(__file__).resolve().parent / "results" / "node.md"
+PARIS = LatLon(48.85, 2.35)
 PEER_BOX = [[-10.0, -89.0], [10.0, -89.0], [10.0, -85.0], [-10.0, -85.0], [-10.0, -89.0]]
 
 
@@ -93,7 +99,7 @@ def federation_file(path: Path, node_ports: tuple[int, int], peer_port: int) -> 
 class FakePeer(fpb_grpc.FederationServiceServicer):
     """The other broker: accepts the node's link, sends subscriptions, counts deliveries."""
 
-    def __init__(self, fed: Federation, subs: list[gpb.Subscription]) -> None:
+    def __init__(self, fed: Federation, subs: list[Subscription]) -> None:
         self.fed = fed
         self.subs = subs
         self.deliveries = 0
@@ -101,20 +107,17 @@ class FakePeer(fpb_grpc.FederationServiceServicer):
 
     async def Link(self, request_iterator: Any, context: Any) -> None:
         first = await context.read()
-        hello = fpb.Hello(
-            broker_id="peer",
-            strategy=first.hello.strategy,
-            federation_digest=self.fed.digest,
-            protocol_version=1,
-            epoch=time.time_ns(),
+        await context.write(
+            hello_frame("peer", first.hello.strategy, self.fed.digest, 1, time.time_ns())
         )
-        await context.write(fpb.Frame(hello=hello))
-        await context.write(fpb.Frame(snapshot=fpb.SubscriptionSnapshot()))
+        for frame, _, _ in snapshot_frames([], 1):  # an empty snapshot: we held nothing
+            await context.write(frame)
         for seq, i in enumerate(range(0, len(self.subs), 2000), start=1):
-            chunk = [
-                fpb.RemoteSubscription(subscription=s, home="peer") for s in self.subs[i : i + 2000]
-            ]
-            await context.write(fpb.Frame(seq=seq, subscribes=chunk))
+            frame = new_frame()
+            for s in self.subs[i : i + 2000]:
+                add_to_frame(frame, SubscribeMsg(s, "peer"), "peer")
+            frame.seq = seq
+            await context.write(frame)
         self.loaded.set()
         while True:
             frame = await context.read()
@@ -122,10 +125,10 @@ class FakePeer(fpb_grpc.FederationServiceServicer):
                 return
             self.deliveries += len(frame.deliveries)
             if frame.seq:
-                await context.write(fpb.Frame(ack=fpb.Ack(seq=frame.seq)))
+                await context.write(ack_frame(frame.seq))
 
 
-def _subscriptions(n: int, seed: int) -> list[gpb.Subscription]:
+def _subscriptions(n: int, seed: int) -> list[Subscription]:
     cfg = WorkloadConfig(
         scenario="open-data",
         clients=n // 2,
@@ -139,18 +142,11 @@ def _subscriptions(n: int, seed: int) -> list[gpb.Subscription]:
     out = []
     for op in generate(cfg):
         if op.op == "subscribe":
-            out.append(
-                gpb.Subscription(
-                    id=op.id,
-                    client=op.client,
-                    topic_filter=op.topic,
-                    geofence=geofence_to_pb(op.geofence),
-                )
-            )
+            out.append(Subscription(op.id, op.client, op.topic, op.geofence))
     return out[:n]
 
 
-def _events(n: int, seed: int, world: bool) -> list[cpb.PublishRequest]:
+def _events(n: int, seed: int, world: bool) -> list[Publication]:
     rate = 5.0
     cfg = WorkloadConfig(
         scenario="context",
@@ -165,14 +161,8 @@ def _events(n: int, seed: int, world: bool) -> list[cpb.PublishRequest]:
     for op in generate(cfg):
         if op.op == "publish":
             assert op.location is not None
-            ev = gpb.Event(
-                id=op.id,
-                topic=op.topic,
-                payload=b"\0" * 64,
-                publisher=gpb.LatLon(lat=op.location.lat, lon=op.location.lon),
-                geofence=geofence_to_pb(None if world else op.geofence),
-            )
-            out.append(cpb.PublishRequest(client=op.client, event=ev))
+            fence = None if world else op.geofence
+            out.append(Publication(op.topic, b"\0" * 64, op.location, fence, op.id))
     return out[:n]
 
 
@@ -209,9 +199,9 @@ async def _run(
             await asyncio.sleep(0.1)
         t0 = time.perf_counter()
         await asyncio.wait_for(peer.loaded.wait(), 600)
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{client_port}") as ch:
-            stub = cpb_grpc.ClientServiceStub(ch)
-            while await _metric(metrics_url, "geofed_subscriptions", scope="remote") < n_loaded:
+        endpoint = f"127.0.0.1:{client_port}"
+        async with await connect(client_id="bench", location=PARIS, endpoint=endpoint) as client:
+            while await _metric(metrics_url, SUBSCRIPTIONS, scope="remote") < n_loaded:
                 await asyncio.sleep(0.2)
             load_s = time.perf_counter() - t0
             print(
@@ -219,22 +209,14 @@ async def _run(
                 file=sys.stderr,
                 flush=True,
             )
-            batch = 1000
             t0 = time.perf_counter()
-
-            async def batches() -> Any:
-                for i in range(0, len(events), batch):
-                    yield cpb.PublishBatch(
-                        client="bench", events=[r.event for r in events[i : i + batch]]
-                    )
-
-            resp = await stub.PublishStream(batches())
-            assert resp.accepted == len(events), resp.accepted
+            accepted = await client.publish_many(events, batch_size=1000)
+            assert len(accepted) == len(events), len(accepted)
             throughput = n_sent / (time.perf_counter() - t0)
             # Absorbed: the peer also has every delivery message the node sent.
             while peer.deliveries < await _metric(
-                metrics_url, "geofed_peer_messages_sent_total", kind="delivery"
-            ) or await _metric(metrics_url, "geofed_peer_queue_length"):
+                metrics_url, PEER_MESSAGES_SENT, kind="delivery"
+            ) or await _metric(metrics_url, PEER_QUEUE_LENGTH):
                 await asyncio.sleep(0.05)
             absorbed = n_sent / (time.perf_counter() - t0)
             print(
@@ -249,7 +231,7 @@ async def _run(
             subs.clear()
             gc.collect()
             gc.freeze()
-            latencies = await _latency(stub, rate, seconds)
+            latencies = await _latency(endpoint, rate, seconds)
         matched = peer.deliveries
     finally:
         proc.terminate()
@@ -275,46 +257,33 @@ async def _metric(url: str, name: str, **labels: str) -> float:
     return await asyncio.to_thread(metric, url, name, **labels)
 
 
-async def _latency(stub: Any, rate: float, seconds: float) -> list[float]:
-    here = gpb.LatLon(lat=48.85, lon=2.35)
-    await stub.Connect(cpb.ConnectRequest(client="lat-sub", location=here))
-    call = stub.Subscribe(
-        cpb.SubscribeRequest(
-            client="lat-sub", subscription=gpb.Subscription(id="lat", topic_filter="latency/#")
-        )
-    )
-    await call.initial_metadata()
-    received: list[float] = []
+async def _latency(endpoint: str, rate: float, seconds: float) -> list[float]:
+    """Publish -> delivery times of `rate` events/s for `seconds` to one local subscriber."""
+    async with (
+        await connect(client_id="lat-sub", location=PARIS, endpoint=endpoint) as subscriber,
+        await connect(client_id="lat-pub", location=PARIS, endpoint=endpoint) as publisher,
+    ):
+        sub = await subscriber.subscribe("latency/#", subscription_id="lat")
+        n = int(rate * seconds)
+        received: list[float] = []
 
-    async def pump() -> None:
-        async for d in call:
-            received.append(time.perf_counter() - float(d.event.payload.decode()))
+        async def take() -> None:
+            while len(received) < n:
+                msg = await sub.next(timeout=30.0)
+                received.append(time.perf_counter() - float(msg.payload.decode()))
 
-    task = asyncio.create_task(pump())
-    n = int(rate * seconds)
-    start = time.perf_counter()
-    pending = set()
-    for i in range(n):
-        due = start + i / rate
-        wait = due - time.perf_counter()
-        if wait > 0:
-            await asyncio.sleep(wait)
-        ev = gpb.Event(
-            id=f"lat{i}",
-            topic="latency/x",
-            publisher=here,
-            payload=str(time.perf_counter()).encode(),
-        )
-        pending.add(
-            asyncio.ensure_future(stub.Publish(cpb.PublishRequest(client="lat-pub", event=ev)))
-        )
-        pending = {p for p in pending if not p.done()}
-    await asyncio.gather(*pending)
-    deadline = time.perf_counter() + 5
-    while len(received) < n and time.perf_counter() < deadline:
-        await asyncio.sleep(0.05)
-    call.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+        task = asyncio.create_task(take())
+        start = time.perf_counter()
+        pending = set()
+        for i in range(n):
+            wait = start + i / rate - time.perf_counter()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            payload = str(time.perf_counter())
+            pending.add(asyncio.ensure_future(publisher.publish("latency/x", payload)))
+            pending = {p for p in pending if not p.done()}
+        await asyncio.gather(*pending)
+        await task
     return received
 
 
