@@ -52,7 +52,6 @@ class Replayer:
         self.latencies: list[tuple[str, str, float]] = []
         """(publisher's broker, subscriber's broker, seconds from publish to delivery)."""
         self.errors: list[str] = []
-        self._origin: dict[str, str] = {}
 
     @property
     def redirects(self) -> int:
@@ -104,7 +103,6 @@ class Replayer:
             await gone.unsubscribe()
         elif op.op == "publish":
             assert client is not None
-            self._origin[op.id] = client.broker_id
             await client.publish(
                 op.topic, b"\0" * op.payload_size, geofence=op.geofence, event_id=op.id
             )
@@ -164,8 +162,8 @@ class Replayer:
         try:
             async for msg in sub:
                 self.deliveries.append((msg.event_id, msg.subscription_id))
-                origin = self._origin.get(msg.event_id, "")
-                self.latencies.append((origin, msg.broker, msg.deliver_time - msg.publish_time))
+                latency = msg.deliver_time - msg.publish_time
+                self.latencies.append((msg.origin, msg.broker, latency))
                 if self._log is not None:
                     record = {
                         "event": msg.event_id,

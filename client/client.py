@@ -371,7 +371,7 @@ class Client:
                 return False
             self.redirects += 1
             # The old broker ended our streams and withdrew the subscriptions.
-            await self._open_session(resp.redirect.broker_id, resp.redirect.endpoint)
+            await self._open_session(*self._redirect_target(resp))
             for sub in list(self._subs.values()):
                 await self._retrying("subscribe", functools.partial(self._reattach, sub))
             return True
@@ -434,16 +434,19 @@ class Client:
                 self._broker_id = resp.broker_id
                 return
             self.redirects += 1
-            broker_id, endpoint = resp.redirect.broker_id, resp.redirect.endpoint
-            if not endpoint and self._federation is not None:
-                endpoint = self._federation.broker(broker_id).client_endpoint
-            if not endpoint:
-                raise Unavailable(
-                    "", f"broker {broker_id} is responsible but has no client endpoint"
-                )
+            broker_id, endpoint = self._redirect_target(resp)
         raise GeofedError(
             f"client {self.client_id}: more than {self.config.max_redirects} redirects"
         )
+
+    def _redirect_target(self, resp: Any) -> tuple[str, str]:
+        """(broker id, client endpoint) a redirect points at; the federation fills a gap."""
+        broker_id, endpoint = resp.redirect.broker_id, resp.redirect.endpoint
+        if not endpoint and self._federation is not None:
+            endpoint = self._federation.broker(broker_id).client_endpoint
+        if not endpoint:
+            raise Unavailable("", f"broker {broker_id} is responsible but has no client endpoint")
+        return broker_id, endpoint
 
     async def _reattach(self, sub: Subscription) -> None:
         await sub._attach(self._broker_id, self._stub())

@@ -324,7 +324,7 @@ class BrokerServer(Guarded):
                     continue
                 with self.metrics.match_seconds.time():
                     out = self.core.on_message(peer, msg)
-                self.deliver(out.deliveries)
+                self.deliver(out.deliveries, origin=peer)
             else:
                 self.core.on_message(peer, msg)
                 changed = True
@@ -337,8 +337,12 @@ class BrokerServer(Guarded):
 
     # -- client side -------------------------------------------------------
 
-    def deliver(self, deliveries: list[Delivery]) -> None:
-        """Push deliveries to their subscribers' streams."""
+    def deliver(self, deliveries: list[Delivery], origin: str) -> None:
+        """Push deliveries to their subscribers' streams; `origin` is the publisher's broker.
+
+        Events and deliveries from a peer come from the publisher's broker
+        (matching or forwarding happens there), so the peer is the origin.
+        """
         now = time.time()
         wire: dict[int, gpb.Event] = {}  # one event reaches many subscribers: convert it once
         for d in deliveries:
@@ -347,7 +351,7 @@ class BrokerServer(Guarded):
                 continue
             pb = wire.get(id(d.event))
             if pb is None:
-                pb = wire[id(d.event)] = event_to_pb(d.event)
+                pb = wire[id(d.event)] = event_to_pb(d.event, origin)
             stream.push(delivery_to_pb(d.subscription, pb, now))
             self.metrics.deliveries.inc()
 
@@ -518,7 +522,7 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
         with node.metrics.match_seconds.time():
             out = node.core.publish(event)
         node.metrics.events_published.inc()
-        node.deliver(out.deliveries)
+        node.deliver(out.deliveries, origin=node.broker_id)
         node.dispatch(out.sends)
         return event.id
 

@@ -1,0 +1,289 @@
+"""The Python client library (`geofed.client`) against real broker processes.
+
+One 3-broker federation (eu, us, ap; event-geofence) serves the module;
+every test uses its own client ids. Waiting is on state: a subscription is
+held once `subscribe` returns, the quiescence barrier says no inter-broker
+message is in flight, and `Subscription.next` returns as soon as a delivery
+arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import geofed
+from geofed.bench import LocalFederation, metric, wait_quiescent
+from geofed.client import Publication, RetryConfig
+from geofed.node import DELIVERIES
+
+pytestmark = pytest.mark.integration
+
+THREE = Path(__file__).resolve().parents[2] / "deploy" / "federations" / "three.geojson"
+PARIS = geofed.LatLon(48.85, 2.35)
+FRANKFURT = geofed.LatLon(50.11, 8.68)
+NEW_YORK = geofed.LatLon(40.71, -74.0)
+SINGAPORE = geofed.LatLon(1.29, 103.85)
+MAX_PAYLOAD = 4096
+
+
+@pytest.fixture(scope="module")
+def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFederation]:
+    workdir = tmp_path_factory.mktemp("client-fed")
+    env = {"GEOFED_MAX_PAYLOAD_BYTES": str(MAX_PAYLOAD), "GEOFED_MAX_PUBLISH_BATCH": "50"}
+    with LocalFederation(THREE, "event-geofence", workdir, extra_env=env) as running:
+        yield running
+
+
+def urls(fed: LocalFederation) -> dict[str, str]:
+    return {b: n.metrics_url for b, n in fed.nodes.items()}
+
+
+async def quiet(fed: LocalFederation) -> None:
+    await wait_quiescent(urls(fed), timeout=60.0)
+
+
+def test_connect_finds_the_local_broker_from_the_federation_or_by_redirect(
+    fed: LocalFederation,
+) -> None:
+    async def run() -> None:
+        direct = await geofed.connect(
+            client_id="find-1", location=SINGAPORE, federation=fed.federation_path
+        )
+        async with direct:
+            assert (direct.broker_id, direct.redirects) == ("ap", 0)
+            assert direct.endpoint == fed.nodes["ap"].client
+        # Any broker will do: eu answers with a redirect to ap, which the client follows.
+        asked = await geofed.connect(
+            client_id="find-2", location=SINGAPORE, endpoint=fed.nodes["eu"].client
+        )
+        async with asked:
+            assert (asked.broker_id, asked.redirects) == ("ap", 1)
+            assert asked.endpoint == fed.nodes["ap"].client
+
+    asyncio.run(run())
+
+
+def test_async_for_yields_deliveries_across_regions_and_close_ends_it(
+    fed: LocalFederation,
+) -> None:
+    async def run() -> None:
+        sub_client = await geofed.connect(
+            client_id="iter-sub", location=SINGAPORE, federation=fed.federation_path
+        )
+        pub_client = await geofed.connect(
+            client_id="iter-pub", location=FRANKFURT, federation=fed.federation_path
+        )
+        sub = await sub_client.subscribe("iter/#", subscription_id="iter-s")
+        got: list[geofed.Message] = []
+
+        async def read() -> None:
+            async for msg in sub:
+                got.append(msg)
+
+        reader = asyncio.create_task(read())
+        ids = [await pub_client.publish(f"iter/{i}", f"v{i}") for i in range(3)]
+        await quiet(fed)
+        while len(got) < 3 and not reader.done():
+            await asyncio.sleep(0.01)  # the last deliveries may still be on the stream
+        await sub_client.close()
+        await asyncio.wait_for(reader, 30)  # close ends the iteration, without an error
+        await pub_client.close()
+        assert [m.event_id for m in got] == ids
+        first = got[0]
+        assert (first.topic, first.payload, first.subscription_id) == ("iter/0", b"v0", "iter-s")
+        assert (first.origin, first.broker) == ("eu", "ap")
+        assert first.publisher == FRANKFURT and first.geofence is None
+        assert first.deliver_time >= first.publish_time > 0
+        with pytest.raises(geofed.ClientClosed):
+            await sub_client.publish("iter/x")
+
+    asyncio.run(run())
+
+
+def test_unsubscribe_ends_iteration_after_what_was_delivered(fed: LocalFederation) -> None:
+    async def run() -> None:
+        async with await geofed.connect(
+            client_id="unsub", location=PARIS, federation=fed.federation_path
+        ) as client:
+            sub = await client.subscribe("unsub/+")
+            event_id = await client.publish("unsub/a", b"x")
+            await sub.unsubscribe()
+            assert [m.event_id async for m in sub] == [event_id]
+            assert client.subscriptions == []
+            await client.publish("unsub/a", b"y")  # nobody listens any more
+
+    asyncio.run(run())
+
+
+def test_move_across_a_boundary_renews_subscriptions_while_events_flow(
+    fed: LocalFederation,
+) -> None:
+    """Only events published during the handover may be missed; none is delivered twice.
+
+    The publisher sits at the subscriber's old broker (eu), so an event it
+    published before the move was matched there before its publish returned;
+    one published after the move returned is forwarded to us (event-geofence,
+    world geofence), where the renewed subscription is held by then.
+    """
+
+    async def run() -> None:
+        mover = await geofed.connect(
+            client_id="mover", location=PARIS, federation=fed.federation_path
+        )
+        pub = await geofed.connect(
+            client_id="mover-pub", location=FRANKFURT, federation=fed.federation_path
+        )
+        before = deliveries(fed)
+        sub = await mover.subscribe("flow/#", subscription_id="flow")
+        published: list[tuple[str, float, float]] = []  # (id, publish started, acknowledged)
+        stop = asyncio.Event()
+
+        async def publish(n: int) -> None:
+            for _ in range(n):
+                if stop.is_set():
+                    return
+                start = time.monotonic()
+                event_id = await pub.publish(f"flow/{len(published)}", b"x")
+                published.append((event_id, start, time.monotonic()))
+
+        await publish(20)
+        flowing = asyncio.create_task(publish(100_000))
+        while len(published) < 30:
+            await asyncio.sleep(0)  # events flow while the client moves
+        move_start = time.monotonic()
+        moved = await mover.move(NEW_YORK)
+        move_end = time.monotonic()
+        n_moved = len(published)
+        while len(published) < n_moved + 10:
+            await asyncio.sleep(0)  # and go on flowing after it
+        stop.set()
+        await flowing
+        await publish(20)
+        await quiet(fed)
+        assert moved and mover.broker_id == "us" and mover.location == NEW_YORK
+        # Every delivery the brokers made to this subscription reaches it.
+        handed_over = deliveries(fed) - before
+        got: list[str] = []
+        while len(got) + sub.duplicates < handed_over:
+            got.append((await sub.next(timeout=60)).event_id)
+        assert len(got) == len(set(got)), "an event was delivered twice"
+        assert set(got) <= {e for e, _, _ in published}
+        missed = {e for e, _, _ in published} - set(got)
+        in_window = {e for e, start, acked in published if acked > move_start and start < move_end}
+        assert missed <= in_window, (len(missed), len(in_window))
+        await mover.close()
+        await pub.close()
+
+    asyncio.run(run())
+
+
+def deliveries(fed: LocalFederation) -> float:
+    """Deliveries the brokers have handed to subscriber streams so far."""
+    return sum(metric(n.metrics_url, DELIVERIES) for n in fed.nodes.values())
+
+
+def test_bad_input_raises_typed_errors_naming_the_field(fed: LocalFederation) -> None:
+    async def run() -> None:
+        async with await geofed.connect(
+            client_id="bad", location=PARIS, federation=fed.federation_path
+        ) as client:
+            cases = [
+                (lambda: client.publish("a/+", b""), geofed.InvalidInput, "request.event.topic"),
+                (
+                    lambda: client.publish("a/b", geofence="POLYGON((0 0, 1 1, 1 0, 0 1, 0 0))"),
+                    geofed.InvalidInput,
+                    "request.event.geofence.wkt",
+                ),
+                (
+                    lambda: client.publish(
+                        "a/b", geofence={"circle": {"lat": 0, "lon": 0, "radius_m": -1}}
+                    ),
+                    geofed.InvalidInput,
+                    "request.event.geofence.circle.radius_m",
+                ),
+                (
+                    lambda: client.publish("a/b", b"x" * (MAX_PAYLOAD + 1)),
+                    geofed.TooLarge,
+                    "request.event.payload",
+                ),
+                (
+                    lambda: client.subscribe("a/#/b"),
+                    geofed.InvalidInput,
+                    "subscription.topic_filter",
+                ),
+                (
+                    lambda: client.subscribe(
+                        "a/#", geofence="POLYGON((200 0, 201 0, 201 1, 200 0))"
+                    ),
+                    geofed.InvalidInput,
+                    "subscription.geofence.wkt",
+                ),
+                (
+                    lambda: client.publish_many([Publication("a/b", b"", NEW_YORK)]),
+                    geofed.WrongBroker,
+                    "batch.events[0].publisher",
+                ),
+                (
+                    lambda: client.publish_many([Publication("a/b", b"", PARIS)] * 51),
+                    geofed.TooLarge,
+                    "batch.events",
+                ),
+            ]
+            for call, kind, field in cases:
+                with pytest.raises(kind) as info:
+                    await call()
+                assert info.value.field == field, info.value
+            too_large = info.value
+            assert isinstance(too_large, geofed.TooLarge) and too_large.limit == 50
+            # The broker keeps serving this client after every rejection.
+            assert await client.publish("a/b", b"ok")
+
+    asyncio.run(run())
+
+
+def test_client_side_settings_are_checked_before_anything_is_sent() -> None:
+    with pytest.raises(geofed.InvalidInput) as info:
+        geofed.ClientConfig("c", geofed.LatLon(91.0, 0.0), endpoint="127.0.0.1:1")
+    assert info.value.field == "location.lat"
+    with pytest.raises(geofed.InvalidInput) as info:
+        geofed.ClientConfig("c", PARIS)
+    assert info.value.field == "federation"
+    with pytest.raises(geofed.InvalidInput) as info:
+        geofed.ClientConfig("", PARIS, endpoint="127.0.0.1:1")
+    assert info.value.field == "client_id"
+    with pytest.raises(geofed.InvalidInput) as info:
+        asyncio.run(geofed.connect(client_id="c", location=PARIS, federation="no-such-one"))
+    assert info.value.field == "federation"
+
+
+def test_unreachable_and_silent_brokers_raise_typed_errors() -> None:
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        closed_port = free.getsockname()[1]  # nobody listens once the socket is closed
+    with pytest.raises(geofed.Unavailable):
+        asyncio.run(
+            geofed.connect(
+                client_id="c",
+                location=PARIS,
+                endpoint=f"127.0.0.1:{closed_port}",
+                retry=RetryConfig(attempts=2, initial_backoff_s=0.01, max_backoff_s=0.01),
+            )
+        )
+    with socket.socket() as silent:  # accepts TCP connections, never speaks HTTP/2
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        with pytest.raises(geofed.DeadlineExceeded):
+            asyncio.run(
+                geofed.connect(
+                    client_id="c",
+                    location=PARIS,
+                    endpoint=f"127.0.0.1:{silent.getsockname()[1]}",
+                    connect_timeout_s=0.5,
+                )
+            )
