@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import grpc
 import pytest
 
-from geofed.errors import status_for
 from geofed.routing import (
     DeliveryMsg,
     EventMsg,
-    FederationMismatch,
-    GeofedError,
     GeofenceCache,
     InvalidInput,
-    NotFound,
     SubscribeMsg,
     TooLarge,
     UnsubscribeMsg,
-    WrongBroker,
     make_event,
     make_subscription,
     parse_geofence,
@@ -133,18 +127,3 @@ def test_frame_round_trip_in_application_order() -> None:
     assert [m.kind for m in back] == [m.kind for m in msgs]
     assert back[0] == SubscribeMsg(back[0].sub, "eu") and back[0].sub.geofence is not None
     assert back[3] == DeliveryMsg(back[3].event, ("s1", "s2"))
-
-
-@pytest.mark.parametrize(
-    ("exc", "code"),
-    [
-        (InvalidInput("f", "bad"), grpc.StatusCode.INVALID_ARGUMENT),
-        (TooLarge("f", 2, 1), grpc.StatusCode.RESOURCE_EXHAUSTED),
-        (NotFound("subscription", "s"), grpc.StatusCode.NOT_FOUND),
-        (WrongBroker("f", "us"), grpc.StatusCode.FAILED_PRECONDITION),
-        (FederationMismatch("x"), grpc.StatusCode.FAILED_PRECONDITION),
-        (GeofedError("x"), grpc.StatusCode.INTERNAL),
-    ],
-)
-def test_status_mapping(exc: GeofedError, code: grpc.StatusCode) -> None:
-    assert status_for(exc) == code
