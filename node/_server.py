@@ -102,9 +102,12 @@ class _Stream:
 
 
 class BrokerServer(Guarded):
-    """One broker of the federation.
+    """The broker process: gRPC services and peer links around one `BrokerState`.
 
-    Use ``async with BrokerServer(config): ...`` or `start` / `stop`.
+    Serves clients and peers, keeps a `PeerLink` per other broker of the
+    federation file (whose entries are `BrokerInfo`s), exports metrics and
+    writes the node message trace. Use ``async with BrokerServer(config): ...``
+    or `start` / `stop`.
     """
 
     def __init__(self, config: NodeConfig, registry: CollectorRegistry = REGISTRY) -> None:

@@ -132,7 +132,13 @@ class Moved:
 
 
 class BrokerState:
-    """Routing state of broker `broker_id` under `strategy`."""
+    """The routing state machine of one broker: what it holds and what it decides.
+
+    Pure and synchronous: sessions, local and remote subscriptions, and for
+    each client action or peer message the deliveries to make here and the
+    messages to send (`Outcome`). `geofed.node.BrokerServer` runs one behind
+    its gRPC services; the simulator runs one per `BrokerInfo` in memory.
+    """
 
     def __init__(self, broker_id: str, federation: Federation, strategy: Strategy) -> None:
         federation.broker(broker_id)  # raises NotFound for an unknown id

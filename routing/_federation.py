@@ -29,7 +29,7 @@ _SCAN_LIMIT = 256  # areas (parts) up to which responsible() scans bounding boxe
 
 @dataclass(frozen=True, eq=False)
 class BrokerInfo:
-    """One broker of the federation.
+    """One broker as the federation file declares it: id, area, endpoints (data only).
 
     Attributes:
         id: unique broker id.
