@@ -20,7 +20,7 @@ import pytest
 import geofed
 from geofed.bench import LocalFederation, metric, wait_quiescent
 from geofed.client import Publication, RetryConfig
-from geofed.node import DELIVERIES
+from geofed.node import DELIVERIES, SUBSCRIPTIONS
 
 pytestmark = pytest.mark.integration
 
@@ -287,3 +287,31 @@ def test_unreachable_and_silent_brokers_raise_typed_errors() -> None:
                     connect_timeout_s=0.5,
                 )
             )
+
+
+def test_subscription_is_renewed_when_its_broker_comes_back(tmp_path: Path) -> None:
+    """A broker restart ends the stream (UNAVAILABLE); the client reconnects and resubscribes."""
+    with LocalFederation(THREE, "event-geofence", tmp_path) as own:
+
+        async def run() -> None:
+            retry = RetryConfig(attempts=200, initial_backoff_s=0.05, max_backoff_s=0.5)
+            sub_client = await geofed.connect(
+                client_id="phoenix", location=PARIS, federation=own.federation_path, retry=retry
+            )
+            pub = await geofed.connect(
+                client_id="phoenix-pub", location=NEW_YORK, federation=own.federation_path
+            )
+            sub = await sub_client.subscribe("phoenix/#", subscription_id="phoenix")
+            await asyncio.to_thread(own.stop_node, "eu")
+            await asyncio.to_thread(own.start_node, "eu")
+            await asyncio.to_thread(own.wait_ready, 120.0)
+            eu = own.nodes["eu"].metrics_url
+            while await asyncio.to_thread(metric, eu, SUBSCRIPTIONS, scope="local") < 1:
+                await asyncio.sleep(0.05)  # the client is renewing the subscription
+            await wait_quiescent(urls(own), timeout=60.0)  # and it reached the other brokers
+            event_id = await pub.publish("phoenix/x", b"back")
+            assert (await sub.next(timeout=60)).event_id == event_id
+            await sub_client.close()
+            await pub.close()
+
+        asyncio.run(run())
