@@ -6,15 +6,16 @@ and as a plain Spark application::
     geofed analyze -f deploy/federations/aws-2020.geojson -w trace.jsonl -o out/
     spark-submit --master spark://host:7077 bench/analyze.py -f fed.geojson -w trace.parquet -o out/
 
-This module only parses arguments and builds the session; the job is
-`geofed.bench._spark_job.analyze`, its output `geofed.bench._spark_report`.
-See README.md, section "Analysis" for inputs, outputs and the node message trace format.
+This module only parses arguments; the session, the job and its output are
+`geofed.bench.analysis` (the ``analysis`` extra), imported when the command
+runs so that ``geofed --help`` and the broker never import pyspark. See
+README.md, section "Analysis" for inputs, outputs and the node message trace
+format.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -88,61 +89,19 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
 
 
-def _default_driver_memory() -> str:
-    try:
-        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return "2g"
-    # The driver is also the executor in local mode; Python workers and the
-    # OS page cache need the rest.
-    return f"{max(1, min(12, ram // 3 // (1 << 30)))}g"
-
-
-def build_session(master: str | None, driver_memory: str | None, conf: Sequence[str]) -> Any:
-    """The SparkSession: an active one is reused; otherwise local[*] unless told.
-
-    Under spark-submit the JVM already runs with spark-submit's master and
-    memory; only `master` given explicitly overrides it.
-    """
-    from pyspark import SparkConf
-    from pyspark.sql import SparkSession
-
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        return active
-    submitted = "PYSPARK_GATEWAY_PORT" in os.environ
-    builder = SparkSession.builder.appName(_PROG)
-    effective = master or (SparkConf().get("spark.master", "local[*]") if submitted else "local[*]")
-    if master or not submitted:
-        builder = builder.master(effective)
-    if effective.startswith("local"):
-        # Python workers run this interpreter (and so find geofed) unless told otherwise.
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        if not submitted:
-            builder = builder.config(
-                "spark.driver.memory", driver_memory or _default_driver_memory()
-            )
-        # Few cores: a few partitions per core; AQE merges what is too small.
-        builder = builder.config("spark.sql.shuffle.partitions", str(8 * (os.cpu_count() or 2)))
-    builder = (
-        builder.config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.adaptive.enabled", "true")
-        # The job caches intermediate tables; let AQE still size their partitions.
-        .config("spark.sql.optimizer.canChangeCachedPlanOutputPartitioning", "true")
-        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "20000")
-    )
-    for item in conf:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--conf: expected KEY=VALUE, got {item!r}")
-        builder = builder.config(key, value)
-    return builder.getOrCreate()
-
-
 def run(args: argparse.Namespace) -> int:
     """Run the analysis; 0 on success, 2 for invalid input (named on stderr)."""
-    from geofed.bench._spark_job import AnalysisConfig, Progress, analyze, load_federation
-    from geofed.bench._spark_report import print_table, write_outputs
+    from pyspark.sql import SparkSession
+
+    from geofed.bench.analysis import (
+        AnalysisConfig,
+        Progress,
+        analyze,
+        build_session,
+        load_federation,
+        print_table,
+        write_outputs,
+    )
 
     try:
         cfg = AnalysisConfig(
@@ -163,8 +122,6 @@ def run(args: argparse.Namespace) -> int:
     except GeofedError as exc:
         print(f"{_PROG}: error: {exc}", file=sys.stderr)
         return 2
-
-    from pyspark.sql import SparkSession
 
     owned = SparkSession.getActiveSession() is None
     spark = build_session(args.master, args.driver_memory, args.conf)

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from geofed.bench._spark_job import Analysis, AnalysisConfig, Progress, analyze
+from geofed.bench.analysis import Analysis, AnalysisConfig, Progress, analyze
 
 REPO = Path(__file__).resolve().parents[2]
 THREE = REPO / "deploy" / "federations" / "three.geojson"

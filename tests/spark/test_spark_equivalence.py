@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from spark_helpers import THREE, run, spark_counts, write_jsonl
 
-from geofed.bench._spark_job import Analysis
+from geofed.bench.analysis import Analysis
 from geofed.routing import STRATEGIES, Federation, parse_op, predict, reference_deliveries, simulate
 
 pytestmark = pytest.mark.spark
@@ -102,7 +102,10 @@ def _op() -> st.SearchStrategy[tuple[Any, ...]]:
 
 
 def records_of(draws: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
-    """Trace records (DESIGN §4) from drawn ops; every client first appears with a location."""
+    """Trace records (docs/design.md §4) from drawn ops.
+
+    Every client first appears with a location.
+    """
     out: list[dict[str, Any]] = []
     t = 0.0
     seen: set[str] = set()

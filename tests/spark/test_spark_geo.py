@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from spark_helpers import AWS, THREE
 
-from geofed.bench._spark_geo import (
+from geofed.bench.analysis import (
     FederationIndex,
     FilterMatcher,
     choose_resolution,

@@ -10,9 +10,20 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 from spark_helpers import write_jsonl
 
-from geofed.bench import _spark_io as io
-from geofed.bench import _spark_match as match
-from geofed.bench import _spark_state as state
+from geofed.bench.analysis import (
+    LINE_BITS,
+    accepted_subscription_ops,
+    h3_cell,
+    h3_parent,
+    h3_parent_int,
+    read_numbered,
+    rehomings,
+    segments,
+    subscriber_locations,
+    subscription_message_sources,
+    version_rehomings,
+    versions,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -45,7 +56,7 @@ def test_ownership_rule(spark: Any) -> None:
         ],
         OPS,
     )
-    got = state.accepted_subscription_ops(ops).select("id", "k", "client", "op")
+    got = accepted_subscription_ops(ops).select("id", "k", "client", "op")
     assertDataFrameEqual(
         got,
         [
@@ -69,7 +80,7 @@ def test_versions_rehomings_and_segments(spark: Any) -> None:
         ],
         OPS,
     )
-    vers = state.versions(accepted)
+    vers = versions(accepted)
     assertDataFrameEqual(
         vers.select("vid", "start_t", "end_t", "end_op", "home0", "upd", "old_fence"),
         [(1, 1.0, 4.0, "subscribe", 0, False, None), (4, 4.0, 6.0, "unsubscribe", 2, True, None)],
@@ -84,22 +95,22 @@ def test_versions_rehomings_and_segments(spark: Any) -> None:
         ],
         "client string, t double, k long, lat double, lon double, home int",
     )
-    rh = state.rehomings(located)
+    rh = rehomings(located)
     assertDataFrameEqual(
         rh.select("p_k", "old", "new"), [(3, 0, 1), (4, 1, 2)], checkRowOrder=False
     )
-    vrh = state.version_rehomings(vers, rh)
+    vrh = version_rehomings(vers, rh)
     # The move at 4 re-homes the old version too: it is ended by that very op.
     assertDataFrameEqual(
         vrh.select("vid", "p_k", "old", "new"), [(1, 3, 0, 1), (1, 4, 1, 2)], checkRowOrder=False
     )
-    segs = state.segments(vers, vrh)
+    segs = segments(vers, vrh)
     assertDataFrameEqual(
         segs.select("vid", "home", "seg_k", "seg_end_k", "last"),
         [(1, 0, 1, 3, False), (1, 1, 3, 4, True), (4, 2, 4, 6, True)],
         checkRowOrder=False,
     )
-    sources = state.subscription_message_sources(vers, vrh, segs)
+    sources = subscription_message_sources(vers, vrh, segs)
     assertDataFrameEqual(
         sources.select("kind", "src", "has_minus"),
         [
@@ -125,7 +136,7 @@ def test_subscriber_location_at_event_time(spark: Any) -> None:
         [("a", 4.0, 4, 1), ("a", 5.0, 6, 2), ("a", 5.0, 8, 3), ("a", 9.0, 9, 4)],
         "sclient string, et double, ek long, n int",
     )
-    got = match.subscriber_locations(pairs, located).select("n", "slat")
+    got = subscriber_locations(pairs, located).select("n", "slat")
     # Before the move; after it (same t, later line); its own op (the subscriber publishes).
     assertDataFrameEqual(got, [(1, 10.0), (2, 20.0), (3, 30.0), (4, 30.0)], checkRowOrder=False)
 
@@ -136,13 +147,13 @@ def test_line_numbers_across_splits_and_files(spark: Any, tmp_path: Path) -> Non
     old = spark.conf.get("spark.sql.files.maxPartitionBytes")
     spark.conf.set("spark.sql.files.maxPartitionBytes", "512")  # many splits per file
     try:
-        numbered, inputs = io.read_numbered(spark, [str(a), str(b)], "json", what="workload")
+        numbered, inputs = read_numbered(spark, [str(a), str(b)], "json", what="workload")
         assert numbered.rdd.getNumPartitions() > 4
         got = numbered.select(
             "file",
             "line",
             F.get_json_object("value", "$.n").cast("long").alias("n"),
-            (F.col("k") == F.col("file").cast("long") * (1 << io.LINE_BITS) + F.col("line")).alias(
+            (F.col("k") == F.col("file").cast("long") * (1 << LINE_BITS) + F.col("line")).alias(
                 "k_ok"
             ),
         )
@@ -155,11 +166,9 @@ def test_line_numbers_across_splits_and_files(spark: Any, tmp_path: Path) -> Non
 
 
 def test_h3_parent_expression_matches_python(spark: Any) -> None:
-    from geofed.bench._spark_geo import h3_cell, h3_parent_int
-
     cells = [h3_cell(48.1, 11.6), h3_cell(-33.9, 151.2), h3_cell(0.0, -179.9)]
     df = spark.createDataFrame([(c,) for c in cells], "cell long")
-    got = df.select(*[match.h3_parent(F.col("cell"), r).alias(f"r{r}") for r in (2, 5, 9)])
+    got = df.select(*[h3_parent(F.col("cell"), r).alias(f"r{r}") for r in (2, 5, 9)])
     assertDataFrameEqual(
         got, [tuple(h3_parent_int(c, r) for r in (2, 5, 9)) for c in cells], checkRowOrder=False
     )

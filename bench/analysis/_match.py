@@ -1,15 +1,15 @@
 """Event x subscription matching, distributed.
 
 A match needs ContentCheck, Subscription GeoCheck and Event GeoCheck
-(DESIGN §1). The work is split so that only small tables meet the event
-stream and only candidate pairs reach Python:
+(docs/design.md §1). The work is split so that only small tables meet the
+event stream and only candidate pairs reach Python:
 
 1. Content: the distinct event topics are run, in the executors, against the
    distinct topic filters (the core's subscription index proposes, its
    `topic_matches` decides): a (topic, filter) table. Events join it on topic,
    so afterwards content is an equi-join on the filter.
 2. Subscription GeoCheck: segments of geofenced subscriptions are exploded
-   over a conservative H3 cover of their geofence (`_spark_geo.h3_cover`);
+   over a conservative H3 cover of their geofence (`_geo.h3_cover`);
    events join them on (H3 cell of the publisher, filter). World subscriptions
    (and geofences without a usable cover) join on the filter alone. The exact
    `covers` check then runs in an Arrow UDF, per geofence, vectorized.
@@ -35,8 +35,8 @@ from pyspark.sql.pandas.functions import arrow_udf
 
 from geofed.routing import Geofence
 
-from ._spark_geo import FilterMatcher, covers_many, extent_km, h3_cover
-from ._spark_state import before
+from ._geo import FilterMatcher, covers_many, extent_km, h3_cover
+from ._state import before
 
 _WORKER: dict[Any, Any] = {}
 
@@ -153,7 +153,7 @@ def unkeyed_segments(side: DataFrame, cells: DataFrame) -> DataFrame:
 
 
 def h3_parent(cell: Column, res: int) -> Column:
-    """`_spark_geo.h3_parent_int` as a Spark expression (events carry cells at H3_RES_MAX)."""
+    """`_geo.h3_parent_int` as a Spark expression (events carry cells at H3_RES_MAX)."""
     keep = ~(0xF << 52)
     tail = (res << 52) | ((1 << (3 * (15 - res))) - 1)
     return cell.bitwiseAND(F.lit(keep)).bitwiseOR(F.lit(tail))

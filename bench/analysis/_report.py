@@ -23,8 +23,8 @@ from typing import Any, TextIO
 
 from pyspark.sql import DataFrame
 
-from . import _spark_cost as cost
-from ._spark_job import Analysis
+from . import _cost as cost
+from ._job import Analysis
 
 ORDER = (
     cost.FLOOD_EVENTS,

@@ -15,7 +15,7 @@ sequential runs on the driver:
   broker that holds it, valid for events at positions in [start, end).
 
 Positions are (t, k) pairs, compared lexicographically; k orders ties by file
-and line (see `_spark_io`). Every function here is DataFrame -> DataFrame.
+and line (see `_io`). Every function here is DataFrame -> DataFrame.
 """
 
 from __future__ import annotations

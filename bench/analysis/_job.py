@@ -1,10 +1,10 @@
 """The analysis job: from trace files to the message tables, stage by stage.
 
-`analyze` wires the DataFrame -> DataFrame steps of `_spark_io`,
-`_spark_state`, `_spark_match` and `_spark_cost` together, materializes the
-few intermediate results that are used more than once, and collects only
-bounded summaries (one row per strategy, kind, region pair, top topic or
-error, capped) to the driver. Writing files is `_spark_report`'s job.
+`analyze` wires the DataFrame -> DataFrame steps of `_io`, `_state`,
+`_match` and `_cost` together, materializes the few intermediate results
+that are used more than once, and collects only bounded summaries (one row
+per strategy, kind, region pair, top topic or error, capped) to the driver.
+Writing files is `_report`'s job.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from pyspark.sql import functions as F
 
 from geofed.routing import STRATEGIES, Federation, InvalidInput
 
-from . import _spark_cost as cost
-from . import _spark_io as io
-from . import _spark_match as match
-from . import _spark_state as state
-from ._spark_geo import choose_resolution
+from . import _cost as cost
+from . import _io as io
+from . import _match as match
+from . import _state as state
+from ._geo import choose_resolution
 
 PARSED_DDL = (
     "k long, file int, line long, op string, t double, client string, lat double, lon double,"
@@ -42,9 +42,9 @@ class AnalysisConfig:
     """What to analyze and a few knobs; every field has a usable default but the inputs."""
 
     federation: str
-    """Federation file (GeoJSON FeatureCollection, DESIGN §2)."""
+    """Federation file (GeoJSON FeatureCollection, docs/design.md §2)."""
     workload: tuple[str, ...]
-    """Workload trace files or folders (JSON Lines or Parquet, DESIGN §4)."""
+    """Workload trace files or folders (JSON Lines or Parquet, docs/design.md §4)."""
     node_traces: tuple[str, ...] = ()
     """Node message trace files or folders (optional; see README.md, section "Analysis")."""
     workload_format: str | None = None

@@ -1,11 +1,11 @@
 """Reading traces into Spark with their line numbers, and validating them in the executors.
 
-Workload traces (DESIGN §4) and node message traces come as JSON Lines or
-Parquet. Every record keeps where it came from (`file`: index of its file in
-sorted path order, `line`: 1-based line of a JSON Lines file or row of a
-Parquet file) so that a malformed record is reported by number, and so that
-ties in ``t`` are broken by line as the trace semantics require. ``k`` packs
-both into one sortable long: ``file * 2**40 + line``.
+Workload traces (docs/design.md §4) and node message traces come as JSON
+Lines or Parquet. Every record keeps where it came from (`file`: index of
+its file in sorted path order, `line`: 1-based line of a JSON Lines file or
+row of a Parquet file) so that a malformed record is reported by number, and
+so that ties in ``t`` are broken by line as the trace semantics require.
+``k`` packs both into one sortable long: ``file * 2**40 + line``.
 
 Workload records are validated by the routing core's `parse_op` inside the
 executors (`parse_workload`); a record it rejects becomes a row with `err`
@@ -36,7 +36,7 @@ from geofed.routing import (
     parse_op,
 )
 
-from ._spark_geo import H3_RES_MAX, FederationIndex, fence_id, h3_cell
+from ._geo import H3_RES_MAX, FederationIndex, fence_id, h3_cell
 
 LINE_BITS = 40
 """``k = file << LINE_BITS | line``: up to 2**40 lines per file, 2**23 files."""
