@@ -143,6 +143,8 @@ class PeerLink:
         self._queue: deque[PeerMessage] = deque()
         self._resend: deque[PeerMessage] = deque()
         self._wake = asyncio.Event()
+        self._restart = asyncio.Event()
+        self._restart_reason = ""
         self._unacked: deque[tuple[int, list[PeerMessage]]] = deque(maxlen=_UNACKED_FRAMES)
         self._seen: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._seq = 0
@@ -203,9 +205,16 @@ class PeerLink:
                     await task
 
     def _restart_session(self, why: str) -> None:
-        if self._session is not None and not self._session.done():
+        # Ends the session as a broken connection would (not by cancelling its
+        # task: on the dialling side that task is the dialler itself).
+        if self.connected and not self._restart.is_set():
             log.warning("link %s: restarting: %s", self.peer.id, why)
-            self._session.cancel()
+            self._restart_reason = why
+            self._restart.set()
+
+    async def _until_restart(self) -> None:
+        await self._restart.wait()
+        raise ConnectionError(f"restarted: {self._restart_reason}")
 
     # -- dialling side ---------------------------------------------------
 
@@ -233,6 +242,10 @@ class PeerLink:
             except (grpc.aio.AioRpcError, ConnectionError) as exc:
                 level = logging.INFO if not established else logging.WARNING
                 log.log(level, "link %s down: %s", self.peer.id, _reason(exc))
+            except Exception:
+                # Whatever broke this session (a write on a dying call, a frame
+                # that does not parse), the dialler must live on: redial.
+                log.exception("link %s failed; redialling", self.peer.id)
             finally:
                 await channel.close(grace=None)
             if established:
@@ -279,6 +292,7 @@ class PeerLink:
         tasks = {
             asyncio.create_task(self._read_loop(transport)),
             asyncio.create_task(self._write_loop(transport)),
+            asyncio.create_task(self._until_restart()),
         }
         if self.delay_s:
             self._delay_line = asyncio.Queue()
@@ -322,6 +336,7 @@ class PeerLink:
             await transport.write(frame)
 
     def _begin_session(self) -> None:
+        self._restart.clear()
         self.connected = True
         self._seq = 0
         self._ack_pending = 0
@@ -356,8 +371,11 @@ class PeerLink:
             if not self._queue:
                 self._wake.clear()
                 idle = _ACK_DELAY_S if self._ack_pending else heartbeat
+                # Not asyncio.wait_for: on 3.11 it can swallow a cancellation
+                # that arrives as the event is set, leaving this writer running.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), idle)
+                    async with asyncio.timeout(idle):
+                        await self._wake.wait()
             if self._queue and len(self._queue) < max_msgs and delay:
                 # Nagle-like: right after a flush, let the next frame fill a little.
                 wait = self._last_flush + delay - time.monotonic()

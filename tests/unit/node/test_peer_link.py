@@ -2,13 +2,12 @@
 
 No sockets and no wall-clock assumptions: tests wait for state (frames read, host
 callbacks); the watchdog test drives the link's clock by hand. `SAFETY_S` only turns a
-hang into a failure. Two strict xfails pin down bugs of PeerLink (see their reasons).
+hang into a failure.
 """
 
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 
@@ -436,9 +435,6 @@ def test_dialling_side_redials_and_resends(monkeypatch: pytest.MonkeyPatch) -> N
     run(test)
 
 
-@pytest.mark.xfail(
-    strict=True, reason="BUG: _restart_session cancels the dialler task itself: it never redials"
-)
 def test_dialling_side_redials_after_a_restart(monkeypatch: pytest.MonkeyPatch) -> None:
     """A subscription change dropped for a full queue restarts the session on the dialling
     side too: the link dials again (and resyncs) instead of staying down."""
@@ -460,11 +456,6 @@ def test_dialling_side_redials_after_a_restart(monkeypatch: pytest.MonkeyPatch) 
     run(test)
 
 
-@pytest.mark.xfail(
-    sys.version_info < (3, 12),
-    strict=True,
-    reason="BUG: on 3.11, asyncio.wait_for in _write_loop swallows the session's cancel",
-)
 def test_a_replaced_session_stops_writing() -> None:
     """The peer reconnects while an event is on its way (accept() replaces the live session):
     the old session's writer stops, and everything goes out on the new stream."""
