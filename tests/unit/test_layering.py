@@ -149,7 +149,7 @@ def test_no_import_cycles_at_module_level() -> None:
         stack.append(m)
         for d in sorted(graph.get(m, ())):
             if state.get(d) == 1:
-                cycle = stack[stack.index(d) :] + [d]
+                cycle = [*stack[stack.index(d) :], d]
                 pytest.fail("import cycle: " + " -> ".join(cycle))
             if d not in state:
                 visit(d)
