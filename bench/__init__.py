@@ -6,9 +6,10 @@
 * `Replayer` plays a trace through real clients (`geofed.client`);
 * `scrape`, `metric`, `peer_message_counts` and `wait_quiescent` read the
   nodes' Prometheus metrics (the last one is the quiescence barrier);
-* ``geofed bench`` / ``geofed demo`` (`geofed.bench.compare`), the node and
-  index benchmarks, and the Spark analysis (``geofed analyze``,
-  `geofed.bench.analyze`, the ``analysis`` extra) build on them.
+* ``geofed bench`` / ``geofed demo`` (`geofed.bench.compare`) and the node
+  and index benchmarks build on them; the Spark analysis is its own
+  subpackage, `geofed.bench.analysis` (``geofed analyze``; the ``analysis``
+  extra), never imported from here.
 """
 
 from .local import LocalFederation, LocalNode, free_ports
