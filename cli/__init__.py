@@ -28,7 +28,7 @@ SUBCOMMANDS: dict[str, str] = {
     "workload": "geofed.bench.workload",
     "analyze": "geofed.bench.analyze",
     "bench": "geofed.bench.compare",
-    "k8s": "geofed.k8s",
+    "k8s": "geofed.k8s.cli",
 }
 
 

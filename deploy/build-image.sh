@@ -5,10 +5,11 @@
 #   1. base image: unless --base is given, a Debian bookworm root filesystem
 #      with python3 and python3-venv, made by mmdebstrap from this machine's
 #      own apt sources and loaded with `docker import` (tarball cached);
-#   2. wheels: geofed and the node's runtime dependencies
-#      (deploy/image/requirements.txt) built on this machine with pip, pinned
-#      to the versions installed in its Python environment;
-#   3. docker build --build-arg BASE=<base> (which also runs `geofed --help`).
+#   2. wheels: `pip wheel` of the project on this machine, i.e. geofed and its
+#      runtime dependencies (the [project] dependencies in pyproject.toml, no
+#      extras), pinned to the versions installed in its Python environment;
+#   3. docker build --build-arg BASE=<base> (pip installs geofed from those
+#      wheels, resolving its dependencies, then runs `geofed --help`).
 #
 # Repeated runs reuse the base image (or its cached tarball), pip's cache and
 # Docker's layer cache. With a registry, `--base python:3.11-slim-bookworm`
@@ -25,8 +26,9 @@ usage: deploy/build-image.sh [options]
   --suite SUITE       Debian suite for the mmdebstrap base (default: bookworm)
   --apt-sources FILE  apt sources for mmdebstrap (default: this machine's
                       /etc/apt/sources.list.d/debian.sources or /etc/apt/sources.list)
-  --python PY         Python that builds the wheels; its minor version must
-                      match the base image's python3 (default: the repo's
+  --python PY         Python that builds the wheels and can import geofed's
+                      runtime dependencies; its minor version must match the
+                      base image's python3 (default: the repo's
                       .venv/bin/python, else python3)
   --cache-dir DIR     base tarball and build context (default:
                       $GEOFED_IMAGE_CACHE or ~/.cache/geofed-image)
@@ -140,7 +142,7 @@ log "Python $host_py on both sides ($PY, $BASE)"
 CTX=$CACHE/context
 rm -rf "$CTX"
 mkdir -p "$CTX/wheels" "$CTX/dist"
-cp "$REPO/deploy/image/requirements.txt" "$REPO/deploy/image/healthcheck.py" "$CTX/"
+cp "$REPO/deploy/image/healthcheck.py" "$CTX/"
 src=$(mktemp -d)
 trap 'rm -rf "$src"' EXIT
 # Pin to what this environment runs (and was tested with); drop editable and
@@ -152,14 +154,17 @@ trap 'rm -rf "$src" "$src.constraints"' EXIT
 tar -C "$REPO" --exclude=./.git --exclude=./.venv --exclude=./build --exclude='*.egg-info' \
   --exclude=__pycache__ --exclude=.mypy_cache --exclude=.ruff_cache --exclude=.pytest_cache \
   --exclude=.hypothesis --exclude=./out --exclude=./reports -cf - . | tar -C "$src" -xf -
-log "building the geofed wheel"
-# A fixed timestamp makes the wheel byte-identical for identical sources, so
-# Docker's layer cache holds across runs.
-SOURCE_DATE_EPOCH=315532800 "$PY" -m pip wheel --quiet --disable-pip-version-check --no-deps \
-  --wheel-dir "$CTX/dist" "$src" || die "pip wheel of $REPO failed"
-log "collecting the node's runtime dependency wheels (deploy/image/requirements.txt)"
-"$PY" -m pip wheel --quiet --disable-pip-version-check --wheel-dir "$CTX/wheels" \
-  -r "$CTX/requirements.txt" -c "$src.constraints" || die "pip wheel of the runtime dependencies failed"
+log "building the wheels of geofed and its runtime dependencies (pyproject.toml)"
+# A fixed timestamp makes the geofed wheel byte-identical for identical
+# sources, so Docker's layer cache holds across runs.
+SOURCE_DATE_EPOCH=315532800 "$PY" -m pip wheel --quiet --disable-pip-version-check \
+  --wheel-dir "$CTX/wheels" -c "$src.constraints" "$src" || die "pip wheel of $REPO failed"
+shopt -s nullglob
+project=("$CTX"/wheels/geofed-*.whl)
+shopt -u nullglob
+((${#project[@]} == 1)) || die "pip wheel made no single geofed wheel in $CTX/wheels"
+mv "${project[0]}" "$CTX/dist/"
+project=$CTX/dist/${project[0]##*/}
 # The image installs exactly these wheels: pin them (and nothing else, so that
 # unrelated changes to this environment keep Docker's cache valid).
 for whl in "$CTX"/wheels/*.whl; do
@@ -167,6 +172,13 @@ for whl in "$CTX"/wheels/*.whl; do
   echo "$name==$ver"
 done | sort >"$CTX/constraints.txt"
 ls "$CTX/dist" "$CTX/wheels" | sed 's/^/    /' >&2
+# The ports the image exposes are the node's defaults, read from the wheel
+# just built (it is importable from its zip file).
+read -r client_port peer_port metrics_port < <(
+  PYTHONPATH=$project "$PY" -c \
+    'from geofed.node import CLIENT_PORT, METRICS_PORT, PEER_PORT; print(CLIENT_PORT, PEER_PORT, METRICS_PORT)'
+) || die "$PY cannot import geofed.node from the wheel (does it have geofed's runtime dependencies?)"
+log "node ports: client $client_port, peer $peer_port, metrics $metrics_port"
 
 # --- 3. image -------------------------------------------------------------------
 version=$("$PY" -c 'import tomllib,sys; print(tomllib.load(open(sys.argv[1],"rb"))["project"]["version"])' "$REPO/pyproject.toml")
@@ -175,14 +187,18 @@ if [[ $revision != unknown && -n $(git -C "$REPO" status --porcelain 2>/dev/null
   revision=$revision-dirty
 fi
 log "docker build -t $TAG (base $BASE, version $version, revision $revision)"
-# The wheels stage gets a tag of its own so that its layers (the slow pip
-# install) stay cached while superseded images are pruned below.
-if ! docker build --build-arg "BASE=$BASE" --target wheels -t geofed-build:wheels \
+# The wheels stage gets a tag of its own (one per image tag, so that builds of
+# different tags keep each other's) so that its layers (the slow pip install)
+# stay cached while superseded images are pruned below.
+stage_tag=geofed-build:wheels-$(tr -c 'A-Za-z0-9_.\n-' '-' <<<"$TAG")
+if ! docker build --build-arg "BASE=$BASE" --target wheels -t "$stage_tag" \
   -f "$REPO/deploy/Dockerfile" "$CTX" >"$CACHE/docker-build.log" 2>&1; then
   tail -n 40 "$CACHE/docker-build.log" >&2
   die "docker build of the wheels stage failed (full log: $CACHE/docker-build.log)"
 fi
-if ! docker build --build-arg "BASE=$BASE" --label "org.opencontainers.image.version=$version" \
+if ! docker build --build-arg "BASE=$BASE" --build-arg "CLIENT_PORT=$client_port" \
+  --build-arg "PEER_PORT=$peer_port" --build-arg "METRICS_PORT=$metrics_port" \
+  --label "org.opencontainers.image.version=$version" \
   --label "org.opencontainers.image.revision=$revision" -t "$TAG" -f "$REPO/deploy/Dockerfile" "$CTX" \
   >>"$CACHE/docker-build.log" 2>&1; then
   tail -n 40 "$CACHE/docker-build.log" >&2

@@ -1,11 +1,13 @@
-"""Container health check: asks the node's gRPC health service whether it is SERVING.
+"""Container health check: is the node's gRPC health service SERVING?
 
-Run by the image's HEALTHCHECK (Kubernetes uses its native gRPC probes instead).
-The port comes from the same settings the node reads, minus command-line flags
-that a health check cannot see: GEOFED_CLIENT_LISTEN (or GEOFED_PEER_LISTEN
-with ``--peer``), else that field of the GEOFED_CONFIG JSON file, else the
-node's default. Exit status 0 means SERVING; anything else is unhealthy, with
-the reason on stderr.
+Run by the image's HEALTHCHECK (Kubernetes uses its native gRPC probes
+instead). The node's own configuration loader (`geofed.node.NodeConfig`)
+finds the address, from the same settings the node reads minus command-line
+flags, which a health check cannot see: GEOFED_CLIENT_LISTEN (or
+GEOFED_PEER_LISTEN with ``--peer``), else that field of the GEOFED_CONFIG JSON
+file, else the node's default port. The check itself is the client library's
+`geofed.client.health_status`. Exit status 0 means SERVING; anything else is
+unhealthy, with the reason on stderr.
 
     python healthcheck.py [--peer] [--service NAME] [--target HOST:PORT] [--timeout S]
 """
@@ -13,29 +15,20 @@ the reason on stderr.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 
-DEFAULTS = {"client_listen": "0.0.0.0:7400", "peer_listen": "0.0.0.0:7401"}
+from geofed.client import health_status
+from geofed.node import ENV_PREFIX, NodeConfig
+from geofed.routing import GeofedError
+
 _WILDCARD_HOSTS = {"", "0.0.0.0", "::", "[::]", "*"}
 
 
 def listen_address(field: str) -> str:
-    """The node's listen address for `field`: env var, then config file, then default."""
-    env = os.environ.get(f"GEOFED_{field.upper()}")
-    if env:
-        return env
-    config = os.environ.get("GEOFED_CONFIG")
-    if config:
-        try:
-            with open(config, encoding="utf-8") as fh:
-                value = json.load(fh).get(field)
-        except (OSError, ValueError, AttributeError):
-            value = None  # the node itself reports a bad config file; fall back
-        if isinstance(value, str) and value:
-            return value
-    return DEFAULTS[field]
+    """The node's listen address `field`, as the node resolves it (without flags)."""
+    # The id and federation file are required settings that may come as flags.
+    config = NodeConfig.load(overrides={"broker_id": "-", "federation": "-"})
+    return str(getattr(config, field))
 
 
 def dial_target(listen: str) -> str:
@@ -47,29 +40,23 @@ def dial_target(listen: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--peer", action="store_true", help="check the federation port")
     parser.add_argument("--service", default="", help='health service name ("" = overall)')
     parser.add_argument("--target", help="host:port to check (default: from the node settings)")
     parser.add_argument("--timeout", type=float, default=3.0, help="seconds")
     args = parser.parse_args(argv)
 
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    field = "peer_listen" if args.peer else "client_listen"
-    target = args.target or dial_target(listen_address(field))
-    with grpc.insecure_channel(target) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
+    target = args.target
+    if not target:
+        field = "peer_listen" if args.peer else "client_listen"
         try:
-            reply = stub.Check(
-                health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout
-            )
-        except grpc.RpcError as exc:
-            print(f"unhealthy: {target}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            target = dial_target(listen_address(field))
+        except GeofedError as exc:
+            print(f"unhealthy: bad node settings ({ENV_PREFIX}*): {exc}", file=sys.stderr)
             return 1
-    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
-    if reply.status != health_pb2.HealthCheckResponse.SERVING:
+    status = health_status(target, args.service, timeout=args.timeout)
+    if status != "SERVING":
         print(f"unhealthy: {target} service {args.service!r} is {status}", file=sys.stderr)
         return 1
     return 0

@@ -3,11 +3,14 @@
 `ContainerFederation` runs one container per broker on a Docker network of its
 own, with the environment the Kubernetes manifests give the pods
 (`geofed.k8s.container_env`), a read-only root filesystem, no
-capabilities, and ports published on 127.0.0.1 only.
+capabilities, and ports published on 127.0.0.1 only. Tests wait on the
+brokers' state, never for a while: gRPC health (`wait_linked`), and the
+brokers' metrics (`quiescent`, `deliveries_counted`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
@@ -21,13 +24,25 @@ import docker
 from testcontainers.core.container import DockerContainer
 from testcontainers.core.network import Network
 
-from geofed.bench import free_ports
+from geofed.bench import free_ports, metric, peer_message_counts
 from geofed.client import health_status
-from geofed.k8s import CLIENT_PORT, METRICS_PORT, PEER_PORT, container_env, slug
+from geofed.k8s import FEDERATION_DIR, FEDERATION_FILE, container_env, slug
+from geofed.node import (
+    CLIENT_PORT,
+    DELIVERIES,
+    METRICS_PORT,
+    PEER_CONNECTED,
+    PEER_PORT,
+    PEER_QUEUE_LENGTH,
+)
 from geofed.routing import Federation
 from geofed.wire import FEDERATION_SERVICE
 
 TEST_LABEL = "org.geofed.test"
+FEDERATION_PATH = f"{FEDERATION_DIR}/{FEDERATION_FILE}"  # where the pods have it too
+
+Link = tuple[str, str, str]
+"""(message kind, sending broker, receiving broker)."""
 
 
 class ContainerFederation:
@@ -61,6 +76,11 @@ class ContainerFederation:
         self.federation_file.chmod(0o644)  # read by the container's non-root user
         self.network = Network(docker_network_kw={"labels": {TEST_LABEL: self.run_id}})
         self.containers: dict[str, DockerContainer] = {}
+        self.down: set[str] = set()
+        # Per-link counts that belong to an earlier process of a restarted
+        # broker (see `start_broker`): sent by its peers, received from it.
+        self._sent_before: dict[Link, float] = {}
+        self._received_before: dict[Link, float] = {}
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -74,16 +94,14 @@ class ContainerFederation:
         return self
 
     def _container(self, broker_id: str) -> DockerContainer:
-        env = container_env(
-            broker_id, strategy=self.strategy, federation="/etc/geofed/federation.geojson"
-        )
+        env = container_env(broker_id, strategy=self.strategy, federation=FEDERATION_PATH)
         c = (
             DockerContainer(self.image)
             .with_name(f"geofed-{slug(broker_id)}-{self.run_id}")
             .with_network(self.network)
             .with_network_aliases(f"geofed-{slug(broker_id)}")
             .with_envs(**env)
-            .with_volume_mapping(str(self.federation_file), "/etc/geofed/federation.geojson", "ro")
+            .with_volume_mapping(str(self.federation_file), FEDERATION_PATH, "ro")
             # Docker wants tmpfs options, not a bare size.
             .with_tmpfs_mount("/tmp", "size=64m")
             # The pod's securityContext: read-only root, no privileges.
@@ -119,16 +137,51 @@ class ContainerFederation:
     def wrapped(self, broker_id: str) -> Any:
         return self.containers[broker_id].get_wrapped_container()
 
+    @property
+    def live(self) -> list[str]:
+        """The brokers whose containers run (not stopped with `stop_broker`)."""
+        return [b for b in self.containers if b not in self.down]
+
+    def metrics_urls(self) -> dict[str, str]:
+        """The /metrics URL of every live broker."""
+        return {b: self.metrics_url(b) for b in self.live}
+
     def stop_broker(self, broker_id: str, timeout: int = 30) -> int:
         """`docker stop` (SIGTERM, then SIGKILL after `timeout`); returns the exit code."""
         c = self.wrapped(broker_id)
+        self.down.add(broker_id)
         c.stop(timeout=timeout)
         c.reload()
         return int(c.attrs["State"]["ExitCode"])
 
-    def start_broker(self, broker_id: str) -> None:
-        """Start a stopped broker's container again (same name, ports, network alias)."""
+    def start_broker(self, broker_id: str, timeout: float = 60.0) -> None:
+        """Start a stopped broker's container again (same name, ports, network alias).
+
+        The new process counts its messages from zero while its peers keep
+        their counts, so once every live peer has closed its link to the old
+        process (nothing more can then be sent to or received from it), the
+        peers' counts of the links to and from it are set aside as earlier
+        traffic for `in_flight`.
+        """
+        assert broker_id in self.down, f"broker {broker_id} is not stopped"
+        deadline = time.monotonic() + timeout
+        peers = self.live
+        while connected := [
+            b for b in peers if metric(self.metrics_url(b), PEER_CONNECTED, peer=broker_id)
+        ]:
+            assert time.monotonic() < deadline, f"{connected} still linked to stopped {broker_id}"
+            time.sleep(0.1)
+        counts = peer_message_counts(self.metrics_urls())
+        for link in [k for k in self._sent_before if k[1] == broker_id]:
+            del self._sent_before[link]  # the new process's own counts start at zero
+        for link in [k for k in self._received_before if k[2] == broker_id]:
+            del self._received_before[link]
+        self._sent_before.update({k: v for k, v in counts["sent"].items() if k[2] == broker_id})
+        self._received_before.update(
+            {k: v for k, v in counts["received"].items() if k[1] == broker_id}
+        )
         self.wrapped(broker_id).start()
+        self.down.discard(broker_id)
 
     def logs(self, broker_id: str, tail: int = 200) -> str:
         try:
@@ -147,7 +200,7 @@ class ContainerFederation:
         return [
             line
             for line in text.splitlines()
-            if line.startswith(("geofed_peer_connected", "geofed_peer_queue_length"))
+            if line.startswith((PEER_CONNECTED, PEER_QUEUE_LENGTH))
         ]
 
     def docker_health(self, broker_id: str) -> str:
@@ -156,12 +209,46 @@ class ContainerFederation:
         health = c.attrs["State"].get("Health") or {}
         return str(health.get("Status", "none"))
 
-    # -- waiting ---------------------------------------------------------------------
+    # -- waiting on the brokers' state ------------------------------------------------
+
+    def in_flight(self) -> dict[Link, float]:
+        """Messages sent but not yet received, per link between live brokers.
+
+        The quiescence condition of `geofed.bench.wait_quiescent`, per link
+        rather than in total: with a broker down, or restarted, the totals
+        over all brokers never balance (its peers' counts include traffic
+        with its earlier process), while each link between live brokers
+        does once `start_broker` has set that earlier traffic aside.
+        """
+        counts = peer_message_counts(self.metrics_urls())
+        live = set(self.live)
+        pending: dict[Link, float] = {}
+        for side, before, sign in (
+            ("sent", self._sent_before, 1),
+            ("received", self._received_before, -1),
+        ):
+            for link, value in counts[side].items():
+                kind, src, dst = link
+                if kind != "control" and src in live and dst in live:
+                    delta = sign * (value - before.get(link, 0.0))
+                    pending[link] = pending.get(link, 0.0) + delta
+        return {link: n for link, n in pending.items() if n}
+
+    async def quiescent(self, timeout: float = 30.0) -> None:
+        """Barrier: every inter-broker message sent has been received (`in_flight` empty)."""
+        deadline = time.monotonic() + timeout
+        while pending := await asyncio.to_thread(self.in_flight):
+            assert time.monotonic() < deadline, f"messages still in flight: {pending}"
+            await asyncio.sleep(0.01)
+
+    def deliveries_counted(self) -> float:
+        """Deliveries the live brokers have handed to their subscribers' streams, in total."""
+        return sum(metric(url, DELIVERIES) for url in self.metrics_urls().values())
 
     def wait_linked(self, timeout: float = 180.0, ids: list[str] | None = None) -> None:
         """Until every broker (or `ids`) is SERVING and all its peer links are up."""
         deadline = time.monotonic() + timeout
-        for bid in ids or list(self.containers):
+        for bid in ids or self.live:
             while health_status(self.client(bid), FEDERATION_SERVICE) != "SERVING":
                 c = self.wrapped(bid)
                 c.reload()

@@ -12,6 +12,7 @@ import argparse
 import filecmp
 import functools
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -23,8 +24,9 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import geofed.k8s as _k8s
-from geofed.node import NodeConfig
+import geofed.k8s
+from geofed.k8s.cli import register
+from geofed.node import CLIENT_PORT, NodeConfig
 from geofed.routing import Federation, GeofedError, InvalidInput
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -35,6 +37,7 @@ K8S_VERSIONS = ("1.30", "1.37")
 NAMESPACE = "geofed-test"
 IMAGE = "registry.example:5000/geofed:0.1.0"
 BROKER_LABEL = "geofed.io/broker"
+DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?")  # RFC 1123
 
 Objects = list[dict[str, Any]]
 
@@ -93,6 +96,7 @@ def of_kind(objects: Objects, kind: str) -> Objects:
 
 
 def container(deployment: dict[str, Any]) -> dict[str, Any]:
+    c: dict[str, Any]
     (c,) = deployment["spec"]["template"]["spec"]["containers"]
     return c
 
@@ -127,10 +131,10 @@ def render_cli(out: Path, *extra: str, image: str = "geofed:dev") -> int:
 
 
 def run_cli(argv: list[str]) -> int:
-    """`geofed <argv>` through the k8s module's own `register` (other modules may be absent)."""
+    """`geofed <argv>` through the k8s subcommand's own `register` (others may be absent)."""
     parser = argparse.ArgumentParser(prog="geofed")
     sub = parser.add_subparsers(dest="command", required=True)
-    _k8s.register(sub, "k8s")
+    register(sub, "k8s")
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
@@ -385,7 +389,7 @@ def test_podmonitor_once_per_cluster(tmp_path: Path) -> None:
 
 def test_twenty_one_regions(tmp_path: Path) -> None:
     aws = Federation.load(AWS)
-    result = _k8s.render(AWS, "geofed:dev", tmp_path)
+    result = geofed.k8s.render(AWS, "geofed:dev", tmp_path)
     objects = kustomize(tmp_path)
     validate(objects)
     assert sorted(env_of(d)["GEOFED_BROKER_ID"] for d in of_kind(objects, "Deployment")) == sorted(
@@ -401,7 +405,7 @@ def test_twenty_one_regions(tmp_path: Path) -> None:
 
 
 def test_repository_tree_is_the_render_of_three(tmp_path: Path) -> None:
-    _k8s.render(THREE, "geofed:dev", tmp_path)
+    geofed.k8s.render(THREE, "geofed:dev", tmp_path)
     stale = []
     for path in sorted(tmp_path.rglob("*")):
         if path.is_file():
@@ -411,7 +415,7 @@ def test_repository_tree_is_the_render_of_three(tmp_path: Path) -> None:
                 stale.append(str(rel))
     for path in (ROOT / "k8s").rglob("*"):
         rel = path.relative_to(ROOT / "k8s")
-        if path.is_file() and rel.parts[0] in _k8s.OUTPUTS and not (tmp_path / rel).exists():
+        if path.is_file() and rel.parts[0] in geofed.k8s.OUTPUTS and not (tmp_path / rel).exists():
             stale.append(f"{rel} (not rendered any more)")
     assert not stale, (
         "k8s/ is out of date; regenerate with `geofed k8s render --federation "
@@ -439,7 +443,7 @@ def test_bad_arguments_name_the_field(
     args: dict[str, Any] = {"image": "geofed:dev", **kwargs}
     image = args.pop("image")
     with pytest.raises(InvalidInput) as err:
-        _k8s.render(three, image, tmp_path / "out", **args)
+        geofed.k8s.render(three, image, tmp_path / "out", **args)
     assert err.value.field == field
 
 
@@ -456,7 +460,7 @@ def test_bad_arguments_name_the_field(
 )
 def test_bad_endpoints_name_the_entry(three: Federation, endpoints: object, field: str) -> None:
     with pytest.raises(InvalidInput) as err:
-        _k8s.parse_endpoints(endpoints, three)
+        geofed.k8s.parse_endpoints(endpoints, three)
     assert err.value.field == field
 
 
@@ -464,7 +468,7 @@ def test_refuses_to_overwrite_without_force(
     tmp_path: Path, three: Federation, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "notes.txt").write_text("mine")
-    _k8s.render(three, "geofed:dev", tmp_path)
+    geofed.k8s.render(three, "geofed:dev", tmp_path)
     argv = [
         "k8s",
         "render",
@@ -484,7 +488,7 @@ def test_refuses_to_overwrite_without_force(
 def test_render_of_a_loaded_federation_keeps_ids_and_areas(
     tmp_path: Path, three: Federation
 ) -> None:
-    _k8s.render(three, "geofed:dev", tmp_path)
+    geofed.k8s.render(three, "geofed:dev", tmp_path)
     fed = Federation.load(tmp_path / "overlays" / "eu" / "federation.geojson")
     assert fed.ids == three.ids
     for a, b in zip(fed, three, strict=True):
@@ -492,7 +496,7 @@ def test_render_of_a_loaded_federation_keeps_ids_and_areas(
     assert fed.broker("eu").endpoint == "geofed-peer-eu.geofed.svc.cluster.local:7401"
 
 
-def test_image_references() -> None:
+def test_image_references(tmp_path: Path, three: Federation) -> None:
     cases = {
         "geofed": {"newName": "geofed", "newTag": "latest"},
         "geofed:dev": {"newName": "geofed", "newTag": "dev"},
@@ -501,7 +505,11 @@ def test_image_references() -> None:
         "geofed@sha256:" + "a" * 64: {"newName": "geofed", "digest": "sha256:" + "a" * 64},
     }
     for image, expected in cases.items():
-        assert _k8s._image_entry(image) == {"name": "geofed", **expected}
+        geofed.k8s.render(three, image, tmp_path, force=True)
+        kustomization = yaml.safe_load(
+            (tmp_path / "overlays" / "eu" / "kustomization.yaml").read_text()
+        )
+        assert kustomization["images"] == [{"name": "geofed", **expected}], image
 
 
 @pytest.mark.parametrize(
@@ -509,14 +517,14 @@ def test_image_references() -> None:
     ["eu", "us-east-1", "EU_West", "a" * 80, "zone/7", "été", "-x-", "UPPER"],
 )
 def test_slugs_are_dns_labels(broker_id: str) -> None:
-    s = _k8s.slug(broker_id)
-    assert _k8s._SLUG_OK.fullmatch(s) and len(s) <= 40
+    s = geofed.k8s.slug(broker_id)
+    assert DNS_LABEL.fullmatch(s) and len(s) <= 40
     assert len(f"geofed-client-{s}") <= 63
 
 
 def test_slugs_are_unique() -> None:
     ids = ["EU", "eu", "e-u", "E_U", "e u", "eu-" + "x" * 60, "eu-" + "x" * 61]
-    assert len({_k8s.slug(i) for i in ids}) == len(ids)
+    assert len({geofed.k8s.slug(i) for i in ids}) == len(ids)
 
 
 # --- the YAML emitter -----------------------------------------------------------------
@@ -525,7 +533,9 @@ _json_scalars = (
     st.none()
     | st.booleans()
     | st.integers(min_value=-(2**53), max_value=2**53)
-    | st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=20)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.sampled_from([1e20, -2.5e-7, 1e16, 0.1, -0.0])
+    | st.text(st.characters(codec="utf-8"), max_size=20)  # no surrogates in UTF-8
     | st.sampled_from(
         [
             "yes",
@@ -569,11 +579,11 @@ _json = st.recursive(
 @settings(max_examples=300, deadline=None)
 @given(_json)
 def test_dump_yaml_round_trips(value: Any) -> None:
-    assert yaml.safe_load(_k8s.dump_yaml(value)) == value
+    assert yaml.safe_load(geofed.k8s.dump_yaml(value)) == value
 
 
 def test_dump_yaml_documents() -> None:
-    text = _k8s.dump_yaml({"a": [1, {"b": []}]}, [{"c": {}}], "x")
+    text = geofed.k8s.dump_yaml({"a": [1, {"b": []}]}, [{"c": {}}], "x")
     assert list(yaml.safe_load_all(text)) == [{"a": [1, {"b": []}]}, [{"c": {}}], "x"]
 
 
@@ -581,6 +591,6 @@ def test_dump_yaml_documents() -> None:
 
 
 def test_container_env_is_a_valid_node_config() -> None:
-    cfg = NodeConfig.load(env=_k8s.container_env("eu", strategy="subscription-geofence"))
+    cfg = NodeConfig.load(env=geofed.k8s.container_env("eu", strategy="subscription-geofence"))
     assert (cfg.broker_id, cfg.strategy) == ("eu", "subscription-geofence")
-    assert port_of(cfg.client_listen) == _k8s.CLIENT_PORT
+    assert port_of(cfg.client_listen) == CLIENT_PORT

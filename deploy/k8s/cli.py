@@ -1,0 +1,108 @@
+"""``geofed k8s render``: the command line of the Kubernetes renderer.
+
+Registered by `geofed.cli` (``register(subparsers, name)``); writes the tree
+with `geofed.k8s.render` and prints where each broker's overlay went.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from geofed.routing import Federation, InvalidInput, federation_path
+
+from .endpoints import parse_endpoints
+from .tree import RenderResult, render
+
+
+def register(sub: Any, name: str) -> None:
+    """Add the ``k8s`` subcommand (with its ``render`` subcommand)."""
+    p = sub.add_parser(name, help="Kubernetes manifests for a federation")
+    k8s_sub = p.add_subparsers(dest="k8s_command", metavar="COMMAND", required=True)
+    r = k8s_sub.add_parser(
+        "render",
+        help="write a kustomize base and one overlay per broker",
+        description=(
+            "Write OUT/base, OUT/overlays/<broker> and, when all brokers run in one "
+            "cluster, OUT/kustomization.yaml (kubectl apply -k OUT). See deploy/DEPLOY.md."
+        ),
+    )
+    r.add_argument("--federation", required=True, help="federation file (or bundled name)")
+    r.add_argument(
+        "--image", required=True, help="broker image, e.g. registry.example/geofed:0.1.0"
+    )
+    r.add_argument("--out", required=True, help="output directory")
+    r.add_argument("--namespace", default="geofed", help="namespace (default: geofed)")
+    r.add_argument(
+        "--endpoints",
+        help='JSON file {"<id>": {"endpoint": "host:port", "client_endpoint": "host:port"}} '
+        "with external addresses (one cluster per region); default: in-cluster DNS names",
+    )
+    r.add_argument("--strategy", default="event-geofence", help="routing strategy")
+    r.add_argument("--cluster-domain", default="cluster.local", help="cluster DNS domain")
+    r.add_argument(
+        "--peer-cidr",
+        action="append",
+        default=[],
+        help="network the other clusters' brokers connect from (repeatable)",
+    )
+    r.add_argument(
+        "--monitoring-namespace", default="monitoring", help="namespace allowed to scrape /metrics"
+    )
+    r.add_argument(
+        "--podmonitor", action="store_true", help="include a Prometheus-operator PodMonitor"
+    )
+    r.add_argument("--force", action="store_true", help="replace a previous render in OUT")
+    r.set_defaults(func=_cmd_render)
+
+
+def _cmd_render(args: argparse.Namespace) -> int:
+    path = federation_path(args.federation)
+    federation = Federation.load(path)
+    endpoints = None
+    if args.endpoints:
+        try:
+            raw = json.loads(Path(args.endpoints).read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise InvalidInput(
+                "endpoints", f"cannot read {args.endpoints}: {exc.strerror}"
+            ) from None
+        except json.JSONDecodeError as exc:
+            raise InvalidInput("endpoints", f"{args.endpoints} is not JSON: {exc.msg}") from None
+        endpoints = parse_endpoints(raw, federation)
+    result = render(
+        path,
+        args.image,
+        args.out,
+        namespace=args.namespace,
+        endpoints=endpoints,
+        strategy=args.strategy,
+        cluster_domain=args.cluster_domain,
+        peer_cidrs=args.peer_cidr,
+        monitoring_namespace=args.monitoring_namespace,
+        podmonitor=args.podmonitor,
+        force=args.force,
+    )
+    for warning in result.warnings:
+        print(f"geofed k8s render: warning: {warning}", file=sys.stderr)
+    _print_summary(result, sys.stdout)
+    return 0
+
+
+def _print_summary(result: RenderResult, stream: Any) -> None:
+    print(f"{'broker':<16} {'overlay':<28} {'peer endpoint':<48} client endpoint", file=stream)
+    for bid, path in result.overlays.items():
+        e = result.endpoints[bid]
+        rel = path.relative_to(result.out)
+        print(f"{bid:<16} {rel.as_posix():<28} {e.peer:<48} {e.client}", file=stream)
+    if result.single_cluster:
+        print(f"deploy all brokers: kubectl apply --server-side -k {result.out}", file=stream)
+    else:
+        overlay = result.out / "overlays" / "<broker>"
+        print(
+            f"deploy each broker in its cluster: kubectl apply --server-side -k {overlay}",
+            file=stream,
+        )
