@@ -15,7 +15,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -185,11 +184,6 @@ class LocalFederation:
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
-
-    def metrics(self, broker_id: str) -> str:
-        """The Prometheus text exposition of one broker."""
-        with urllib.request.urlopen(self.nodes[broker_id].metrics_url, timeout=5) as resp:
-            return resp.read().decode()  # type: ignore[no-any-return]
 
     def __enter__(self) -> LocalFederation:
         return self.start()
