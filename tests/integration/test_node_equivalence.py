@@ -1,27 +1,33 @@
 """Randomized workloads through real nodes equal the oracle and the cost model.
 
 One federation per strategy serves many hypothesis examples. Each example uses
-fresh client and subscription ids, replays through real gRPC clients with a
+fresh client and subscription ids, replays through the client library with a
 barrier after every action (no inter-broker message in flight), and compares
 the deliveries with the central oracle and the metric deltas of inter-broker
-messages with the routing cost model, exactly.
+messages with the routing cost model, exactly. Whether every delivery has
+arrived is decided by the brokers' own delivery counts, never by waiting.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
+import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from geofed.bench import LocalFederation, Replayer, peer_message_counts, wait_quiescent
+from geofed.bench import LocalFederation, Replayer, metric, peer_message_counts, wait_quiescent
+from geofed.node import DELIVERIES, SUBSCRIPTIONS
 from geofed.routing import (
     STRATEGIES,
+    Kind,
+    LatLon,
     TraceOp,
     latlon,
     parse_geofence,
@@ -72,6 +78,19 @@ def workloads(draw: st.DrawFn) -> list[TraceOp]:
     clients = [f"r{run}c{i}" for i in range(n_clients)]
     ops: list[TraceOp] = []
     live: dict[str, str] = {}
+    at: dict[str, LatLon] = {}  # where each client was last
+
+    def add(op: TraceOp) -> None:
+        # An action elsewhere than the client's last location moves it first. The
+        # move goes as an action of its own, so that the barrier separates it from
+        # the action: the old broker's withdrawals are through before the client
+        # subscribes or publishes at the new one (the model applies them at once).
+        if op.location is not None:
+            if at.get(op.client, op.location) != op.location and op.op != "move":
+                ops.append(TraceOp(len(ops), "move", op.client, op.location))
+            at[op.client] = op.location
+        ops.append(dataclasses.replace(op, t=len(ops)))
+
     # Subscriptions first, then a mix dominated by publishes, so that most
     # examples have deliveries (and some have none).
     kinds = ["subscribe"] * draw(st.integers(1, 5)) + draw(
@@ -87,7 +106,7 @@ def workloads(draw: st.DrawFn) -> list[TraceOp]:
         fence = parse_geofence(draw(st.sampled_from(FENCES)))
         if kind == "subscribe":
             sid = f"r{run}s{step}"
-            ops.append(
+            add(
                 TraceOp(
                     step, "subscribe", client, where, sid, draw(st.sampled_from(FILTERS)), fence
                 )
@@ -95,12 +114,12 @@ def workloads(draw: st.DrawFn) -> list[TraceOp]:
             live[sid] = client
         elif kind == "publish":
             topic = draw(st.sampled_from(TOPICS))
-            ops.append(TraceOp(step, "publish", client, where, f"r{run}e{step}", topic, fence, 8))
+            add(TraceOp(step, "publish", client, where, f"r{run}e{step}", topic, fence, 8))
         elif kind == "move":
-            ops.append(TraceOp(step, "move", client, where))
+            add(TraceOp(step, "move", client, where))
         elif live:
             sid = draw(st.sampled_from(sorted(live)))
-            ops.append(TraceOp(step, "unsubscribe", live.pop(sid), id=sid))
+            add(TraceOp(step, "unsubscribe", live.pop(sid), id=sid))
     return ops
 
 
@@ -112,29 +131,64 @@ def federation(
         yield fed
 
 
+WAIT_S = 60.0  # safety net of every wait on state; none is expected to come near it
+
+
+def _urls(fed: LocalFederation) -> dict[str, str]:
+    return {b: n.metrics_url for b, n in fed.nodes.items()}
+
+
 def _sent(fed: LocalFederation) -> Counter[tuple[str, str, str]]:
-    urls = {b: n.metrics_url for b, n in fed.nodes.items()}
     return Counter(
-        {k: int(v) for k, v in peer_message_counts(urls)["sent"].items() if k[0] != "control"}
+        {
+            k: int(v)
+            for k, v in peer_message_counts(_urls(fed))["sent"].items()
+            if k[0] != Kind.CONTROL
+        }
     )
+
+
+def _total(fed: LocalFederation, name: str) -> float:
+    """A metric summed over every node (and every label)."""
+    return sum(metric(url, name) for url in _urls(fed).values())
+
+
+async def _until(cond: Callable[[], bool], what: str) -> None:
+    """Poll `cond` (in a thread: it scrapes metrics) until it holds."""
+    deadline = time.monotonic() + WAIT_S
+    while not await asyncio.to_thread(cond):
+        assert time.monotonic() < deadline, f"not reached within {WAIT_S:g}s: {what}"
+        await asyncio.sleep(0.01)
 
 
 async def _replay(
     fed: LocalFederation, ops: list[TraceOp]
-) -> tuple[list[tuple[str, str]], Counter[tuple[str, str, str]]]:
-    urls = {b: n.metrics_url for b, n in fed.nodes.items()}
-    r = Replayer(fed.federation, barrier=lambda: wait_quiescent(urls))
+) -> tuple[list[tuple[str, str]], int, Counter[tuple[str, str, str]]]:
+    """Replay `ops`; the deliveries, how many the brokers made, and the messages sent."""
+    urls = _urls(fed)
+    r = Replayer(fed.federation, barrier=lambda: wait_quiescent(urls, timeout=WAIT_S))
     before = await asyncio.to_thread(_sent, fed)
+    made_before = await asyncio.to_thread(_total, fed, DELIVERIES)
     try:
         await r.run(ops)
-        # Every delivery was pushed before the barrier returned; let the streams drain.
-        await asyncio.sleep(0.1)
+        # The barrier after the last action: every delivery has been pushed to a
+        # stream. The streams may still carry some: wait until every delivery the
+        # brokers made for this example has reached its client.
+        made = await asyncio.to_thread(_total, fed, DELIVERIES) - made_before
+        await _until(lambda: r.received >= made, f"{made:g} deliveries reach the clients")
         after = await asyncio.to_thread(_sent, fed)
     finally:
         await r.close()  # cancels the streams: their subscriptions are withdrawn
-        await wait_quiescent(urls)
+        # A broker withdraws a subscription when it sees its stream end, after
+        # `close` returned: wait for that, then for what it sent to its peers,
+        # so that none of it is counted in the next example.
+        await _until(
+            lambda: _total(fed, SUBSCRIPTIONS) == 0, "every broker has withdrawn every subscription"
+        )
+        await wait_quiescent(urls, timeout=WAIT_S)
     assert not r.errors, r.errors
-    return r.deliveries, after - before
+    assert r.received == made  # nothing arrived that the brokers did not count
+    return r.deliveries, int(made), after - before
 
 
 @settings(
@@ -146,8 +200,9 @@ async def _replay(
 def test_live_federation_matches_oracle_and_cost_model(
     federation: LocalFederation, ops: list[TraceOp]
 ) -> None:
-    deliveries, sent = asyncio.run(_replay(federation, ops))
+    deliveries, made, sent = asyncio.run(_replay(federation, ops))
     expected = reference_deliveries(ops)
     assert Counter(deliveries) == Counter(expected)  # recall 1, precision 1, no duplicates
+    assert made == len(expected)  # not even a duplicate the client dropped
     predicted = predict(federation.federation, federation.strategy, ops)
     assert sent == +predicted.messages

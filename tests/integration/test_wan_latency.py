@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from geofed.bench import LocalFederation, Replayer, wait_quiescent
+from geofed.bench import LocalFederation, Replayer, metric, wait_quiescent
+from geofed.node import DELIVERIES
 from geofed.routing import LatLon, TraceOp, great_circle_m, latlon
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,22 +60,22 @@ def _ops() -> list[TraceOp]:
 def _medians_ms(fed: LocalFederation) -> tuple[dict[tuple[str, str], float], int]:
     urls = {b: n.metrics_url for b, n in fed.nodes.items()}
 
-    async def replay() -> Replayer:
+    async def replay() -> tuple[Replayer, float]:
         r = Replayer(fed.federation, None, barrier=lambda: wait_quiescent(urls))
         try:
             await r.run(_ops())
-            await wait_quiescent(urls)
-            # The last deliveries may still be on their way to the client.
-            for _ in range(100):
-                if len(r.deliveries) >= len(PLACES) ** 2 * EVENTS_PER_PUBLISHER:
-                    break
-                await asyncio.sleep(0.05)
+            await wait_quiescent(urls, timeout=60.0)
+            # The last deliveries may still be on their way to the clients: wait
+            # until every one the brokers made has arrived.
+            await r.settle(urls)
+            made = sum(metric(url, DELIVERIES) for url in urls.values())
         finally:
             await r.close()
-        return r
+        return r, made
 
-    r = asyncio.run(replay())
+    r, made = asyncio.run(replay())
     assert not r.errors
+    assert r.received == len(r.latencies) == made  # none arrived twice, none uncounted
     by_pair: dict[tuple[str, str], list[float]] = defaultdict(list)
     for origin, broker, seconds in r.latencies:
         by_pair[(origin, broker)].append(seconds * 1000.0)
