@@ -14,7 +14,7 @@
 
 from .local import LocalFederation, LocalNode, free_ports
 from .replay import Replayer
-from .scrape import metric, peer_message_counts, scrape, wait_quiescent
+from .scrape import delivered, metric, peer_message_counts, scrape, wait_quiescent
 from .trace import TraceSummary, read_ops, read_trace_file, write_trace
 from .workload import SCENARIOS, WorkloadConfig, generate
 
@@ -33,6 +33,7 @@ __all__ = [
     "Replayer",
     "free_ports",
     # the nodes' metrics
+    "delivered",
     "metric",
     "peer_message_counts",
     "scrape",

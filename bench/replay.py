@@ -17,10 +17,9 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import IO
 
 from geofed.client import Channels, Client, ClientConfig, Subscription, connect
-from geofed.node import DELIVERIES, SUBSCRIBER_QUEUE_DROPPED
 from geofed.routing import Federation, GeofedError, LatLon, TraceOp
 
-from .scrape import scrape_all
+from .scrape import delivered
 
 
 class Replayer:
@@ -83,7 +82,11 @@ class Replayer:
         """Perform one trace action through the client library."""
         client = self._clients.get(op.client)
         if op.location is not None:
+            moved = client is not None and client.location != op.location
             client = await self._locate(op.client, op.location)
+            if moved and op.op != "move" and self._barrier is not None:
+                # The move is an action of its own: let it settle before this one.
+                await self._barrier()
         if op.op == "subscribe":
             assert client is not None
             old = self._subs.pop((op.client, op.id), None)
@@ -107,29 +110,21 @@ class Replayer:
                 op.topic, b"\0" * op.payload_size, geofence=op.geofence, event_id=op.id
             )
 
-    async def settle(self, metrics_urls: Mapping[str, str], timeout: float = 60.0) -> None:
+    async def settle(
+        self, metrics_urls: Mapping[str, str], before: float = 0.0, timeout: float = 60.0
+    ) -> None:
         """Wait until every delivery the brokers handed to a stream has reached its client.
 
         Call it once the federation is quiescent: the brokers' delivery counts
-        (minus what their subscriber queues dropped) are then final.
+        are then final. `before` is `geofed.bench.delivered` from before this
+        replay, for a federation that served other clients already.
 
         Raises:
             GeofedError: if deliveries are still missing after `timeout` seconds.
         """
         deadline = time.monotonic() + timeout
         while True:
-            samples = await asyncio.to_thread(scrape_all, metrics_urls)
-            sent = sum(
-                v
-                for node in samples.values()
-                for (name, _), v in node.items()
-                if name == DELIVERIES
-            ) - sum(
-                v
-                for node in samples.values()
-                for (name, _), v in node.items()
-                if name == SUBSCRIBER_QUEUE_DROPPED
-            )
+            sent = await asyncio.to_thread(delivered, metrics_urls) - before
             if self.received >= sent:
                 return
             if time.monotonic() > deadline:

@@ -16,7 +16,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from geofed.node import PEER_MESSAGES_RECEIVED, PEER_MESSAGES_SENT
+from geofed.node import (
+    DELIVERIES,
+    PEER_MESSAGES_RECEIVED,
+    PEER_MESSAGES_SENT,
+    PEER_QUEUE_LENGTH,
+    SUBSCRIBER_QUEUE_DROPPED,
+)
 from geofed.routing import GeofedError
 
 Labels = tuple[tuple[str, str], ...]
@@ -67,23 +73,48 @@ def peer_message_counts(
 
 
 async def wait_quiescent(metrics_urls: Mapping[str, str], timeout: float = 10.0) -> None:
-    """Wait until every non-control message sent has been received (totals per kind).
+    """The quiescence barrier: wait until no inter-broker message is in flight.
+
+    In flight means queued for a peer (or in the frame being written, which
+    the queue gauge includes) or sent and not yet applied by its receiver
+    (sent and received totals per kind differ; a node counts a received
+    message once it has applied it). Counts are per node lifetime: a node
+    restarted since its peers last sent to it breaks the comparison.
 
     Raises:
         GeofedError: when messages are still in flight after `timeout` seconds.
     """
     deadline = time.monotonic() + timeout
     while True:
-        counts = await asyncio.to_thread(peer_message_counts, metrics_urls)
+        samples = await asyncio.to_thread(scrape_all, metrics_urls)
         totals: dict[str, list[float]] = {}
-        for side, i in (("sent", 0), ("received", 1)):
-            for (kind, _, _), v in counts[side].items():
-                if kind != "control":
-                    totals.setdefault(kind, [0.0, 0.0])[i] += v
-        if all(sent == received for sent, received in totals.values()):
+        queued = 0.0
+        for node in samples.values():
+            for (name, labels), value in node.items():
+                if name == PEER_QUEUE_LENGTH:
+                    queued += value
+                    continue
+                side = {PEER_MESSAGES_SENT: 0, PEER_MESSAGES_RECEIVED: 1}.get(name)
+                kind = dict(labels).get("kind")
+                if side is not None and kind != "control":
+                    totals.setdefault(str(kind), [0.0, 0.0])[side] += value
+        if not queued and all(sent == received for sent, received in totals.values()):
             return
         if time.monotonic() > deadline:
             raise GeofedError(
-                f"federation not quiescent after {timeout}s: [sent, received] {totals}"
+                f"federation not quiescent after {timeout}s: {queued:g} queued,"
+                f" [sent, received] {totals}"
             )
         await asyncio.sleep(0.005)
+
+
+def delivered(metrics_urls: Mapping[str, str]) -> float:
+    """Deliveries the brokers handed to subscriber streams (minus what those queues dropped)."""
+    total = 0.0
+    for node in scrape_all(metrics_urls).values():
+        for (name, _), value in node.items():
+            if name == DELIVERIES:
+                total += value
+            elif name == SUBSCRIBER_QUEUE_DROPPED:
+                total -= value
+    return total

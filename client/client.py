@@ -80,6 +80,7 @@ DEFAULT_BATCH_SIZE = 1_000
 """Events per batch message of `Client.publish_many`."""
 _DEDUP_WINDOW = 4_096  # recent event ids per subscription: covers a handover's overlap
 _MOVED = grpc.StatusCode.FAILED_PRECONDITION  # how a broker ends the streams of a client that left
+_BROKEN = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL)
 
 
 @dataclass(frozen=True)
@@ -377,14 +378,29 @@ class Client:
             return True
 
     async def close(self) -> None:
-        """End every subscription's iteration and close the connections (idempotent)."""
+        """Withdraw every subscription, end their iterations, close the connections (idempotent).
+
+        The broker holds none of this client's subscriptions once it returns
+        (unless it could not be reached: then it drops them when it sees the
+        streams end).
+        """
         if self._closed:
             return
-        self._closed = True
-        for sub in list(self._subs.values()):
-            sub._finish(None)
-            await sub._detach()
-        self._subs.clear()
+        async with self._lock:
+            subs, self._subs = list(self._subs.values()), {}
+            for sub in subs:
+                with contextlib.suppress(GeofedError):
+                    await self._unary(
+                        "unsubscribe",
+                        self._stub().Unsubscribe(
+                            unsubscribe_request(self.client_id, sub.id),
+                            timeout=self.config.request_timeout_s,
+                        ),
+                    )
+            self._closed = True
+            for sub in subs:
+                sub._finish(None)
+                await sub._detach()
         if self._own_channels:
             await self._channels.close()
 
@@ -655,9 +671,11 @@ class Subscription:
                 self._push(message_from_pb(pb, broker_id))
         except grpc.aio.AioRpcError as exc:
             code = exc.code()
-            if code in (grpc.StatusCode.CANCELLED, _MOVED):
-                return  # we cancelled it, or the client moved: `move` renews the stream
-            if code == grpc.StatusCode.UNAVAILABLE and not self._done:
+            if self._call is not call or code == _MOVED:
+                return  # we replaced or cancelled it, or the client moved: `move` renews it
+            if code in _BROKEN and not self._done:
+                # The broker went away (shutting down, crashed, its server
+                # cancelled the call): reconnect and subscribe again.
                 self._recovery = asyncio.create_task(self._recover(), name=f"renew-{self.id}")
                 return
             self._finish(_error(exc, self._client.endpoint, "subscribe", None))

@@ -133,6 +133,8 @@ def from_rpc_error(exc: grpc.RpcError, *, endpoint: str = "", operation: str = "
     details: str = exc.details() or ""
     typed = _metadata_error(exc.trailing_metadata())
     if typed is not None:
+        if details and details != str(typed):
+            typed.args = (details,)  # the broker's fuller text (e.g. what a batch published)
         return typed
     if code == grpc.StatusCode.UNAVAILABLE:
         return Unavailable(endpoint, details)

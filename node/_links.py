@@ -144,6 +144,7 @@ class PeerLink:
         self._resend: deque[PeerMessage] = deque()
         self._wake = asyncio.Event()
         self._restart = asyncio.Event()
+        self._writing = 0  # messages in the frame being written
         self._restart_reason = ""
         self._unacked: deque[tuple[int, list[PeerMessage]]] = deque(maxlen=_UNACKED_FRAMES)
         self._seen: OrderedDict[tuple[str, str], None] = OrderedDict()
@@ -172,13 +173,20 @@ class PeerLink:
                 self._restart_session("queue overflow lost a subscription change")
             return
         self._queue.append(msg)
-        self.node.metrics.peer_queue.labels(peer=self.peer.id).set(len(self._queue))
+        self._count_queued()
         self._wake.set()
 
     @property
     def queued(self) -> int:
         """Messages waiting to be sent."""
         return len(self._queue) + len(self._resend)
+
+    def _count_queued(self) -> None:
+        # Includes the frame being written: a message leaves the gauge only once
+        # it is counted as sent, so "queues empty and sent == received" means
+        # nothing is in flight (the quiescence barrier relies on it).
+        gauge = self.node.metrics.peer_queue.labels(peer=self.peer.id)
+        gauge.set(len(self._queue) + self._writing)
 
     # -- lifecycle -------------------------------------------------------
 
@@ -394,9 +402,13 @@ class PeerLink:
                 sizes.append(add_to_frame(frame, msg, origin))
                 total += sizes[-1]
                 msgs.append(msg)
-            self.node.metrics.peer_queue.labels(peer=self.peer.id).set(len(self._queue))
             if msgs or self._ack_pending or time.monotonic() - self._last_flush >= heartbeat:
-                await self._write(transport, frame, msgs, sizes)  # empty: a heartbeat
+                self._writing = len(msgs)
+                try:
+                    await self._write(transport, frame, msgs, sizes)  # empty: a heartbeat
+                finally:
+                    self._writing = 0
+            self._count_queued()
 
     async def _send_snapshot(self, transport: Transport) -> None:
         subs = self.node.snapshot_for(self.peer.id)

@@ -320,10 +320,13 @@ class BrokerServer(Guarded):
         link = self.links[peer]
         changed = False
         for msg in msgs:
-            self.metrics.peer_received.labels(peer=peer, kind=msg.kind.value).inc()
+            # Counted once applied: a scrape (another thread) that sees it
+            # received sees its effects too, which the quiescence barrier needs.
+            received = self.metrics.peer_received.labels(peer=peer, kind=msg.kind.value)
             if isinstance(msg, EventMsg | DeliveryMsg):
                 if link.is_duplicate(msg.kind, msg.event.id):
                     self.metrics.peer_duplicates.labels(peer=peer).inc()
+                    received.inc()
                     continue
                 with self.metrics.match_seconds.time():
                     out = self.core.on_message(peer, msg)
@@ -331,6 +334,7 @@ class BrokerServer(Guarded):
             else:
                 self.core.on_message(peer, msg)
                 changed = True
+            received.inc()
         if changed:
             self._update_sub_gauges()
 
