@@ -52,22 +52,31 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
+def _targets(node: ast.stmt | ast.expr, package: str) -> list[str]:
+    """The modules or names an import statement imports ([] for any other node)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if isinstance(node, ast.ImportFrom):
+        if node.level:
+            base = package.split(".")
+            base = base[: len(base) - node.level + 1]
+            module = ".".join(base + ([node.module] if node.module else []))
+        else:
+            module = node.module or ""
+        return [f"{module}.{alias.name}" for alias in node.names]
+    return []
+
+
+def _package_of(name: str, path: Path) -> str:
+    return name if path.stem == "__init__" else name.rpartition(".")[0]
+
+
 def _imports(name: str, path: Path) -> Iterator[tuple[str, int]]:
-    """(imported module or name, line) of every geofed import in a module."""
-    package = name if path.stem == "__init__" else name.rpartition(".")[0]
+    """(imported module or name, line) of every import in a module, nested ones included."""
+    package = _package_of(name, path)
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                yield alias.name, node.lineno
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - node.level + 1]
-                module = ".".join(base + ([node.module] if node.module else []))
-            else:
-                module = node.module or ""
-            for alias in node.names:
-                yield f"{module}.{alias.name}", node.lineno
+        for target in _targets(node, package):  # type: ignore[arg-type]  # any AST node
+            yield target, getattr(node, "lineno", 0)
 
 
 def _resolve(target: str) -> str | None:
@@ -121,23 +130,11 @@ def test_no_import_cycles_at_module_level() -> None:
     """Imports executed when a module loads form no cycle (deferred imports may)."""
     graph: dict[str, set[str]] = {}
     for module, path in MODULES.items():
-        package = module if path.stem == "__init__" else module.rpartition(".")[0]
-        tree = ast.parse(path.read_text(), str(path))
+        package = _package_of(module, path)
         deps: set[str] = set()
-        for node in tree.body:  # module level only
-            targets: list[str] = []
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = package.split(".")
-                    base = base[: len(base) - node.level + 1]
-                    mod = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    mod = node.module or ""
-                targets = [f"{mod}.{a.name}" for a in node.names]
-            for t in targets:
-                found = _resolve(t)
+        for node in ast.parse(path.read_text(), str(path)).body:  # module level only
+            for target in _targets(node, package):
+                found = _resolve(target)
                 if found and found != module:
                     deps.add(found)
         graph[module] = deps
