@@ -61,7 +61,6 @@ from .replay import Replayer
 from .scrape import scrape_all, wait_quiescent
 from .trace import read_trace_file, write_trace
 
-_PROG = "geofed bench"
 # Long enough for a backlog on 21 brokers sharing two cores to drain.
 _DRAIN_TIMEOUT_S = 300.0
 _BARRIER_TIMEOUT_S = 60.0
@@ -174,7 +173,8 @@ class _Progress:
 
     _BAR_WIDTH = 30
 
-    def __init__(self, out: IO[str] | None = None) -> None:
+    def __init__(self, out: IO[str] | None = None, prog: str = "geofed bench") -> None:
+        self.prog = prog
         self.t0 = time.monotonic()
         self.out = out if out is not None else sys.stderr
         self.tty = self.out.isatty()
@@ -189,7 +189,7 @@ class _Progress:
         if self._bar_open:
             self.out.write("\n")
             self._bar_open = False
-        print(f"[{_PROG} {time.monotonic() - self.t0:7.1f}s] {text}", file=self.out, flush=True)
+        print(f"[{self.prog} {time.monotonic() - self.t0:7.1f}s] {text}", file=self.out, flush=True)
 
     def bar(self, label: str, done: int, total: int, extra: str = "") -> None:
         """Progress of a long stage: `done` of `total` steps."""
@@ -198,7 +198,7 @@ class _Progress:
             return
         filled = self._BAR_WIDTH * done // total if total else self._BAR_WIDTH
         line = (
-            f"\r[{_PROG} {time.monotonic() - self.t0:7.1f}s] {label} "
+            f"\r[{self.prog} {time.monotonic() - self.t0:7.1f}s] {label} "
             f"[{'#' * filled}{'.' * (self._BAR_WIDTH - filled)}] {done:,}/{total:,}{extra}"
         )
         self.out.write(line + "\x1b[K")  # erase what a longer previous line left
@@ -235,7 +235,7 @@ def _run(args: argparse.Namespace) -> int:
         require("analysis", "the Spark analysis (skip it: --no-analysis)", "pyspark", "h3")
     if args.plots:
         require("analysis", "the plots (skip them: --no-plots)", "matplotlib")
-    progress = _Progress()
+    progress = _Progress(prog=f"geofed {getattr(args, 'command', None) or 'bench'}")
     load_before = _loadavg()
     code = _code_version()  # now: the tree may change while a long run goes on
     fed_file = federation_path(args.federation)
