@@ -707,10 +707,12 @@ def _run_analysis(
     log_path = workdir / "analysis.log"
     start = time.monotonic()
     progress.say(f"Spark analysis of the workload and {len(traces)} node traces ...")
-    with log_path.open("w", encoding="utf-8") as log:
-        proc = subprocess.Popen(
+    with (
+        log_path.open("w", encoding="utf-8") as log,
+        subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.PIPE, text=True, encoding="utf-8", errors="replace"
-        )
+        ) as proc,
+    ):
         assert proc.stderr is not None
         for line in proc.stderr:
             log.write(line)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
@@ -35,17 +36,20 @@ BUILD_TIMEOUT_S = 1800
 
 def _engine_reason() -> str | None:
     """None if a Docker engine answers, else why not."""
+    client = None
     try:
         client = docker.from_env(timeout=10)
         client.ping()
-        client.close()
         return None
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
+    finally:
+        if client is not None:
+            client.close()
 
 
 @pytest.fixture(scope="session")
-def docker_engine() -> docker.DockerClient:
+def docker_engine() -> Iterator[docker.DockerClient]:
     """A Docker client; starts an engine with .ci/docker-setup.sh if none answers."""
     if _engine_reason() is not None:
         setup = subprocess.run(
@@ -67,7 +71,10 @@ def docker_engine() -> docker.DockerClient:
         c.remove(force=True)
     for n in client.networks.list(filters={"label": TEST_LABEL}):
         n.remove()
-    return client
+    try:
+        yield client
+    finally:
+        client.close()
 
 
 @pytest.fixture(scope="session")
