@@ -2,8 +2,8 @@
 # Make a Docker engine available and build the geofed image, for the
 # container tests. Idempotent: every step is skipped when already done.
 #
-#   1. install docker.io, mmdebstrap and kubectl with apt-get if missing
-#      (needs root; kubectl is optional: the k8s tests skip without it);
+#   1. install docker.io and mmdebstrap with apt-get if missing (needs root;
+#      kubectl for the manifest tests is .ci/run's business);
 #   2. start dockerd with the vfs storage driver if no engine answers, and
 #      wait until it does;
 #   3. build the image (deploy/build-image.sh), unless --engine-only.
@@ -48,13 +48,6 @@ if ((${#missing[@]})); then
     || fail "apt-get install ${missing[*]} failed"
 else
   say "docker, dockerd and mmdebstrap are installed"
-fi
-if ! command -v kubectl >/dev/null; then
-  if [[ $(id -u) == 0 ]] && apt-get install -y -qq kubectl >/dev/null 2>&1; then
-    say "installed kubectl"
-  else
-    say "kubectl is not installable here: the kustomize render tests will be skipped"
-  fi
 fi
 
 # --- 2. engine --------------------------------------------------------------------------
