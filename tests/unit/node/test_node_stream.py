@@ -6,7 +6,7 @@ import asyncio
 
 from prometheus_client import CollectorRegistry
 
-from geofed.node._metrics import NodeMetrics
+from geofed.node import NodeMetrics
 from geofed.node._server import _END, _Stream
 
 

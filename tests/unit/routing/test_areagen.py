@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from shapely.geometry import shape
 
-from geofed.routing._areagen import Site, generate_areas, read_sites
+from geofed.routing import Site, generate_areas, read_sites
 
 FEDERATIONS = Path(__file__).resolve().parents[3] / "deploy" / "federations"
 WORLD_AREA = 360.0 * 180.0
