@@ -4,28 +4,37 @@ This is the one module that builds protobuf messages (the broker, the client
 library and the tools all go through it). Input from the wire is untrusted:
 every conversion validates and names the field in its error. Geofences are
 converted to polygons once, at the edge; brokers exchange them as canonical
-WKT and cache the parsed shapes.
+WKT and cache the parsed shapes. A peer takes a forwarded geofence as the
+origin normalized it (`PeerGeofenceCache`), and a frame from a peer is
+converted message by message: one that fails is skipped and reported
+(`RejectedMessage`), never the whole frame.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+import sys
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+import shapely
 from google.protobuf.message import Message as ProtoMessage
 from grpc_health.v1 import health_pb2
+from shapely.geometry import MultiPolygon, Polygon
 
 from geofed.routing import (
     BrokerInfo,
     DeliveryMsg,
     Event,
     EventMsg,
+    GeofedError,
     Geofence,
     GeofenceCache,
     InvalidInput,
+    Kind,
     LatLon,
     PeerMessage,
     SubscribeMsg,
@@ -269,12 +278,129 @@ def snapshot_frames(
             return
 
 
-def snapshot_from_frame(frame: fpb.Frame, cache: GeofenceCache) -> list[SubscribeMsg]:
-    """The subscriptions a snapshot frame carries."""
-    return [
-        SubscribeMsg(subscription_from_pb(rs.subscription, cache), rs.home)
-        for rs in frame.snapshot.subscriptions
-    ]
+class PeerGeofenceCache(GeofenceCache):
+    """Geofences in messages from peer brokers: the origin's validated, normalized shape.
+
+    The broker where a geofence entered validated it against its own limits
+    and normalized it (a circle densified, a polygon cut at the antimeridian)
+    before forwarding it as canonical WKT. A peer takes that shape as it is,
+    without applying client rules to it again: the cut can add vertices beyond
+    `max_geofence_vertices`, a tiny circle or a cut polygon need not pass
+    validation a second time, and the peer's limits may differ from the
+    origin's. Whatever the origin accepted, every peer accepts. Only the
+    structure is checked: the text must be a WKT POLYGON or MULTIPOLYGON.
+
+    Other notations (brokers do not send them) are validated as client input,
+    without a vertex limit. Keep this cache apart from the one for client
+    input, whose hits must have passed client validation. Bounded: at most
+    `size` texts of together at most `text_budget` characters (the newest is
+    kept whatever its length); the least recently used goes first.
+    """
+
+    def __init__(self, size: int = 8192, text_budget: int = 64 << 20) -> None:
+        super().__init__(max_vertices=sys.maxsize, size=size)
+        self._trusted: OrderedDict[str, Geofence] = OrderedDict()
+        self._trusted_size = size
+        self._text_budget = text_budget
+        self._text_chars = 0
+
+    def get(self, value: Any, field: str = "geofence") -> Geofence | None:
+        """The shape of a forwarded geofence (canonical WKT), parsed once per text."""
+        if not isinstance(value, str) or not value.strip() or value.lstrip().startswith("{"):
+            return super().get(value, field)
+        hit = self._trusted.get(value)
+        if hit is not None:
+            self._trusted.move_to_end(value)
+            return hit
+        fence = _canonical_wkt(value, field)
+        self._trusted[value] = fence
+        self._text_chars += len(value)
+        while len(self._trusted) > 1 and (
+            len(self._trusted) > self._trusted_size or self._text_chars > self._text_budget
+        ):
+            evicted, _ = self._trusted.popitem(last=False)
+            self._text_chars -= len(evicted)
+        return fence
+
+
+def _canonical_wkt(text: str, field: str) -> Geofence:
+    """A geofence from the canonical WKT another broker made of a validated shape."""
+    try:
+        geom = shapely.from_wkt(text)
+    except (shapely.errors.GEOSException, ValueError) as exc:
+        raise InvalidInput(field, f"unparsable WKT: {str(exc)[:200]}") from None
+    if not isinstance(geom, Polygon | MultiPolygon):
+        raise InvalidInput(field, f"must be a POLYGON or MULTIPOLYGON, got {geom.geom_type}")
+    return Geofence(geom)
+
+
+@dataclass(frozen=True, slots=True)
+class RejectedMessage:
+    """A message of a peer's frame that was skipped: it could not be converted or applied.
+
+    Attributes:
+        kind: its kind (the metric label).
+        id: the event id (events, deliveries) or subscription id ("" when it has none).
+        reason: why, with the offending field.
+    """
+
+    kind: Kind
+    id: str
+    reason: str
+
+
+def rejection_reason(exc: BaseException) -> str:
+    """The reason logged for a rejected peer message (a GeofedError's text names the field)."""
+    return str(exc) if isinstance(exc, GeofedError) else f"{type(exc).__name__}: {exc}"
+
+
+_Pb = TypeVar("_Pb")
+_Msg = TypeVar("_Msg")
+
+
+def _each(
+    items: Iterable[_Pb],
+    kind: Kind,
+    id_of: Callable[[_Pb], str],
+    convert: Callable[[_Pb], _Msg],
+    rejected: list[RejectedMessage] | None,
+) -> Iterator[_Msg]:
+    """`convert` each item; one that fails goes to `rejected` (raises without it)."""
+    for item in items:
+        try:
+            yield convert(item)
+        except Exception as exc:
+            if rejected is None:
+                raise
+            rejected.append(RejectedMessage(kind, id_of(item), rejection_reason(exc)))
+
+
+def _subscribe_msg(rs: fpb.RemoteSubscription, cache: GeofenceCache) -> SubscribeMsg:
+    return SubscribeMsg(subscription_from_pb(rs.subscription, cache), rs.home)
+
+
+def _subscription_id(rs: fpb.RemoteSubscription) -> str:
+    return str(rs.subscription.id)
+
+
+def snapshot_from_frame(
+    frame: fpb.Frame, cache: GeofenceCache, rejected: list[RejectedMessage] | None = None
+) -> list[SubscribeMsg]:
+    """The subscriptions a snapshot frame carries, in order.
+
+    `cache` is the receiving broker's `PeerGeofenceCache`. An entry that
+    cannot be converted is skipped and appended to `rejected`; without
+    `rejected` it raises its error instead.
+    """
+    return list(
+        _each(
+            frame.snapshot.subscriptions,
+            Kind.SUBSCRIBE,
+            _subscription_id,
+            lambda rs: _subscribe_msg(rs, cache),
+            rejected,
+        )
+    )
 
 
 FRAME_RANK = {"subscribe": 0, "unsubscribe": 1, "event": 2, "delivery": 3}
@@ -299,22 +425,51 @@ def add_to_frame(frame: fpb.Frame, msg: PeerMessage, origin: str) -> int:
     return int(pb.ByteSize())
 
 
-def messages_from_frame(frame: fpb.Frame, cache: GeofenceCache) -> list[PeerMessage]:
+def messages_from_frame(
+    frame: fpb.Frame, cache: GeofenceCache, rejected: list[RejectedMessage] | None = None
+) -> list[PeerMessage]:
     """The logical messages of a frame, in the order they are applied.
 
     A frame applies subscribes, then unsubscribes, then events, then
     deliveries; senders start a new frame rather than put a message behind
     one of a later rank (`FRAME_RANK`), so this order is the order sent.
+
+    `cache` is the receiving broker's `PeerGeofenceCache`. A message that
+    cannot be converted is skipped and appended to `rejected`, and the others
+    keep their order: one message never costs the rest of its frame. Without
+    `rejected` the first such message raises its error instead.
     """
     out: list[PeerMessage] = []
-    for rs in frame.subscribes:
-        out.append(SubscribeMsg(subscription_from_pb(rs.subscription, cache), rs.home))
-    for us in frame.unsubscribes:
-        out.append(UnsubscribeMsg(us.subscription_id, us.home))
-    for ev in frame.events:
-        out.append(EventMsg(event_from_pb(ev, cache)))
-    for d in frame.deliveries:
-        out.append(DeliveryMsg(event_from_pb(d.event, cache), tuple(d.subscription_ids)))
+    out.extend(
+        _each(
+            frame.subscribes,
+            Kind.SUBSCRIBE,
+            _subscription_id,
+            lambda rs: _subscribe_msg(rs, cache),
+            rejected,
+        )
+    )
+    out.extend(UnsubscribeMsg(us.subscription_id, us.home) for us in frame.unsubscribes)
+    out.extend(
+        _each(
+            frame.events,
+            Kind.EVENT,
+            lambda ev: str(ev.id),
+            lambda ev: EventMsg(event_from_pb(ev, cache)),
+            rejected,
+        )
+    )
+    out.extend(
+        _each(
+            frame.deliveries,
+            Kind.DELIVERY,
+            lambda d: str(d.event.id),
+            lambda d: DeliveryMsg(
+                event_from_pb(d.event, cache, field="delivery.event"), tuple(d.subscription_ids)
+            ),
+            rejected,
+        )
+    )
     return out
 
 

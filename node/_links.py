@@ -31,7 +31,15 @@ import grpc
 from geofed.routing import BrokerInfo, GeofenceCache, Kind, PeerMessage, SubscribeMsg
 from geofed.v1 import federation_pb2 as fpb
 from geofed.v1 import federation_pb2_grpc as fpb_grpc
-from geofed.wire import FRAME_RANK, add_to_frame, new_frame, snapshot_frames, snapshot_from_frame
+from geofed.wire import (
+    FRAME_RANK,
+    PeerGeofenceCache,
+    RejectedMessage,
+    add_to_frame,
+    new_frame,
+    snapshot_frames,
+    snapshot_from_frame,
+)
 
 from ._config import NodeConfig
 from ._metrics import NodeMetrics
@@ -98,6 +106,7 @@ class LinkHost(Protocol):
     config: NodeConfig
     metrics: NodeMetrics
     geofences: GeofenceCache
+    peer_geofences: PeerGeofenceCache  # geofences forwarded by peers (the read loop's)
 
     def hello(self) -> fpb.Frame:
         """This broker's hello frame."""
@@ -441,7 +450,12 @@ class PeerLink:
             node.count_control(self.peer.id)
 
     async def _read_loop(self, transport: Transport) -> None:
+        # What a frame carries never ends the session: a message that cannot be
+        # converted or applied is skipped and counted (the host does the same
+        # for the messages it applies), and the frame is acknowledged all the
+        # same, so that the sender does not resend it on every reconnect.
         node = self.node
+        peer = self.peer.id
         while True:
             frame = await transport.read()
             if frame is None:
@@ -450,10 +464,18 @@ class PeerLink:
             if frame.HasField("ack"):
                 while self._unacked and self._unacked[0][0] <= frame.ack.seq:
                     self._unacked.popleft()
-            if frame.HasField("snapshot"):
-                subs = snapshot_from_frame(frame, node.geofences)
-                node.apply_snapshot(self.peer.id, subs, replace=not frame.snapshot.continued)
-            node.receive_frame(self.peer.id, frame)
+            try:
+                if frame.HasField("snapshot"):
+                    rejected: list[RejectedMessage] = []
+                    subs = snapshot_from_frame(frame, node.peer_geofences, rejected)
+                    for r in rejected:
+                        node.metrics.reject_peer_message(peer, r.kind.value, r.id, r.reason)
+                    node.apply_snapshot(peer, subs, replace=not frame.snapshot.continued)
+                node.receive_frame(peer, frame)
+            except Exception:
+                # A bug, not the content of one message (those are isolated):
+                # still no reason to drop the link and have the frame resent.
+                log.exception("link %s: frame %d not fully applied", peer, frame.seq)
             if frame.seq:
                 self._ack_pending = frame.seq
                 self._wake.set()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 # Metric names as scrapers see them (a histogram adds _bucket, _sum and _count).
@@ -10,6 +12,7 @@ PEER_MESSAGES_RECEIVED = "geofed_peer_messages_received_total"
 PEER_BYTES_SENT = "geofed_peer_bytes_sent_total"
 PEER_QUEUE_DROPPED = "geofed_peer_queue_dropped_total"
 PEER_DUPLICATES_DROPPED = "geofed_peer_duplicates_dropped_total"
+PEER_MESSAGES_REJECTED = "geofed_peer_messages_rejected_total"
 PEER_CONNECTED = "geofed_peer_connected"
 PEER_QUEUE_LENGTH = "geofed_peer_queue_length"
 EVENTS_PUBLISHED = "geofed_events_published_total"
@@ -20,6 +23,8 @@ SESSIONS = "geofed_sessions"
 REDIRECTS = "geofed_redirects_total"
 REQUESTS_REJECTED = "geofed_requests_rejected_total"
 MATCH_SECONDS = "geofed_match_seconds"
+
+log = logging.getLogger("geofed.node.links")
 
 
 class NodeMetrics:
@@ -55,6 +60,13 @@ class NodeMetrics:
             PEER_DUPLICATES_DROPPED,
             "Events or deliveries received again (after a resend) and dropped.",
             ["peer"],
+            registry=registry,
+        )
+        self.peer_rejected = Counter(
+            PEER_MESSAGES_REJECTED,
+            "Messages from a peer that could not be converted or applied and were skipped"
+            " (the rest of their frame was applied), by source broker and kind.",
+            ["peer", "kind"],
             registry=registry,
         )
         self.peer_connected = Gauge(
@@ -97,3 +109,13 @@ class NodeMetrics:
             buckets=(1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2),
             registry=registry,
         )
+
+    def reject_peer_message(self, peer: str, kind: str, msg_id: str, reason: str) -> None:
+        """Account for a message from `peer` that was skipped: counted, logged once.
+
+        It counts as received too (it was read and handled), so that sent and
+        received totals still meet (the quiescence barrier compares them).
+        """
+        self.peer_rejected.labels(peer=peer, kind=kind).inc()
+        self.peer_received.labels(peer=peer, kind=kind).inc()
+        log.warning("peer %s: %s %r rejected and skipped: %s", peer, kind, msg_id, reason)

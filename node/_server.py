@@ -46,6 +46,8 @@ from geofed.v1 import geo_pb2 as gpb
 from geofed.wire import (
     CLIENT_SERVICE,
     FEDERATION_SERVICE,
+    PeerGeofenceCache,
+    RejectedMessage,
     accepted_response,
     delivery_to_pb,
     event_from_pb,
@@ -57,6 +59,7 @@ from geofed.wire import (
     publish_response,
     redirect_response,
     refuse_frame,
+    rejection_reason,
     subscription_from_pb,
     unsubscribe_response,
 )
@@ -119,6 +122,7 @@ class BrokerServer(Guarded):
         self.core = BrokerState(me.id, self.federation, self.strategy)
         self.metrics = NodeMetrics(registry)
         self.geofences = GeofenceCache(config.max_geofence_vertices)
+        self.peer_geofences = PeerGeofenceCache()  # as the origin validated them: no limits
         self.epoch = time.time_ns()
         self._wan = _wan_matrix(config, self.federation)
         self.links = {b.id: PeerLink(self, b) for b in self.federation if b.id != me.id}
@@ -296,25 +300,37 @@ class BrokerServer(Guarded):
         return self.core.snapshot_for(peer)
 
     def apply_snapshot(self, peer: str, subs: list[SubscribeMsg], *, replace: bool) -> None:
-        """Replace (or, for a continued snapshot, extend) the subscriptions held from `peer`."""
+        """Replace (or, for a continued snapshot, extend) the subscriptions held from `peer`.
+
+        A subscription that cannot be applied is skipped and counted; the others are.
+        """
         if replace:
-            self.core.replace_remote(peer, subs)
-        else:
-            for msg in subs:
+            self.core.replace_remote(peer, [])
+        applied = 0
+        for msg in subs:
+            try:
                 self.core.on_message(peer, msg)
-        if subs:
-            self.metrics.peer_received.labels(peer=peer, kind=Kind.SUBSCRIBE.value).inc(len(subs))
+            except Exception as exc:
+                self._reject(peer, msg.kind, msg.sub.id, exc)
+            else:
+                applied += 1
+        if applied:
+            self.metrics.peer_received.labels(peer=peer, kind=Kind.SUBSCRIBE.value).inc(applied)
         self._update_sub_gauges()
 
     def receive_frame(self, peer: str, frame: fpb.Frame) -> None:
-        """Apply the messages of a frame from `peer`."""
-        try:
-            msgs = messages_from_frame(frame, self.geofences)
-        except InvalidInput as exc:
-            log.error("dropping a malformed frame from %s: %s", peer, exc)
-            return
+        """Apply the messages of a frame from `peer`, in order.
+
+        A message that cannot be converted or applied is skipped, counted in
+        `geofed_peer_messages_rejected_total` and logged; it costs neither the
+        rest of the frame nor the link.
+        """
+        rejected: list[RejectedMessage] = []
+        msgs = messages_from_frame(frame, self.peer_geofences, rejected)
+        for r in rejected:
+            self.metrics.reject_peer_message(peer, r.kind.value, r.id, r.reason)
         if not msgs:
-            if not frame.HasField("snapshot"):
+            if not rejected and not frame.HasField("snapshot"):
                 self.metrics.peer_received.labels(peer=peer, kind=Kind.CONTROL.value).inc()
             return
         link = self.links[peer]
@@ -323,20 +339,30 @@ class BrokerServer(Guarded):
             # Counted once applied: a scrape (another thread) that sees it
             # received sees its effects too, which the quiescence barrier needs.
             received = self.metrics.peer_received.labels(peer=peer, kind=msg.kind.value)
-            if isinstance(msg, EventMsg | DeliveryMsg):
-                if link.is_duplicate(msg.kind, msg.event.id):
-                    self.metrics.peer_duplicates.labels(peer=peer).inc()
-                    received.inc()
-                    continue
-                with self.metrics.match_seconds.time():
-                    out = self.core.on_message(peer, msg)
-                self.deliver(out.deliveries, origin=peer)
-            else:
-                self.core.on_message(peer, msg)
-                changed = True
+            try:
+                if isinstance(msg, EventMsg | DeliveryMsg):
+                    if link.is_duplicate(msg.kind, msg.event.id):
+                        self.metrics.peer_duplicates.labels(peer=peer).inc()
+                        received.inc()
+                        continue
+                    with self.metrics.match_seconds.time():
+                        out = self.core.on_message(peer, msg)
+                    self.deliver(out.deliveries, origin=peer)
+                else:
+                    changed = True
+                    self.core.on_message(peer, msg)
+            except Exception as exc:
+                self._reject(peer, msg.kind, _trace_fields(msg)[0][0], exc)
+                continue
             received.inc()
         if changed:
             self._update_sub_gauges()
+
+    def _reject(self, peer: str, kind: Kind, msg_id: str, exc: Exception) -> None:
+        """A message from `peer` that could not be applied (its frame goes on)."""
+        if not isinstance(exc, GeofedError):  # a bug rather than bad content: keep the trace
+            log.error("applying a %s from %s failed", kind.value, peer, exc_info=exc)
+        self.metrics.reject_peer_message(peer, kind.value, msg_id, rejection_reason(exc))
 
     def wan_delay_s(self, peer: str) -> float:
         """Emulated one-way delay of messages to `peer` (0 when off)."""

@@ -97,6 +97,7 @@ class FakeHost:
         self.config = NodeConfig(broker_id=broker_id, federation="-", **config)  # type: ignore[arg-type]
         self.metrics = NodeMetrics(CollectorRegistry())
         self.geofences = GeofenceCache()
+        self.peer_geofences = gw.PeerGeofenceCache()
         self.subs: list[SubscribeMsg] = []  # what snapshot_for answers
         self.applied: list[str] = []  # event ids received, duplicates dropped
         self.snapshots: list[tuple[list[str], bool]] = []  # (subscription ids, replace)

@@ -1,0 +1,282 @@
+"""Broker-to-broker conversions: peers take the origin's shapes; one bad message is skipped.
+
+What the origin broker accepted from a client (validated with its limits, then
+normalized: circles densified, polygons cut at ±180) reaches a peer as canonical
+WKT, and the peer must accept it as it is. A frame is converted message by
+message: a message that does not convert is reported and the rest keep their order.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import shapely
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from geofed.routing import (
+    DEFAULT_MAX_VERTICES,
+    DeliveryMsg,
+    EventMsg,
+    Geofence,
+    GeofenceCache,
+    InvalidInput,
+    Kind,
+    PeerMessage,
+    SubscribeMsg,
+    UnsubscribeMsg,
+    make_event,
+    make_subscription,
+)
+from geofed.routing import latlon as ll
+from geofed.v1 import federation_pb2 as fpb
+from geofed.v1 import geo_pb2 as gpb
+from geofed.wire import (
+    PeerGeofenceCache,
+    RejectedMessage,
+    add_to_frame,
+    event_from_pb,
+    geofence_to_pb,
+    messages_from_frame,
+    snapshot_frames,
+    snapshot_from_frame,
+)
+
+# What an origin that took a 1e-9 m circle forwarded: 64 positions that round to one point.
+DEGENERATE = "POLYGON ((" + ", ".join(["139.77 35.68000000000001"] * 65) + "))"
+CIRCLE = {"circle": {"lat": 35.68, "lon": 139.77, "radius_m": 1000.0}}
+
+
+def ring_wkt(n: int, lon: float = 180.0, lat: float = 0.0, r: float = 5.0) -> str:
+    """A closed ring of `n` positions (n - 1 distinct) around (lon, lat), longitudes wrapped."""
+    pts = []
+    for i in range(n - 1):
+        a = 2 * math.pi * i / (n - 1)
+        x = lon + r * math.cos(a)
+        pts.append((x - 360.0 if x > 180.0 else x, lat + r * math.sin(a)))
+    pts.append(pts[0])
+    return "POLYGON((" + ", ".join(f"{x!r} {y!r}" for x, y in pts) + "))"
+
+
+def origin_accepts(fence: object, max_vertices: int = DEFAULT_MAX_VERTICES) -> Geofence:
+    """The origin broker's view: client input through the node's cache and its limit."""
+    pb = gpb.Event(id="e", topic="t", publisher=gpb.LatLon(lat=0, lon=0))
+    pb.geofence.CopyFrom(geofence_to_pb(fence))  # type: ignore[arg-type]
+    got = event_from_pb(pb, GeofenceCache(max_vertices), field="request.event").geofence
+    assert got is not None
+    return got
+
+
+def widest_ring_accepted(max_vertices: int) -> tuple[int, Geofence]:
+    """The ring of the most positions across ±180 that an origin with this limit accepts.
+
+    Whether the vertices the cut adds count against the limit is the origin's
+    business; either way the peer must take what it accepted.
+    """
+    for n in range(max_vertices, max_vertices - 100, -1):
+        try:
+            return n, origin_accepts(ring_wkt(n), max_vertices)
+        except InvalidInput:
+            continue
+    raise AssertionError(f"no ring of about {max_vertices} positions accepted")
+
+
+def forwarded(fence: Geofence) -> tuple[list[PeerMessage], list[RejectedMessage]]:
+    """`fence` on an event and on a subscription, through a frame to a peer."""
+    frame = fpb.Frame()
+    add_to_frame(frame, SubscribeMsg(make_subscription("s", "c", "t/#", fence), "eu"), "eu")
+    add_to_frame(frame, EventMsg(make_event("e", "t", ll(0, 0), fence)), "eu")
+    rejected: list[RejectedMessage] = []
+    wire = fpb.Frame.FromString(frame.SerializeToString())
+    return messages_from_frame(wire, PeerGeofenceCache(), rejected), rejected
+
+
+def assert_same_shape(peer: Geofence | None, origin: Geofence) -> None:
+    assert peer is not None
+    assert peer.wkt == origin.wkt
+    assert peer.geometry.geom_type == origin.geometry.geom_type
+    # Canonical WKT may round a coordinate's last bit; nothing more.
+    assert shapely.equals_exact(peer.geometry, origin.geometry, tolerance=1e-9)
+
+
+def test_peers_take_the_shape_the_origin_accepted_without_re_validating_it() -> None:
+    """The largest ring across ±180 the origin accepts (the cut adds vertices), one from an
+    origin with a higher vertex limit than any peer's, and a degenerate shape an origin let
+    through: each reaches a peer unchanged, on an event and on a subscription."""
+    n, widest = widest_ring_accepted(DEFAULT_MAX_VERTICES)
+    assert widest.vertex_count > n and len(widest.parts) == 2
+    with pytest.raises(InvalidInput):
+        origin_accepts(ring_wkt(DEFAULT_MAX_VERTICES + 1))  # the limit holds at the origin
+    _, larger = widest_ring_accepted(3 * DEFAULT_MAX_VERTICES // 2)  # configs may differ
+    degenerate = Geofence(shapely.from_wkt(DEGENERATE))
+    for fence in (widest, larger, degenerate):
+        msgs, rejected = forwarded(fence)
+        assert rejected == []
+        assert isinstance(msgs[0], SubscribeMsg) and isinstance(msgs[1], EventMsg)
+        assert_same_shape(msgs[0].sub.geofence, fence)
+        assert_same_shape(msgs[1].event.geofence, fence)
+
+
+def test_peer_cache_parses_each_text_once_and_checks_only_structure() -> None:
+    cache = PeerGeofenceCache()
+    wkt = origin_accepts(CIRCLE).wkt
+    assert cache.get(wkt) is cache.get(wkt)
+    assert cache.get(DEGENERATE) is not None
+    assert cache.get("") is None  # geofence_from_pb turns an empty text into an error
+    for bad in ("POINT (1 1)", "POLYGON ((0 0, 1", "not wkt"):
+        with pytest.raises(InvalidInput) as err:
+            cache.get(bad, "event.geofence.wkt")
+        assert err.value.field == "event.geofence.wkt"
+    # Bounded by count and by text: the least recently used text goes first.
+    other = origin_accepts({"circle": {"lat": 1, "lon": 2, "radius_m": 1000}}).wkt
+    small = PeerGeofenceCache(size=3, text_budget=len(wkt) + len(other))
+    first, second = small.get(wkt), small.get(other)
+    assert small.get(wkt) is first  # a hit, and now the most recent
+    small.get(DEGENERATE)  # over the text budget: `other`, the least recent, goes
+    assert small.get(wkt) is first
+    assert small.get(other) is not second  # parsed again
+    # Notations brokers never send are validated as client input (no vertex limit).
+    with pytest.raises(InvalidInput):
+        cache.get('{"type": "Point", "coordinates": [1, 1]}')
+    assert cache.get({"circle": {"lat": 1, "lon": 2, "radius_m": 1000}}) is not None
+
+
+def bad_event(eid: str, **kw: object) -> gpb.Event:
+    pb = gpb.Event(id=eid, topic="t/x", publisher=gpb.LatLon(lat=1, lon=2))
+    for name, value in kw.items():
+        if name == "wkt":
+            pb.geofence.wkt = str(value)
+        else:
+            setattr(pb, name, value)
+    return pb
+
+
+def mixed_frame() -> fpb.Frame:
+    """Good messages of every kind with bad ones among them."""
+    frame = fpb.Frame()
+    good_ev = make_event("e1", "t/x", ll(1, 2), Geofence(shapely.from_wkt(DEGENERATE)))
+    add_to_frame(frame, SubscribeMsg(make_subscription("s1", "c", "t/#"), "eu"), "eu")
+    frame.subscribes.add(home="eu").subscription.CopyFrom(
+        gpb.Subscription(id="s-bad", client="c", topic_filter="t/#/x")  # '#' not last
+    )
+    add_to_frame(frame, SubscribeMsg(make_subscription("s2", "c", "t/+"), "eu"), "eu")
+    add_to_frame(frame, UnsubscribeMsg("s0", "eu"), "eu")
+    add_to_frame(frame, EventMsg(good_ev), "eu")
+    frame.events.append(bad_event("e-wkt", wkt="POINT (1 2)"))
+    frame.events.append(gpb.Event(id="e-nowhere", topic="t/x"))  # no publisher location
+    add_to_frame(frame, EventMsg(make_event("e2", "t/y", ll(3, 4))), "eu")
+    frame.deliveries.add(event=bad_event("d-bad", topic="t/+"), subscription_ids=["s9"])
+    add_to_frame(frame, DeliveryMsg(make_event("d1", "t/z", ll(5, 6)), ("s7",)), "eu")
+    return fpb.Frame.FromString(frame.SerializeToString())
+
+
+def test_a_frame_converts_message_by_message_bad_ones_reported_in_order() -> None:
+    rejected: list[RejectedMessage] = []
+    msgs = messages_from_frame(mixed_frame(), PeerGeofenceCache(), rejected)
+    assert [(m.kind, key(m)) for m in msgs] == [
+        (Kind.SUBSCRIBE, "s1"),
+        (Kind.SUBSCRIBE, "s2"),
+        (Kind.UNSUBSCRIBE, "s0"),
+        (Kind.EVENT, "e1"),
+        (Kind.EVENT, "e2"),
+        (Kind.DELIVERY, "d1"),
+    ]
+    assert [(r.kind, r.id) for r in rejected] == [
+        (Kind.SUBSCRIBE, "s-bad"),
+        (Kind.EVENT, "e-wkt"),
+        (Kind.EVENT, "e-nowhere"),
+        (Kind.DELIVERY, "d-bad"),
+    ]
+    reasons = [r.reason for r in rejected]
+    assert reasons[0].startswith("subscription.topic_filter")
+    assert reasons[1].startswith("event.geofence.wkt")
+    assert reasons[2].startswith("event.publisher")
+    assert reasons[3].startswith("delivery.event.topic")
+    # Without a list to report into, the first bad message raises (the strict form).
+    with pytest.raises(InvalidInput):
+        messages_from_frame(mixed_frame(), PeerGeofenceCache())
+
+
+def key(m: PeerMessage) -> str:
+    if isinstance(m, SubscribeMsg):
+        return m.sub.id
+    if isinstance(m, UnsubscribeMsg):
+        return m.sub_id
+    return m.event.id
+
+
+def test_a_snapshot_converts_entry_by_entry() -> None:
+    subs = [
+        SubscribeMsg(make_subscription("s1", "c", "a/#"), "eu"),
+        SubscribeMsg(make_subscription("s2", "c", "a/#", origin_accepts(CIRCLE)), "eu"),
+    ]
+    ((frame, _, _),) = snapshot_frames(subs, 1 << 20)
+    bad = frame.snapshot.subscriptions.add(home="eu")
+    bad.subscription.CopyFrom(gpb.Subscription(id="s-bad", client="c", topic_filter="a/#"))
+    bad.subscription.geofence.wkt = "LINESTRING (0 0, 1 1)"
+    frame.snapshot.subscriptions.add(home="eu").subscription.CopyFrom(
+        gpb.Subscription(id="s3", client="c", topic_filter="a/+")
+    )
+    rejected: list[RejectedMessage] = []
+    got = snapshot_from_frame(frame, PeerGeofenceCache(), rejected)
+    assert [m.sub.id for m in got] == ["s1", "s2", "s3"]
+    assert [(r.kind, r.id) for r in rejected] == [(Kind.SUBSCRIBE, "s-bad")]
+    assert "POLYGON or MULTIPOLYGON" in rejected[0].reason
+    with pytest.raises(InvalidInput):
+        snapshot_from_frame(frame, PeerGeofenceCache())
+
+
+# -- property: whatever the origin accepted, a peer accepts -----------------
+
+# Biased towards the antimeridian and the poles, where normalizing changes a shape most.
+LAT = st.one_of(st.floats(-90.0, 90.0), st.floats(80.0, 90.0), st.floats(-90.0, -80.0))
+LON = st.one_of(st.floats(-180.0, 180.0), st.floats(175.0, 180.0), st.floats(-180.0, -175.0))
+
+
+@st.composite
+def circle_inputs(draw: st.DrawFn) -> dict[str, object]:
+    """Client circles anywhere (poles and ±180 included), from 1e-9 m to the 5,000 km limit."""
+    radius = draw(
+        st.one_of(
+            st.sampled_from([1e-9, 1e-3, 1.0, 1e3, 1e6, 5e6]),
+            st.floats(1e-9, 5e6),
+        )
+    )
+    return {"circle": {"lat": draw(LAT), "lon": draw(LON), "radius_m": radius}}
+
+
+@st.composite
+def ring_inputs(draw: st.DrawFn) -> str:
+    """Client WKT: star-shaped rings (often across ±180) of 3 to 2,000 vertices.
+
+    Many are invalid (crossing edges, rings winding round a pole); the origin
+    rejects those and the property skips them.
+    """
+    n = draw(st.one_of(st.integers(3, 12), st.sampled_from([500, 2000])))
+    lon, lat = draw(LON), draw(st.floats(-89.0, 89.0))
+    scale = draw(st.sampled_from([1e-7, 1e-3, 0.5, 10.0, 60.0]))
+    stretch = draw(st.floats(0.2, 3.0))
+    phase = draw(st.floats(0.0, 2 * math.pi))
+    pts = []
+    for i in range(n):
+        a = phase + 2 * math.pi * i / n
+        x = lon + scale * stretch * math.cos(a)
+        y = max(-90.0, min(90.0, lat + scale * math.sin(a)))
+        pts.append(((x + 180.0) % 360.0 - 180.0, y))
+    pts.append(pts[0])
+    return "POLYGON((" + ", ".join(f"{x!r} {y!r}" for x, y in pts) + "))"
+
+
+@settings(max_examples=150, deadline=None)
+@given(fence=st.one_of(circle_inputs(), ring_inputs()))
+def test_every_geofence_the_origin_accepts_every_peer_accepts(fence: object) -> None:
+    try:
+        accepted = origin_accepts(fence)
+    except InvalidInput:
+        return  # rejected where it entered: it never travels
+    msgs, rejected = forwarded(accepted)
+    assert rejected == []
+    assert isinstance(msgs[0], SubscribeMsg) and isinstance(msgs[1], EventMsg)
+    assert_same_shape(msgs[0].sub.geofence, accepted)
+    assert_same_shape(msgs[1].event.geofence, accepted)
