@@ -42,7 +42,9 @@ def register(subparsers: Any, name: str) -> argparse.ArgumentParser:
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-f", "--federation", required=True, help="federation file (GeoJSON)")
+    parser.add_argument(
+        "-f", "--federation", required=True, help="federation file (GeoJSON) or bundled name"
+    )
     parser.add_argument(
         "-w",
         "--workload",

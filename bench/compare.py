@@ -123,10 +123,10 @@ def register(subparsers: Any, name: str) -> argparse.ArgumentParser:
     w.add_argument(
         "--workload", help="workload trace (JSON Lines or Parquet) instead of generating"
     )
-    w.add_argument("--scenario", default="mobile", help="context, open-data, mobile or global")
-    w.add_argument("--clients", type=int, default=100)
-    w.add_argument("--duration", type=float, default=30.0, help="workload seconds")
-    w.add_argument("--seed", type=int, default=1)
+    w.add_argument("--scenario", help="context, open-data, mobile or global (default: mobile)")
+    w.add_argument("--clients", type=int, help="clients of the workload (default: 100)")
+    w.add_argument("--duration", type=float, help="workload seconds (default: 30)")
+    w.add_argument("--seed", type=int, help="random seed of the workload (default: 1)")
     r = p.add_argument_group("replay")
     r.add_argument(
         "--speed",
@@ -231,6 +231,9 @@ def _terminate(signum: int, frame: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    _workload_args(args)
+    if args.workload and not Path(args.workload).is_file():  # before any folder is made
+        raise InvalidInput("workload", f"no such file: {args.workload}")
     if args.analysis:
         require("analysis", "the Spark analysis (skip it: --no-analysis)", "pyspark", "h3")
     if args.plots:
@@ -388,6 +391,21 @@ def _wan_settings(wan: str, ms_per_km: float | None, fed: Federation) -> tuple[d
         raise InvalidInput("wan", f"{wan}: not a JSON matrix {{src: {{dst: ms}}}}: {exc}") from None
     span = f"{min(values):g}–{max(values):g} ms" if values else "empty"
     return {"GEOFED_WAN_LATENCY": str(path.resolve())}, f"matrix {wan} (one-way {span})"
+
+
+_GENERATED = {"scenario": "mobile", "clients": 100, "duration": 30.0, "seed": 1}
+"""The options of a generated workload and their defaults."""
+
+
+def _workload_args(args: argparse.Namespace) -> None:
+    """Refuse generation options beside --workload; fill in their defaults (in place)."""
+    preset = PRESETS.get(getattr(args, "command", None) or "bench", {})
+    given = [n for n in _GENERATED if getattr(args, n) not in (None, preset.get(n))]
+    if args.workload and given:
+        raise InvalidInput(given[0], "generates a workload: not used with --workload")
+    for name, default in _GENERATED.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
 
 
 def _workload(args: argparse.Namespace, path: Path) -> tuple[list[TraceOp], dict[str, Any]]:

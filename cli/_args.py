@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from geofed.routing import Geofence, InvalidInput, LatLon, latlon, parse_geofence
+
+GEOFENCE_HELP = "WKT, GeoJSON, circle:LAT,LON,RADIUS_M, world, or @FILE holding one of them"
+LOCATION_HELP = "LAT,LON in degrees"
 
 
 def geofence_arg(text: str, field: str = "geofence") -> Geofence | None:
-    """A geofence option: WKT, GeoJSON, ``circle:LAT,LON,RADIUS_M`` or ``world`` (None)."""
+    """A geofence option (see `GEOFENCE_HELP`); ``world`` is None, the whole world."""
+    if text.startswith("@"):
+        path = Path(text[1:])
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            raise InvalidInput(field, f"cannot read {path}: {reason}") from None
     if text.strip().lower() == "world":
         return None
     if text.startswith("circle:"):

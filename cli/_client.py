@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from geofed.client import ClientConfig, connect
-from geofed.routing import InvalidInput, latlon
+from geofed.routing import InvalidInput
 
-from ._args import geofence_arg
+from ._args import GEOFENCE_HELP, LOCATION_HELP, geofence_arg, location_arg
 
 
 def register(sub: Any, name: str) -> None:
@@ -28,12 +28,12 @@ def register(sub: Any, name: str) -> None:
         )
         where.add_argument("--endpoint", help="host:port of any broker's client service")
         p.add_argument("--client", required=True, help="client id")
-        p.add_argument("--lat", type=float, required=True)
-        p.add_argument("--lon", type=float, required=True)
+        p.add_argument("--location", required=True, help=f"the client's location, {LOCATION_HELP}")
         p.add_argument("--topic", required=True, help="topic (publish) or filter (subscribe)")
         p.add_argument(
             "--geofence",
-            help="WKT, GeoJSON or circle:LAT,LON,RADIUS_M (default: the whole world)",
+            help=f"{'event' if name == 'publish' else 'subscription'} geofence: {GEOFENCE_HELP}"
+            " (default: the whole world)",
         )
         p.add_argument("--id", default="", help="event / subscription id (default: generated)")
         if name == "publish":
@@ -54,7 +54,8 @@ def register(sub: Any, name: str) -> None:
             default=0.0,
             help="time scale (2 = twice as fast; 0 = as fast as possible)",
         )
-        p.add_argument("--deliveries", default="deliveries.jsonl", help="delivery log to write")
+        p.add_argument("--deliveries", help="write the delivery log (JSON Lines) here")
+        p.add_argument("--force", action="store_true", help="overwrite an existing delivery log")
         p.add_argument(
             "--metrics",
             nargs="*",
@@ -74,7 +75,7 @@ def register(sub: Any, name: str) -> None:
 def _config(args: argparse.Namespace) -> ClientConfig:
     return ClientConfig(
         client_id=args.client,
-        location=latlon(args.lat, args.lon, "location"),
+        location=location_arg(args.location),
         federation=args.federation,
         endpoint=args.endpoint,
     )
@@ -133,12 +134,15 @@ def _replay(args: argparse.Namespace) -> int:
     fed = Federation.load(args.federation)
     if args.speed < 0:
         raise InvalidInput("speed", "must be >= 0")
-    try:
-        log = Path(args.deliveries).open("w", encoding="utf-8")  # noqa: SIM115 - `with log` below
-    except OSError as exc:
-        raise InvalidInput(
-            "deliveries", f"cannot write {args.deliveries}: {exc.strerror}"
-        ) from None
+    log = None
+    if args.deliveries:
+        path = Path(args.deliveries)
+        if path.exists() and not args.force:
+            raise InvalidInput("deliveries", f"{path} exists (--force overwrites it)")
+        try:
+            log = path.open("w", encoding="utf-8")
+        except OSError as exc:
+            raise InvalidInput("deliveries", f"cannot write {path}: {exc.strerror}") from None
 
     async def run() -> int:
         urls = {str(i): u for i, u in enumerate(args.metrics)}
@@ -157,11 +161,15 @@ def _replay(args: argparse.Namespace) -> int:
         took = time.monotonic() - started
         print(
             f"replayed {len(ops)} actions in {took:.1f}s: {len(r.deliveries)} deliveries, "
-            f"{r.redirects} redirects, {len(r.errors)} errors; delivery log {args.deliveries}"
+            f"{r.redirects} redirects, {len(r.errors)} errors"
+            + (f"; delivery log {args.deliveries}" if args.deliveries else "")
         )
         for e in r.errors[:20]:
             print("  " + e, file=sys.stderr)
         return 0 if not r.errors else 1
 
-    with log:
+    try:
         return asyncio.run(run())
+    finally:
+        if log is not None:
+            log.close()

@@ -21,7 +21,7 @@ from geofed.routing import (
     strategy_for,
 )
 
-from ._args import geofence_arg, location_arg
+from ._args import GEOFENCE_HELP, geofence_arg, location_arg
 
 DEFAULT_FEDERATION = "aws-2020"
 
@@ -36,7 +36,7 @@ def register(sub: Any, name: str) -> None:
         p.set_defaults(func=_areas)
     elif name == "route":
         p = sub.add_parser(name, help="which brokers an event / subscription geofence reaches")
-        p.add_argument("geofence", help="WKT, GeoJSON, 'circle:LAT,LON,RADIUS_M' or 'world'")
+        p.add_argument("geofence", help=GEOFENCE_HELP)
         p.add_argument("--federation", default=DEFAULT_FEDERATION, help="file or bundled name")
         p.add_argument("--at", help="origin broker id (default: broker of --location)")
         p.add_argument("--location", help="LAT,LON of the client (default: centre of the geofence)")

@@ -38,6 +38,8 @@ import numpy.typing as npt
 import shapely
 from shapely.geometry import MultiPolygon, Polygon
 
+from ._errors import InvalidInput
+
 __all__ = ["Site", "generate_areas", "read_sites"]
 
 FloatArray = npt.NDArray[np.float64]
@@ -100,13 +102,13 @@ def generate_areas(sites: Sequence[Site], *, step_deg: float = 0.5) -> dict[str,
         ``client_endpoint``.
 
     Raises:
-        ValueError: If a site or ``step_deg`` is invalid; the message names the
+        InvalidInput: (a ValueError) if a site or ``step_deg`` is invalid, naming the
             offending field, e.g. ``sites[3].lat``.
     """
     if isinstance(step_deg, bool) or not (
         isinstance(step_deg, int | float) and 0.0 < step_deg <= 10.0
     ):
-        raise ValueError(f"step_deg: must be within (0, 10], got {step_deg!r}")
+        raise _invalid(f"step_deg: must be within (0, 10], got {step_deg!r}")
     _check_sites(sites, lambda k, field: f"sites[{k}].{field}" if field else f"sites[{k}]")
     cells = _voronoi_cells(_unit_vectors(sites), math.radians(step_deg))
     return {
@@ -131,7 +133,7 @@ def read_sites(text: str, fmt: str) -> list[Site]:
         The sites in file order, validated as ``generate_areas`` requires.
 
     Raises:
-        ValueError: If the text is malformed or a site invalid; the message names
+        InvalidInput: (a ValueError) if the text is malformed or a site invalid, naming
             the line (CSV) or feature (GeoJSON) and the field, e.g.
             ``line 4: lat: not a number: 'x'``.
     """
@@ -142,7 +144,7 @@ def read_sites(text: str, fmt: str) -> list[Site]:
         sites = _read_geojson(text)
         _check_sites(sites, _geojson_label)
     else:
-        raise ValueError(f"fmt: must be 'csv' or 'geojson', got {fmt!r}")
+        raise _invalid(f"fmt: must be 'csv' or 'geojson', got {fmt!r}")
     return sites
 
 
@@ -150,20 +152,20 @@ def read_sites(text: str, fmt: str) -> list[Site]:
 
 
 def _check_sites(sites: Sequence[Site], label: Callable[[int, str], str]) -> None:
-    """Raises ValueError for the first invalid site.
+    """Raises InvalidInput for the first invalid site.
 
     ``label(k, field)`` names a field of site k in messages, ``label(k, "")`` the site.
     """
     if len(sites) == 0:
-        raise ValueError("sites: at least one site is required")
+        raise _invalid("sites: at least one site is required")
     first_with_id: dict[str, int] = {}
     for k, site in enumerate(sites):
         problem = _site_problem(site)
         if problem is not None:
-            raise ValueError(f"{label(k, problem[0])}: {problem[1]}")
+            raise _invalid(f"{label(k, problem[0])}: {problem[1]}")
         if site.id in first_with_id:
             other = label(first_with_id[site.id], "")
-            raise ValueError(f"{label(k, 'id')}: duplicate id {site.id!r} (also {other})")
+            raise _invalid(f"{label(k, 'id')}: duplicate id {site.id!r} (also {other})")
         first_with_id[site.id] = k
     xyz = _unit_vectors(sites)
     # The chord length is the angle for tiny angles.
@@ -171,7 +173,7 @@ def _check_sites(sites: Sequence[Site], label: Callable[[int, str], str]) -> Non
     too_close = np.argwhere(np.tril(chord < math.radians(_MIN_SEPARATION_DEG), k=-1))
     if len(too_close) > 0:
         j, i = too_close[0]  # the first site that repeats an earlier one
-        raise ValueError(
+        raise _invalid(
             f"{label(j, 'lat/lon')}: same position as {label(i, '')} "
             f"({sites[i].id!r}; sites must be at least {_MIN_SEPARATION_DEG:g} degrees apart)"
         )
@@ -211,29 +213,29 @@ def _read_csv(text: str) -> tuple[list[Site], list[int]]:
     reader = csv.DictReader(io.StringIO(text.removeprefix("\ufeff")), skipinitialspace=True)
     header = reader.fieldnames
     if header is None:
-        raise ValueError("line 1: missing header row (id,name,lat,lon[,endpoint,client_endpoint])")
+        raise _invalid("line 1: missing header row (id,name,lat,lon[,endpoint,client_endpoint])")
     header = [column.strip() for column in header]
     for column in header:
         if column not in _CSV_COLUMNS:
             expected = ", ".join(_CSV_COLUMNS)
-            raise ValueError(f"line 1: unknown column {column!r}, expected {expected}")
+            raise _invalid(f"line 1: unknown column {column!r}, expected {expected}")
     for column in ("id", "lat", "lon"):
         if column not in header:
-            raise ValueError(f"line 1: missing column {column!r}")
+            raise _invalid(f"line 1: missing column {column!r}")
     if len(set(header)) != len(header):
-        raise ValueError("line 1: duplicate column")
+        raise _invalid("line 1: duplicate column")
     reader.fieldnames = header
     sites: list[Site] = []
     lines: list[int] = []
     for row in reader:
         label = f"line {reader.line_num}"
         if None in row:
-            raise ValueError(f"{label}: more than {len(header)} fields")
+            raise _invalid(f"{label}: more than {len(header)} fields")
         values: dict[str, str] = {}
         for column in header:
             value = row[column]
             if value is None:
-                raise ValueError(f"{label}: {column}: missing")
+                raise _invalid(f"{label}: {column}: missing")
             values[column] = value.strip()
         coords = {c: _parse_number(values[c], f"{label}: {c}") for c in ("lat", "lon")}
         sites.append(
@@ -254,44 +256,44 @@ def _parse_number(text: str, label: str) -> float:
     try:
         return float(text)
     except ValueError:
-        raise ValueError(f"{label}: not a number: {text!r}") from None
+        raise _invalid(f"{label}: not a number: {text!r}") from None
 
 
 def _read_geojson(text: str) -> list[Site]:
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"line {exc.lineno}: not JSON: {exc.msg}") from None
+        raise _invalid(f"line {exc.lineno}: not JSON: {exc.msg}") from None
     if not isinstance(doc, dict) or doc.get("type") != "FeatureCollection":
-        raise ValueError("type: must be 'FeatureCollection'")
+        raise _invalid("type: must be 'FeatureCollection'")
     features = doc.get("features")
     if not isinstance(features, list):
-        raise ValueError("features: must be a list")
+        raise _invalid("features: must be a list")
     return [_site_from_feature(feature, f"features[{k}]") for k, feature in enumerate(features)]
 
 
 def _site_from_feature(feature: object, label: str) -> Site:
     if not isinstance(feature, dict) or feature.get("type") != "Feature":
-        raise ValueError(f"{label}.type: must be 'Feature'")
+        raise _invalid(f"{label}.type: must be 'Feature'")
     geometry = feature.get("geometry")
     if not isinstance(geometry, dict) or geometry.get("type") != "Point":
-        raise ValueError(f"{label}.geometry.type: must be 'Point'")
+        raise _invalid(f"{label}.geometry.type: must be 'Point'")
     coords = geometry.get("coordinates")
     # A third (altitude) position element is allowed by RFC 7946 and ignored.
     if not isinstance(coords, list) or len(coords) not in (2, 3):
-        raise ValueError(f"{label}.geometry.coordinates: must be [lon, lat]")
+        raise _invalid(f"{label}.geometry.coordinates: must be [lon, lat]")
     for axis, value in zip(("lon", "lat"), coords, strict=False):
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"{label}.geometry.coordinates: {axis}: not a number: {value!r}")
+            raise _invalid(f"{label}.geometry.coordinates: {axis}: not a number: {value!r}")
     props = feature.get("properties")
     if not isinstance(props, dict):
-        raise ValueError(f"{label}.properties: must be an object")
+        raise _invalid(f"{label}.properties: must be an object")
     if "id" not in props:
-        raise ValueError(f"{label}.properties.id: missing")
+        raise _invalid(f"{label}.properties.id: missing")
     fields = {f: props.get(f, "") for f in ("id", "name", "endpoint", "client_endpoint")}
     for field, value in fields.items():
         if not isinstance(value, str):
-            raise ValueError(f"{label}.properties.{field}: must be a string, got {value!r}")
+            raise _invalid(f"{label}.properties.{field}: must be a string, got {value!r}")
     return Site(lat=float(coords[1]), lon=float(coords[0]), **fields)
 
 
@@ -481,3 +483,9 @@ def _round(value: float) -> float:
     # Vertices already lie on the 1e-7 grid; this only makes their decimal
     # representation short. +0.0 avoids "-0.0" in the file.
     return round(float(value), _DECIMALS) + 0.0
+
+
+def _invalid(message: str) -> InvalidInput:
+    """The error for a message written ``field: reason`` (every message here is)."""
+    field, _, reason = message.partition(": ")
+    return InvalidInput(field, reason)

@@ -15,14 +15,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TextIO
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from geofed.routing import STRATEGIES, Federation, InvalidInput
+from geofed.routing import STRATEGIES, Federation, InvalidInput, federation_path
 
 from . import _cost as cost
 from . import _io as io
@@ -167,8 +166,8 @@ def load_federation(path: str) -> tuple[Federation, str]:
     Raises:
         InvalidInput: naming the file, or the feature and field that is wrong.
     """
-    fed = Federation.load(path)
-    return fed, Path(path).read_text(encoding="utf-8")
+    file = federation_path(path)  # a bundled name too
+    return Federation.load(file), file.read_text(encoding="utf-8")
 
 
 def analyze(spark: SparkSession, cfg: AnalysisConfig, progress: Progress | None = None) -> Analysis:

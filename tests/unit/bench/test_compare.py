@@ -395,6 +395,7 @@ def _args(*argv: str) -> argparse.Namespace:
 
 def test_defaults_and_reproducing_command() -> None:
     args = _args()
+    compare._workload_args(args)
     assert (args.federation, args.wan, args.scenario, args.barrier) == (
         "aws-2020",
         "model",
@@ -416,11 +417,21 @@ def test_defaults_and_reproducing_command() -> None:
         "0.05",
         "--no-analysis",
     )
+    compare._workload_args(args)
     assert compare._command_line(args, 0.0) == (
         "geofed bench --federation aws-2020 --wan model --wan-ms-per-km 0.05"
         " --strategy event-geofence --workload 'my trace.jsonl' --speed 0 --barrier"
         " --out out/bench/report --workdir out/bench/work --no-analysis"
     )
+
+
+def test_generation_options_are_refused_beside_a_workload_file() -> None:
+    with pytest.raises(InvalidInput) as info:
+        compare._workload_args(_args("--workload", "w.jsonl", "--scenario", "mobile"))
+    assert info.value.field == "scenario"
+    with pytest.raises(InvalidInput) as info:
+        compare._workload_args(_args("--workload", "w.jsonl", "--seed", "3"))
+    assert info.value.field == "seed"
 
 
 def test_wan_settings(tmp_path: Path) -> None:

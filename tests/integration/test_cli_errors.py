@@ -1,0 +1,208 @@
+"""Ordinary mistakes on the command line: one line naming the argument, an exit code, no traceback.
+
+Exit codes (``geofed --help``): 2 bad usage or input, 3 broker unavailable,
+1 internal error. Each row is a mistake a user made on an earlier version
+(which answered with a Python traceback, or silently did something else).
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from geofed.bench import LocalFederation, WorkloadConfig, generate, write_trace
+
+pytestmark = pytest.mark.integration
+
+GEOFED = [sys.executable, "-m", "geofed.cli"]
+THREE = Path(__file__).resolve().parents[2] / "deploy" / "federations" / "three.geojson"
+
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*GEOFED, *args], capture_output=True, text=True, timeout=300, check=False, cwd=cwd
+    )
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    d = tmp_path_factory.mktemp("cli-errors")
+    bad_csv = d / "sites.csv"
+    bad_csv.write_text("id,name,lat,lon\na,A,10,20\nb,B,abc,30\n")
+    trace = d / "w.jsonl"
+    write_trace(generate(WorkloadConfig(scenario="mobile", clients=4, duration_s=2, seed=1)), trace)
+    existing = d / "deliveries.jsonl"
+    existing.write_text("keep me\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]  # nobody listens once the socket is closed
+    return {
+        "bad_csv": str(bad_csv),
+        "trace": str(trace),
+        "missing": str(d / "missing.jsonl"),
+        "no_dir": str(d / "no" / "such" / "dir" / "d.jsonl"),
+        "existing": str(existing),
+        "closed": f"127.0.0.1:{closed}",
+    }
+
+
+CASES = [
+    # (name, argv with {placeholders}, exit code, text the message must contain)
+    ("route: circle with two numbers", ["route", "circle:35,139"], 2, "geofence"),
+    ("route: circle with a word", ["route", "circle:abc,1,2"], 2, "geofence"),
+    ("route: location not LAT,LON", ["route", "world", "--location", "abc"], 2, "location"),
+    ("route: unknown federation", ["route", "world", "--federation", "nope"], 2, "federation"),
+    ("areas: a bad CSV row", ["areas", "{bad_csv}"], 2, "line 3: lat"),
+    ("areas: missing file", ["areas", "{missing}"], 2, "missing.jsonl"),
+    ("simulate: missing trace", ["simulate", "{missing}"], 2, "workload"),
+    ("replay: missing trace", ["replay", "{missing}", "--federation", "three"], 2, "workload"),
+    (
+        "replay: delivery log in a missing folder",
+        ["replay", "{trace}", "--federation", "three", "--deliveries", "{no_dir}"],
+        2,
+        "deliveries",
+    ),
+    (
+        "replay: an existing delivery log is not overwritten",
+        ["replay", "{trace}", "--federation", "three", "--deliveries", "{existing}"],
+        2,
+        "--force",
+    ),
+    ("bench: missing workload", ["bench", "--workload", "{missing}"], 2, "workload"),
+    (
+        "bench: a scenario beside a workload file",
+        ["bench", "--workload", "{trace}", "--scenario", "mobile"],
+        2,
+        "scenario",
+    ),
+    (
+        "publish: empty client id",
+        ["publish", "--endpoint", "{closed}", "--client", "", "--location", "1,2", "--topic", "a"],
+        2,
+        "client_id",
+    ),
+    (
+        "publish: latitude out of range",
+        [
+            "publish",
+            "--endpoint",
+            "{closed}",
+            "--client",
+            "c",
+            "--location",
+            "91,2",
+            "--topic",
+            "a",
+        ],
+        2,
+        "location.lat",
+    ),
+    (
+        "publish: a bad circle",
+        [
+            "publish",
+            "--endpoint",
+            "{closed}",
+            "--client",
+            "c",
+            "--location",
+            "1,2",
+            "--topic",
+            "a",
+            "--geofence",
+            "circle:1,2",
+        ],
+        2,
+        "geofence",
+    ),
+    (
+        "publish: no broker runs",
+        ["publish", "--endpoint", "{closed}", "--client", "c", "--location", "1,2", "--topic", "a"],
+        3,
+        "unavailable",
+    ),
+    (
+        "subscribe: negative count",
+        [
+            "subscribe",
+            "--endpoint",
+            "{closed}",
+            "--client",
+            "c",
+            "--location",
+            "1,2",
+            "--topic",
+            "a",
+            "--count",
+            "-1",
+        ],
+        2,
+        "count",
+    ),
+    (
+        "node: unknown broker in a bundled federation",
+        ["node", "--federation", "three", "--broker-id", "nope"],
+        2,
+        "nope",
+    ),
+    (
+        "analyze: bundled federation, missing workload",
+        ["analyze", "-f", "three", "-w", "{missing}", "-o", "{no_dir}"],
+        2,
+        "missing.jsonl",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "argv", "code", "needle"), CASES, ids=[c[0] for c in CASES])
+def test_a_mistake_gets_one_line_and_an_exit_code(
+    name: str, argv: list[str], code: int, needle: str, files: dict[str, str], tmp_path: Path
+) -> None:
+    out = run(*(a.format(**files) for a in argv), cwd=tmp_path)
+    assert "Traceback" not in out.stderr, out.stderr
+    assert out.returncode == code, (out.returncode, out.stderr)
+    assert needle in out.stderr, out.stderr
+    assert out.stderr.startswith(f"geofed {argv[0]}: error:"), out.stderr
+    assert Path(files["existing"]).read_text() == "keep me\n"
+    assert not list(tmp_path.iterdir()), "a failed command left files behind"
+
+
+@pytest.fixture(scope="module")
+def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFederation]:
+    with LocalFederation(THREE, "event-geofence", tmp_path_factory.mktemp("fed")) as fed:
+        yield fed
+
+
+def test_a_rejected_subscription_is_reported_before_anything_is_printed(
+    running: LocalFederation,
+) -> None:
+    out = run(
+        "subscribe",
+        "--federation",
+        str(running.federation_path),
+        "--client",
+        "c",
+        "--location",
+        "48.85,2.35",
+        "--topic",
+        "a/#/b",
+    )
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "subscription.topic_filter" in out.stderr and "subscribed" not in out.stderr
+
+
+def test_a_folder_where_a_file_is_expected_is_named(tmp_path: Path) -> None:
+    out = run("areas", str(tmp_path))  # IsADirectoryError: an OSError with the file name
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert str(tmp_path) in out.stderr
+
+
+def test_help_shows_defaults_and_required_options() -> None:
+    text = " ".join(run("bench", "--help").stdout.split())
+    assert "(default: mobile)" in text and "(default: out/bench/report)" in text
+    assert "(required)" in " ".join(run("analyze", "--help").stdout.split())
