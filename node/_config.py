@@ -52,6 +52,10 @@ class NodeConfig:
     log_level: str = _doc("debug, info, warning or error", default="info")
     max_payload_bytes: int = _doc("largest accepted event payload", default=1_048_576)
     max_geofence_vertices: int = _doc("most vertices one geofence may have", default=10_000)
+    max_geofence_bytes: int = _doc(
+        "largest geofence text (WKT or GeoJSON, UTF-8 bytes), refused before it is parsed",
+        default=1_048_576,
+    )
     max_publish_batch: int = _doc("most events one PublishStream call may carry", default=100_000)
     peer_queue_size: int = _doc(
         "messages queued per peer before new ones are dropped", default=100_000
@@ -99,6 +103,7 @@ class NodeConfig:
         for name in (
             "max_payload_bytes",
             "max_geofence_vertices",
+            "max_geofence_bytes",
             "max_publish_batch",
             "peer_queue_size",
             "subscriber_queue_size",

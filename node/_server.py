@@ -27,6 +27,7 @@ from geofed.routing import (
     Federation,
     FederationMismatch,
     GeofedError,
+    Geofence,
     GeofenceCache,
     InvalidInput,
     Kind,
@@ -121,7 +122,9 @@ class BrokerServer(Guarded):
         self.strategy = strategy_for(config.strategy, self.federation)
         self.core = BrokerState(me.id, self.federation, self.strategy)
         self.metrics = NodeMetrics(registry)
-        self.geofences = GeofenceCache(config.max_geofence_vertices)
+        self.geofences = GeofenceCache(
+            config.max_geofence_vertices, max_bytes=config.max_geofence_bytes
+        )
         self.peer_geofences = PeerGeofenceCache()  # as the origin validated them: no limits
         self.epoch = time.time_ns()
         self._wan = _wan_matrix(config, self.federation)
@@ -151,7 +154,7 @@ class BrokerServer(Guarded):
         # Batches carry many events: the per-event payload limit is enforced
         # by the servicer (RESOURCE_EXHAUSTED naming the event), not here.
         self._client_server = grpc.aio.server(options=SERVER_OPTIONS)
-        cpb_grpc.add_ClientServiceServicer_to_server(_ClientServicer(self), self._client_server)
+        _add_client_service(self._client_server, _ClientServicer(self))
         self._peer_server = grpc.aio.server(options=SERVER_OPTIONS)
         fpb_grpc.add_FederationServiceServicer_to_server(
             _FederationServicer(self), self._peer_server
@@ -445,9 +448,98 @@ def _wan_matrix(config: NodeConfig, fed: Federation) -> dict[str, float]:
     return {peer: float(ms) / 1000.0 for peer, ms in row.items() if peer != me.id}
 
 
+OFFLOAD_CHARS = 16 * 1024
+"""Geofence text at least this long is parsed in a worker thread, off the event loop.
+
+Shorter text is parsed inline: the thread hop would cost more than the parse.
+"""
+
+
+class _Undecodable:
+    """What a client request that is not valid protobuf decodes to.
+
+    grpc would answer such a request UNKNOWN, without our metadata or metrics;
+    the servicer rejects it as `InvalidInput` (INVALID_ARGUMENT) and counts it.
+    """
+
+    def __init__(self, message: str, reason: str) -> None:
+        self.message = message
+        self.reason = reason
+
+
+def _lenient(cls: Any) -> Any:
+    """A request deserializer that returns `_Undecodable` instead of raising."""
+
+    def decode(data: bytes) -> Any:
+        try:
+            return cls.FromString(data)
+        except Exception as exc:  # DecodeError, or anything the runtime raises on bad bytes
+            return _Undecodable(cls.DESCRIPTOR.name, str(exc) or type(exc).__name__)
+
+    return decode
+
+
+def _decoded(request: Any, field: str) -> None:
+    """Reject a request that did not decode (see `_Undecodable`)."""
+    if isinstance(request, _Undecodable):
+        raise InvalidInput(field, f"not a valid {request.message} message: {request.reason}")
+
+
+def _parse_and_write(cache: GeofenceCache, text: str, field: str) -> Geofence | None:
+    """`cache.parse`, and the canonical WKT made too (routing and forwarding need it)."""
+    fence = cache.parse(text, field)
+    if fence is not None:
+        _ = fence.wkt  # a cached property: made here, in the worker thread
+    return fence
+
+
+_HANDLERS = {
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (False, True): grpc.unary_stream_rpc_method_handler,
+    (True, False): grpc.stream_unary_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}
+
+
+def _add_client_service(server: grpc.aio.Server, servicer: _ClientServicer) -> None:
+    """Register the client service as the generated code would, with lenient request decoding."""
+    service = cpb.DESCRIPTOR.services_by_name["ClientService"]
+    handlers = {
+        m.name: _HANDLERS[m.client_streaming, m.server_streaming](
+            getattr(servicer, m.name),
+            request_deserializer=_lenient(getattr(cpb, m.input_type.name)),
+            response_serializer=getattr(cpb, m.output_type.name).SerializeToString,
+        )
+        for m in service.methods
+    }
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(service.full_name, handlers),)
+    )
+    server.add_registered_method_handlers(service.full_name, handlers)
+
+
 class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
     def __init__(self, node: BrokerServer) -> None:
         self.node = node
+
+    async def _parse_ahead(self, pb: gpb.Geofence, field: str) -> None:
+        """Parse a long geofence text in a worker thread, into the node's cache.
+
+        The conversion that follows (`event_from_pb`, `subscription_from_pb`)
+        then finds it there; meanwhile other clients' requests are served.
+        Short text, text over the byte limit (refused before parsing) and text
+        already cached are left to the conversion.
+        """
+        shape = pb.WhichOneof("shape")
+        if shape not in ("wkt", "geojson"):
+            return
+        text: str = getattr(pb, shape)
+        cache = self.node.geofences
+        too_long = cache.max_bytes is not None and len(text) > cache.max_bytes
+        if len(text) < OFFLOAD_CHARS or too_long or text in cache:
+            return
+        fence = await asyncio.to_thread(_parse_and_write, cache, text, f"{field}.{shape}")
+        cache.put(text, fence)  # no await until the conversion reads it
 
     def on_reject(self, code: grpc.StatusCode) -> None:
         self.node.on_reject(code)
@@ -459,6 +551,7 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
 
     @unary
     async def Connect(self, request: cpb.ConnectRequest, context: Any) -> cpb.ConnectResponse:
+        _decoded(request, "request")
         client = validate_id(request.client, "client")
         where = location_from_pb(request, "location", "location")
         redirect = self.node.core.connect(client, where)
@@ -471,6 +564,7 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
     async def UpdateLocation(
         self, request: cpb.UpdateLocationRequest, context: Any
     ) -> cpb.ConnectResponse:
+        _decoded(request, "request")
         client = validate_id(request.client, "client")
         where = location_from_pb(request, "location", "location")
         moved = self.node.core.update_location(client, where)
@@ -494,9 +588,11 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
         self, request: cpb.SubscribeRequest, context: Any
     ) -> AsyncIterator[cpb.Delivery]:
         node = self.node
+        _decoded(request, "request")
         client = validate_id(request.client, "client")
         if not request.HasField("subscription"):
             raise InvalidInput("subscription", "is required")
+        await self._parse_ahead(request.subscription.geofence, "subscription.geofence")
         sub = subscription_from_pb(request.subscription, node.geofences, client=client)
         sends = node.core.subscribe(sub)
         node.dispatch(sends)
@@ -529,6 +625,7 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
         self, request: cpb.UnsubscribeRequest, context: Any
     ) -> cpb.UnsubscribeResponse:
         node = self.node
+        _decoded(request, "request")
         client = validate_id(request.client, "client")
         sub_id = validate_id(request.subscription_id, "subscription_id")
         node.dispatch(node.core.unsubscribe(client, sub_id))
@@ -538,11 +635,12 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
         node._update_sub_gauges()
         return unsubscribe_response(True)
 
-    def _event(self, pb: gpb.Event, field: str) -> Event:
+    async def _event(self, pb: gpb.Event, field: str) -> Event:
         """Validate and convert one event (the node's state is not touched)."""
         node = self.node
         if len(pb.payload) > node.config.max_payload_bytes:
             raise TooLarge(f"{field}.payload", len(pb.payload), node.config.max_payload_bytes)
+        await self._parse_ahead(pb.geofence, f"{field}.geofence")
         if not pb.id:
             pb.id = uuid.uuid4().hex
         pb.publish_time = time.time()
@@ -561,10 +659,11 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
 
     @unary
     async def Publish(self, request: cpb.PublishRequest, context: Any) -> cpb.PublishResponse:
+        _decoded(request, "request")
         validate_id(request.client, "request.client")
         if not request.HasField("event"):
             raise InvalidInput("request.event", "is required")
-        event = self._event(request.event, "request.event")
+        event = await self._event(request.event, "request.event")
         return publish_response(self._publish(event))
 
     async def PublishStream(
@@ -574,12 +673,13 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
         limit = self.node.config.max_publish_batch
         async for batch in request_iterator:
             try:
+                _decoded(batch, "batch")
                 validate_id(batch.client, "batch.client")
                 if len(ids) + len(batch.events) > limit:
                     raise TooLarge("batch.events", len(ids) + len(batch.events), limit)
                 # A batch is published whole or not at all: validate it first.
                 events = [
-                    self._event(pb, f"batch.events[{len(ids) + i}]")
+                    await self._event(pb, f"batch.events[{len(ids) + i}]")
                     for i, pb in enumerate(batch.events)
                 ]
             except GeofedError as exc:
