@@ -94,7 +94,7 @@ class Federation:
         ]
         self.digest = hashlib.sha256(json.dumps(canonical).encode()).hexdigest()
         self._all = frozenset(self.ids)
-        self._route_cache: OrderedDict[str, frozenset[str]] = OrderedDict()
+        self._route_cache: OrderedDict[bytes, frozenset[str]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self.brokers)
@@ -155,9 +155,10 @@ class Federation:
         """
         if geofence is None:
             return self._all
-        cached = self._route_cache.get(geofence.wkt)
+        key = geofence.key
+        cached = self._route_cache.get(key)
         if cached is not None:
-            self._route_cache.move_to_end(geofence.wkt)
+            self._route_cache.move_to_end(key)
             return cached
         if self.gap is not None and geofence.intersects(self.gap):
             result = self._all
@@ -170,7 +171,7 @@ class Federation:
                 mirrored = shapely.transform(seam, lambda xy: xy * (-1.0, 1.0))
                 hits.extend(self._tree.query(mirrored, predicate="intersects"))
             result = frozenset(self.brokers[self._part_owner[int(i)]].id for i in hits)
-        self._route_cache[geofence.wkt] = result
+        self._route_cache[key] = result
         if len(self._route_cache) > _ROUTE_CACHE_SIZE:
             self._route_cache.popitem(last=False)
         return result

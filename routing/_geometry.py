@@ -121,6 +121,11 @@ class Geofence:
         """
         return to_wkt(self.geometry)
 
+    @functools.cached_property
+    def key(self) -> bytes:
+        """The exact shape as bytes (WKB), for caches: much cheaper to make than `wkt`."""
+        return bytes(shapely.to_wkb(self.geometry))
+
     def covers(self, point: LatLon) -> bool:
         """True when `point` lies inside or on the boundary."""
         return self.covers_xy(point.lon, point.lat)
