@@ -25,6 +25,8 @@ PEER_PORT = 7401
 """Default port of the federation (broker-to-broker) gRPC service."""
 METRICS_PORT = 9400
 """Default port of the Prometheus /metrics endpoint."""
+REQUIRED = ("broker_id", "federation")
+"""Settings without a default: flag, environment or file must give them."""
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -206,7 +208,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             dest=f.name,
             type=conv,
             default=None,
-            help=f"{f.metadata['doc']} (env {ENV_PREFIX}{f.name.upper()}; default {f.default!r})",
+            help=f"{f.metadata['doc']} (env {ENV_PREFIX}{f.name.upper()}; "
+            + ("required)" if f.name in REQUIRED else f"default {f.default!r})"),
         )
 
 
