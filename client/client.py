@@ -232,6 +232,7 @@ class Client:
         self._subs: dict[str, Subscription] = {}
         self._lock = asyncio.Lock()  # session changes (open, move) and subscription renewals
         self._closed = False
+        self._closing = False
         self.redirects = 0
         """Redirects followed so far (opening the session and moves)."""
 
@@ -384,8 +385,11 @@ class Client:
         (unless it could not be reached: then it drops them when it sees the
         streams end).
         """
-        if self._closed:
+        if self._closed or self._closing:
             return
+        self._closing = True  # retries stop; a renewal in progress gives up the lock
+        for sub in list(self._subs.values()):
+            await sub._stop_recovery()
         async with self._lock:
             subs, self._subs = list(self._subs.values()), {}
             for sub in subs:
@@ -516,7 +520,7 @@ class Client:
             try:
                 return await attempt()
             except Unavailable:
-                if n == retry.attempts or self._closed:
+                if n == retry.attempts or self._closed or self._closing:
                     raise
             await asyncio.sleep(random.uniform(0.5, 1.0) * backoff)
             backoff = min(retry.max_backoff_s, backoff * 2)
@@ -603,6 +607,7 @@ class Subscription:
         client = self._client
         if self._done:
             return
+        await self._stop_recovery()  # a renewal in progress holds the client's lock
         async with client._lock:
             if client._subs.get(self.id) is self:
                 del client._subs[self.id]
@@ -653,12 +658,16 @@ class Subscription:
         self._call = call
         self._pump = asyncio.create_task(self._read(call, broker_id), name=f"sub-{self.id}")
 
+    async def _stop_recovery(self) -> None:
+        task, self._recovery = self._recovery, None
+        if task is not None and task is not asyncio.current_task() and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
     async def _detach(self) -> None:
         call, pump = self._call, self._pump
         self._call = self._pump = None
-        if self._done and self._recovery is not None and not self._recovery.done():
-            if self._recovery is not asyncio.current_task():
-                self._recovery.cancel()
         if call is not None:
             call.cancel()
         if pump is not None and pump is not asyncio.current_task():

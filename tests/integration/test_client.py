@@ -315,3 +315,22 @@ def test_subscription_is_renewed_when_its_broker_comes_back(tmp_path: Path) -> N
             await pub.close()
 
         asyncio.run(run())
+
+
+def test_close_gives_up_a_renewal_in_progress(tmp_path: Path) -> None:
+    """A client whose broker is gone closes at once, though it would retry for ever."""
+    with LocalFederation(THREE, "event-geofence", tmp_path) as own:
+
+        async def run() -> None:
+            forever = RetryConfig(attempts=10**9, initial_backoff_s=0.05, max_backoff_s=0.5)
+            client = await geofed.connect(
+                client_id="stuck", location=PARIS, federation=own.federation_path, retry=forever
+            )
+            sub = await client.subscribe("stuck/#")
+            await asyncio.to_thread(own.stop_node, "eu")
+            while sub._recovery is None:
+                await asyncio.sleep(0.01)  # the stream broke: the client is renewing it
+            await client.close()  # without giving up the renewal, this would never return
+            assert [m async for m in sub] == []
+
+        asyncio.run(run())
