@@ -36,6 +36,7 @@ import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from geofed.routing import (
@@ -507,6 +508,7 @@ def register(subparsers: Any, name: str) -> argparse.ArgumentParser:
     )
     parser.add_argument("scenario", choices=SCENARIOS, help="workload scenario")
     parser.add_argument("-o", "--output", required=True, help="output file ('-' for stdout)")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing output file")
     for flag, dest, kind, text in _FLAGS:
         default = defaults[dest]
         shown = ",".join(default) if isinstance(default, tuple) else default
@@ -546,7 +548,12 @@ def run(args: argparse.Namespace) -> int:
 
     # Bad config values and unwritable files raise InvalidInput, which the CLI reports.
     config = config_from_args(args)
-    summary = write_trace(generate(config), args.output)
+    if args.output != "-" and Path(args.output).exists() and not args.force:
+        raise InvalidInput("output", f"{args.output} exists (--force overwrites it)")
+    from geofed.cli.progress import track
+
+    ops = track(generate(config), f"workload {config.scenario}", unit="op")
+    summary = write_trace(ops, args.output)
     # With the trace on stdout the summary must not corrupt it.
     out = sys.stderr if args.output == "-" else sys.stdout
     print(f"{args.output}: {config.scenario}, {summary}", file=out)

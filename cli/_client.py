@@ -14,6 +14,7 @@ from geofed.client import ClientConfig, connect
 from geofed.routing import InvalidInput
 
 from ._args import GEOFENCE_HELP, LOCATION_HELP, geofence_arg, location_arg
+from .progress import track
 
 
 def register(sub: Any, name: str) -> None:
@@ -150,7 +151,7 @@ def _replay(args: argparse.Namespace) -> int:
         r = Replayer(fed, log, barrier)
         started = time.monotonic()
         try:
-            await r.run(ops, speed=args.speed)
+            await r.run(track(ops, "replay", unit="action"), speed=args.speed)
             if urls:
                 await wait_quiescent(urls)
                 await r.settle(urls)

@@ -22,6 +22,7 @@ from geofed.routing import (
 )
 
 from ._args import GEOFENCE_HELP, geofence_arg, location_arg
+from .progress import track
 
 DEFAULT_FEDERATION = "aws-2020"
 
@@ -129,7 +130,7 @@ def _simulate(args: argparse.Namespace) -> int:
     table: list[dict[str, Any]] = []
     lower = None
     for name in names:
-        res = simulate(fed, name, ops)
+        res = simulate(fed, name, track(ops, f"simulate {name}", unit="op"))
         pred = predict(fed, name, ops)
         lower = pred.lower_bound_total
         kinds = res.by_kind()
