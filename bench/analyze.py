@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from geofed.routing import GeofedError
+from geofed.routing import GeofedError, InvalidInput
 
 _PROG = "geofed analyze"
 
@@ -62,7 +62,13 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
         help="node message trace files or folders (JSON Lines, or Parquet)",
     )
     parser.add_argument(
-        "-o", "--out", required=True, help="output folder (created; files replaced)"
+        "-o",
+        "--out",
+        required=True,
+        help="output folder (created; an existing non-empty one needs --force)",
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="write into a non-empty --out (files replaced)"
     )
     parser.add_argument(
         "--master", help="Spark master URL (default local[*]; spark-submit's when submitted)"
@@ -109,6 +115,9 @@ def run(args: argparse.Namespace) -> int:
     )
 
     try:
+        out = Path(args.out)
+        if out.exists() and not args.force and (not out.is_dir() or any(out.iterdir())):
+            raise InvalidInput("out", f"{out} exists and is not empty (--force writes into it)")
         cfg = AnalysisConfig(
             federation=args.federation,
             workload=tuple(args.workload),

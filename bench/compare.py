@@ -42,6 +42,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from geofed.cli.progress import bar as progress_bar
+from geofed.cli.progress import enabled as progress_enabled
 from geofed.routing import (
     STRATEGIES,
     Federation,
@@ -65,6 +67,8 @@ from .trace import read_trace_file, write_trace
 _DRAIN_TIMEOUT_S = 300.0
 _BARRIER_TIMEOUT_S = 60.0
 _HEARTBEAT_S = 15.0
+_OUTPUT_ROOT = "out/bench"
+"""Where ``--out`` and ``--workdir`` go by default (``geofed demo``: out/demo)."""
 
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -80,8 +84,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "analysis": False,
         "plots": False,
         "summary": True,
-        "out": "out/demo/report",
-        "workdir": "out/demo/work",
+        "output_root": "out/demo",
     },
 }
 """Subcommands of this pipeline and the defaults each changes (``geofed demo`` is a preset)."""
@@ -140,9 +143,21 @@ def register(subparsers: Any, name: str) -> argparse.ArgumentParser:
         help="wait after every action until no inter-broker message is in flight (exact runs)",
     )
     o = p.add_argument_group("output")
-    o.add_argument("--out", default="out/bench/report", help="report folder (Markdown, JSON, PNG)")
+    root = PRESETS[name].get("output_root", _OUTPUT_ROOT)
     o.add_argument(
-        "--workdir", default="out/bench/work", help="logs, node traces, delivery logs, Spark tables"
+        "--out",
+        help=f"report folder (Markdown, JSON, PNG); default {root}/report, or"
+        f" {root}/<timestamp>/report when that exists",
+    )
+    o.add_argument(
+        "--workdir",
+        help=f"logs, node traces, delivery logs, Spark tables; default {root}/work, or"
+        f" {root}/<timestamp>/work when that exists",
+    )
+    o.add_argument(
+        "--force",
+        action="store_true",
+        help="write into an existing non-empty --out / --workdir (files in it replaced)",
     )
     o.add_argument(
         "--analysis",
@@ -160,35 +175,38 @@ def register(subparsers: Any, name: str) -> argparse.ArgumentParser:
         help="print one compact table instead of the report's first sections",
     )
     o.add_argument("--json", action="store_true", help="print report.json instead of the table")
-    p.set_defaults(func=run, **PRESETS[name])
+    p.set_defaults(func=run, **{"output_root": _OUTPUT_ROOT, **PRESETS[name]})
     return p
 
 
 class _Progress:
     """One line per stage on stderr, with the seconds since the start.
 
-    On a terminal, long stages (the replays) also draw a progress bar,
-    redrawn in place; elsewhere (logs, CI) they print a line now and then.
+    On a terminal, long stages (the replays) also draw a tqdm bar (see
+    `geofed.cli.progress`), redrawn in place; elsewhere (logs, CI) they print
+    a line now and then, never a carriage return.
     """
-
-    _BAR_WIDTH = 30
 
     def __init__(self, out: IO[str] | None = None, prog: str = "geofed bench") -> None:
         self.prog = prog
         self.t0 = time.monotonic()
         self.out = out if out is not None else sys.stderr
-        self.tty = self.out.isatty()
-        self._bar_open = False
+        self.tty = progress_enabled(self.out)
+        self._bar: Any = None
+        self._label = ""
 
     @property
     def every_s(self) -> float:
         """How often a long stage should report."""
         return 0.5 if self.tty else _HEARTBEAT_S
 
+    def _close_bar(self) -> None:
+        if self._bar is not None:
+            self._bar.close()  # left on screen: the stage's last state
+            self._bar = None
+
     def say(self, text: str) -> None:
-        if self._bar_open:
-            self.out.write("\n")
-            self._bar_open = False
+        self._close_bar()
         print(f"[{self.prog} {time.monotonic() - self.t0:7.1f}s] {text}", file=self.out, flush=True)
 
     def bar(self, label: str, done: int, total: int, extra: str = "") -> None:
@@ -196,14 +214,15 @@ class _Progress:
         if not self.tty:
             self.say(f"{label}: {done:,}/{total:,}{extra}")
             return
-        filled = self._BAR_WIDTH * done // total if total else self._BAR_WIDTH
-        line = (
-            f"\r[{self.prog} {time.monotonic() - self.t0:7.1f}s] {label} "
-            f"[{'#' * filled}{'.' * (self._BAR_WIDTH - filled)}] {done:,}/{total:,}{extra}"
-        )
-        self.out.write(line + "\x1b[K")  # erase what a longer previous line left
-        self.out.flush()
-        self._bar_open = True
+        if self._bar is None or label != self._label:
+            self._close_bar()
+            self._label = label
+            self._bar = progress_bar(
+                f"[{self.prog}] {label}", total, unit="action", stream=self.out, leave=True
+            )
+        self._bar.n = done
+        self._bar.set_postfix_str(extra.removeprefix(", "), refresh=False)
+        self._bar.refresh()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -248,7 +267,13 @@ def _run(args: argparse.Namespace) -> int:
         raise InvalidInput("speed", f"must be >= 0, got {speed!r}")
     wan_env, wan_text = _wan_settings(args.wan, args.wan_ms_per_km, federation)
     strategies = list(dict.fromkeys(args.strategy or STRATEGIES))
-    out, workdir = Path(args.out), Path(args.workdir)
+    out, workdir = _output_folders(args)
+    root = Path(args.output_root)
+    if (args.out is None and out != root / "report") or (
+        args.workdir is None and workdir != root / "work"
+    ):
+        progress.say(f"{root}/ holds an earlier run: this one writes to {out.parent}/")
+    args.out, args.workdir = str(out), str(workdir)
     out.mkdir(parents=True, exist_ok=True)
     workdir.mkdir(parents=True, exist_ok=True)
 
@@ -326,6 +351,44 @@ def _run(args: argparse.Namespace) -> int:
         print(f"\nreport: {out / 'report.md'}")
     progress.say(f"report written to {out}/")
     return _status(report, progress)
+
+
+def _nonempty(path: Path) -> bool:
+    return path.exists() and (not path.is_dir() or any(path.iterdir()))
+
+
+def _output_folders(args: argparse.Namespace, now: dt.datetime | None = None) -> tuple[Path, Path]:
+    """The report folder and the work folder of this run; nothing is created.
+
+    A folder given explicitly (``--out``, ``--workdir``) that exists and is not
+    empty needs ``--force``. A default one (under ``args.output_root``) that
+    exists is not reused: the run goes to a fresh timestamped folder beside
+    it, ``<root>/<timestamp>/report`` and ``.../work`` (unless ``--force``).
+
+    Raises:
+        InvalidInput: naming ``out`` or ``workdir``.
+    """
+    root = Path(args.output_root)
+    force = getattr(args, "force", False)
+    for option in ("out", "workdir"):
+        given = getattr(args, option)
+        if given is not None and not force and _nonempty(Path(given)):
+            raise InvalidInput(option, f"{given} exists and is not empty (--force writes into it)")
+    out = Path(args.out) if args.out is not None else root / "report"
+    workdir = Path(args.workdir) if args.workdir is not None else root / "work"
+    taken = (args.out is None and _nonempty(out)) or (args.workdir is None and _nonempty(workdir))
+    if taken and not force:
+        stamp = (now or dt.datetime.now()).strftime("%Y-%m-%dT%H-%M-%S")
+        fresh = root / stamp
+        n = 1
+        while fresh.exists():
+            n += 1
+            fresh = root / f"{stamp}-{n}"
+        if args.out is None:
+            out = fresh / "report"
+        if args.workdir is None:
+            workdir = fresh / "work"
+    return out, workdir
 
 
 def _status(report: Mapping[str, Any], progress: _Progress) -> int:
@@ -461,7 +524,8 @@ def _command_line(args: argparse.Namespace, speed: float) -> str:
     cmd += ["--speed", f"{speed:g}"]
     if args.barrier:
         cmd.append("--barrier")
-    cmd += ["--out", args.out, "--workdir", args.workdir]
+    root = getattr(args, "output_root", _OUTPUT_ROOT)
+    cmd += ["--out", args.out or f"{root}/report", "--workdir", args.workdir or f"{root}/work"]
     if not args.analysis:
         cmd.append("--no-analysis")
     if not args.plots:
@@ -721,7 +785,7 @@ def _run_analysis(
     cmd = [sys.executable, "-m", "geofed.bench.analyze", "-f", str(fed_file), "-w", str(workload)]
     if traces:
         cmd += ["-n", *traces]
-    cmd += ["-o", str(adir)]
+    cmd += ["-o", str(adir), "--force"]  # our own work folder: an earlier analysis goes
     log_path = workdir / "analysis.log"
     start = time.monotonic()
     progress.say(f"Spark analysis of the workload and {len(traces)} node traces ...")

@@ -21,6 +21,9 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from geofed.cli.progress import bar as progress_bar
+from geofed.cli.progress import enabled as progress_enabled
+from geofed.cli.progress import write as progress_write
 from geofed.routing import STRATEGIES, Federation, InvalidInput, federation_path
 
 from . import _cost as cost
@@ -86,7 +89,13 @@ class Analysis:
 
 
 class Progress:
-    """One line per stage on stderr with the elapsed time, plus a heartbeat for long stages."""
+    """One line per stage on stderr with the elapsed time, plus a heartbeat for long stages.
+
+    On a terminal (see `geofed.cli.progress`) the stage being run is a live
+    line instead (its name, elapsed time and Spark's task counts, redrawn in
+    place), replaced by the stage's "done" line; elsewhere (logs, a pipe) the
+    heartbeat prints a line every `heartbeat_s` seconds, never a carriage return.
+    """
 
     def __init__(
         self,
@@ -98,26 +107,43 @@ class Progress:
         self.out = out if out is not None else sys.stderr
         self.spark = spark
         self.timings: dict[str, float] = {}
+        self.live = progress_enabled(self.out)
+        self._bar: Any = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if spark is not None and heartbeat_s > 0:
-            self._thread = threading.Thread(target=self._beat, args=(heartbeat_s,), daemon=True)
+            every = min(heartbeat_s, 1.0) if self.live else heartbeat_s
+            self._thread = threading.Thread(target=self._beat, args=(every,), daemon=True)
             self._thread.start()
 
     def say(self, text: str) -> None:
         """Print one progress line."""
-        print(
-            f"[geofed analyze {time.monotonic() - self.t0:8.1f}s] {text}", file=self.out, flush=True
-        )
+        line = f"[geofed analyze {time.monotonic() - self.t0:8.1f}s] {text}"
+        if self.live:
+            progress_write(line, self.out)  # above the live line, which stays
+        else:
+            print(line, file=self.out, flush=True)
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
         """Time a stage; Spark jobs started inside carry its name (Spark UI, logs)."""
-        self.say(f"{name} ...")
+        if self.live:
+            self._bar = progress_bar(
+                f"[geofed analyze] {name}",
+                stream=self.out,
+                bar_format="{desc} {elapsed}{postfix}",
+            )
+        else:
+            self.say(f"{name} ...")
         if self.spark is not None:
             self.spark.sparkContext.setJobDescription(name)
         start = time.monotonic()
-        yield
+        try:
+            yield
+        finally:
+            bar, self._bar = self._bar, None
+            if bar is not None:
+                bar.close()
         took = time.monotonic() - start
         self.timings[name] = round(took, 3)
         self.say(f"{name}: done in {took:.1f}s")
@@ -127,13 +153,21 @@ class Progress:
         tracker = self.spark.sparkContext.statusTracker()
         while not self._stop.wait(every):
             try:
+                tasks = []
                 for sid in tracker.getActiveStageIds():
                     info = tracker.getStageInfo(sid)
                     if info is not None:
-                        self.say(
-                            f"  stage {sid}: {info.numCompletedTasks}/{info.numTasks} tasks"
+                        tasks.append(
+                            f"stage {sid}: {info.numCompletedTasks}/{info.numTasks} tasks"
                             f" ({info.numActiveTasks} running)"
                         )
+                bar = self._bar
+                if self.live:
+                    if bar is not None:
+                        bar.set_postfix_str("; ".join(tasks))  # redraws, elapsed too
+                else:
+                    for text in tasks:
+                        self.say("  " + text)
             except Exception:  # the context may be stopping; a heartbeat is best effort
                 return
 
