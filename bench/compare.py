@@ -146,13 +146,13 @@ def register(subparsers: Any, name: str) -> argparse.ArgumentParser:
     root = PRESETS[name].get("output_root", _OUTPUT_ROOT)
     o.add_argument(
         "--out",
-        help=f"report folder (Markdown, JSON, PNG); default {root}/report, or"
-        f" {root}/<timestamp>/report when that exists",
+        help=f"report folder (Markdown, JSON, PNG) (default: {root}/report); when that"
+        f" exists, a fresh {root}/<timestamp>/report",
     )
     o.add_argument(
         "--workdir",
-        help=f"logs, node traces, delivery logs, Spark tables; default {root}/work, or"
-        f" {root}/<timestamp>/work when that exists",
+        help=f"logs, node traces, delivery logs, Spark tables (default: {root}/work); when"
+        f" that exists, a fresh {root}/<timestamp>/work",
     )
     o.add_argument(
         "--force",

@@ -47,6 +47,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "missing": str(d / "missing.jsonl"),
         "no_dir": str(d / "no" / "such" / "dir" / "d.jsonl"),
         "existing": str(existing),
+        "existing_dir": str(d),  # not empty: it holds the file above
         "closed": f"127.0.0.1:{closed}",
     }
 
@@ -149,6 +150,36 @@ CASES = [
         ["node", "--federation", "three", "--broker-id", "nope"],
         2,
         "nope",
+    ),
+    (
+        "workload: an existing output file is not overwritten",
+        ["workload", "mobile", "-o", "{existing}", "--clients", "2"],
+        2,
+        "error: output: ",
+    ),
+    (
+        "analyze: an existing output folder is not written into",
+        ["analyze", "-f", "three", "-w", "{trace}", "-o", "{existing_dir}"],
+        2,
+        "error: out: ",
+    ),
+    (
+        "bench: an existing report folder is not written into",
+        ["bench", "--out", "{existing_dir}", "--no-analysis", "--no-plots"],
+        2,
+        "error: out: ",
+    ),
+    (
+        "bench: an existing work folder is not written into",
+        ["bench", "--workdir", "{existing_dir}", "--no-analysis", "--no-plots"],
+        2,
+        "error: workdir: ",
+    ),
+    (
+        "demo: an existing report folder is not written into",
+        ["demo", "--out", "{existing_dir}"],
+        2,
+        "error: out: ",
     ),
     (
         "analyze: bundled federation, missing workload",
