@@ -247,10 +247,18 @@ class Background:
                 stream.close()
 
     def kill(self) -> None:
-        """Ends the command's process group if it still runs (after a failure)."""
+        """Ends the command if it still runs (after a failure).
+
+        SIGTERM first: `geofed up` then stops its brokers, which run in
+        sessions of their own and would outlive a SIGKILL of `up`.
+        """
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=HANG_GUARD_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
         self._close()
 
 
