@@ -533,7 +533,16 @@ def build_geofence(
             raise InvalidInput(field, f"invalid polygon {p_idx}: {shapely.is_valid_reason(poly)}")
         if poly.area == 0.0:
             raise InvalidInput(field, f"polygon {p_idx} has no area")
-        parts.append(_cut_antimeridian(poly))
+        cut = _cut_antimeridian(poly)
+        if cut is not poly:
+            # Unwrapping (±360) and the cut move input vertices by an ulp, which
+            # can put one just outside although the boundary is inside: put the
+            # vertices back where they were given.
+            given = shapely.multipoints([xy for ring in checked for xy in ring])
+            snapped = shapely.snap(cut, given, _SNAP_DEG)
+            if snapped.is_valid and not snapped.is_empty:
+                cut = snapped
+        parts.append(cut)
     if not parts:
         raise InvalidInput(field, "empty geometry")
     geom = parts[0]
@@ -663,6 +672,9 @@ def _align(hole: Ring, exterior: Ring) -> Ring:
         return hole  # starts within the exterior's longitudes (a hole may touch x = lo + 360)
     shift = 360.0 * math.floor((hole[0][0] - lo) / 360.0)
     return [(x - shift, y) for x, y in hole] if shift else hole
+
+
+_SNAP_DEG = 1e-9  # far below any real shape, far above the ulps unwrapping moves a vertex
 
 
 def _cut_antimeridian(poly: Polygon) -> BaseGeometry:

@@ -350,3 +350,27 @@ def test_geofence_text_is_canonical_and_repr_is_short() -> None:
     )
     assert len(repr(fence)) < 100
     assert fence.vertex_count == 65
+
+
+def test_every_given_vertex_is_still_covered_after_the_antimeridian_cut() -> None:
+    # Unwrapping this ring shifts 121.22924977699323 by -360 and the cut shifts
+    # it back, one ulp off: the vertex ended just outside its own geofence.
+    ring = [
+        (-171.41745688624493, 59.259204260229765),
+        (174.19945775777998, 69.74157435713028),
+        (157.78787134212445, 73.22662426231999),
+        (138.60985743624371, 56.695755036407974),
+        (128.8216727659855, 46.89752692831664),
+        (121.22924977699323, 44.256344834904574),
+        (141.97341832238527, 42.132364053584126),
+        (142.70547047931407, 26.19036626482127),
+        (154.77265258582702, 37.23292342916164),
+        (159.23702372116324, 11.054992282065811),
+        (159.95065195416973, 14.929822408928501),
+        (165.02333668995897, 44.95473234214254),
+        (-171.41745688624493, 59.259204260229765),
+    ]
+    fence = build_geofence([[ring]])
+    assert isinstance(fence.geometry, MultiPolygon)
+    for lon, lat in ring:
+        assert fence.covers(latlon(lat, lon)), (lat, lon)
