@@ -96,11 +96,13 @@ def write_trace(ops: Iterable[TraceOp], path: str | Path) -> TraceSummary:
     try:
         if str(path) == "-":
             _write_jsonl(counted, sys.stdout)
-        elif is_parquet(path):
-            _write_parquet(counted, Path(path))
         else:
-            with open(path, "w", encoding="utf-8") as out:
-                _write_jsonl(counted, out)
+            Path(path).parent.mkdir(parents=True, exist_ok=True)  # the folder named with it
+            if is_parquet(path):
+                _write_parquet(counted, Path(path))
+            else:
+                with open(path, "w", encoding="utf-8") as out:
+                    _write_jsonl(counted, out)
     except OSError as exc:
         raise InvalidInput("output", f"cannot write {path}: {exc.strerror or exc}") from None
     return tally.summary()

@@ -469,8 +469,11 @@ def test_geofed_main_runs_workload(
     assert "10 clients" in capsys.readouterr().out
     assert cli.main(["workload", "context", "-o", str(out), "--clients", "0"]) == 2
     assert "geofed workload: error: clients: must be >= 1" in capsys.readouterr().err
-    unwritable = str(tmp_path / "no" / "such" / "dir.jsonl")
+    (tmp_path / "a-file").write_text("")
+    unwritable = str(tmp_path / "a-file" / "dir.jsonl")  # its folder would be a file
     assert cli.main(["workload", "context", "-o", unwritable, "--clients", "3"]) == 2
+    fresh = tmp_path / "new" / "folder" / "w.jsonl"  # a missing folder is made
+    assert cli.main(["workload", "context", "-o", str(fresh), "--clients", "3"]) == 0
 
 
 def test_generate_is_lazy() -> None:
