@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from geofed.routing import STRATEGIES, InvalidInput
+from geofed.routing import DEFAULT_MAX_BYTES, DEFAULT_MAX_VERTICES, STRATEGIES, InvalidInput
 
 ENV_PREFIX = "GEOFED_"
 CLIENT_PORT = 7400
@@ -53,10 +53,12 @@ class NodeConfig:
     trace_path: str = _doc("node message trace file (JSON Lines); empty = off", default="")
     log_level: str = _doc("debug, info, warning or error", default="info")
     max_payload_bytes: int = _doc("largest accepted event payload", default=1_048_576)
-    max_geofence_vertices: int = _doc("most vertices one geofence may have", default=10_000)
+    max_geofence_vertices: int = _doc(
+        "most vertices one geofence may have", default=DEFAULT_MAX_VERTICES
+    )
     max_geofence_bytes: int = _doc(
         "largest geofence text (WKT or GeoJSON, UTF-8 bytes), refused before it is parsed",
-        default=1_048_576,
+        default=DEFAULT_MAX_BYTES,
     )
     max_publish_batch: int = _doc("most events one PublishStream call may carry", default=100_000)
     peer_queue_size: int = _doc(

@@ -23,10 +23,15 @@ from ._cost import CostReport, predict
 from ._errors import FederationMismatch, GeofedError, InvalidInput, NotFound, TooLarge, WrongBroker
 from ._federation import BrokerInfo, Federation, bundled_federations, federation_path
 from ._geometry import (
+    DEFAULT_MAX_BYTES,
     DEFAULT_MAX_VERTICES,
+    EARTH_RADIUS_M,
+    MIN_CIRCLE_RADIUS_M,
     Geofence,
     GeofenceCache,
     LatLon,
+    build_geofence,
+    check_text_size,
     circle,
     covers,
     great_circle_m,
@@ -34,9 +39,18 @@ from ._geometry import (
     parse_geofence,
     parse_geojson,
     parse_wkt,
+    to_wkt,
 )
 from ._index import SubscriptionIndex
-from ._model import Event, Subscription, make_event, make_subscription, matches, validate_id
+from ._model import (
+    Event,
+    Subscription,
+    content_and_subscription_geocheck,
+    make_event,
+    make_subscription,
+    matches,
+    validate_id,
+)
 from ._oracle import reference_deliveries, reference_topic_match
 from ._simulate import SimResult, Simulator, simulate
 from ._strategies import STRATEGIES, Strategy, strategy_for
@@ -44,7 +58,10 @@ from ._topics import topic_matches, validate_filter, validate_topic
 from ._trace import TraceOp, op_to_record, parse_op, parse_ops, read_trace
 
 __all__ = [
+    "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_VERTICES",
+    "EARTH_RADIUS_M",
+    "MIN_CIRCLE_RADIUS_M",
     "STRATEGIES",
     "BrokerInfo",
     "BrokerState",
@@ -77,8 +94,11 @@ __all__ = [
     "TraceOp",
     "UnsubscribeMsg",
     "WrongBroker",
+    "build_geofence",
     "bundled_federations",
+    "check_text_size",
     "circle",
+    "content_and_subscription_geocheck",
     "covers",
     "federation_path",
     "generate_areas",
@@ -100,6 +120,7 @@ __all__ = [
     "reference_topic_match",
     "simulate",
     "strategy_for",
+    "to_wkt",
     "topic_matches",
     "validate_filter",
     "validate_id",

@@ -14,6 +14,7 @@ from hypothesis import event, reject, target
 from hypothesis import strategies as st
 
 from geofed.routing import (
+    EARTH_RADIUS_M,
     STRATEGIES,
     BrokerInfo,
     Federation,
@@ -21,6 +22,7 @@ from geofed.routing import (
     LatLon,
     Simulator,
     TraceOp,
+    build_geofence,
     circle,
     latlon,
     parse_wkt,
@@ -28,7 +30,6 @@ from geofed.routing import (
     reference_deliveries,
     simulate,
 )
-from geofed.routing._geometry import EARTH_RADIUS_M, build_geofence
 
 # --------------------------------------------------------------------------
 # Federations

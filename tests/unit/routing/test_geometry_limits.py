@@ -21,21 +21,19 @@ from hypothesis import strategies as st
 from routing_testkit import points, star_ring, wrap_lon
 
 from geofed.routing import (
+    DEFAULT_MAX_BYTES,
+    MIN_CIRCLE_RADIUS_M,
     Geofence,
     GeofenceCache,
     InvalidInput,
     TooLarge,
+    build_geofence,
+    check_text_size,
     circle,
     latlon,
     parse_geofence,
     parse_geojson,
     parse_wkt,
-)
-from geofed.routing._geometry import (
-    DEFAULT_MAX_BYTES,
-    MIN_CIRCLE_RADIUS_M,
-    build_geofence,
-    check_text_size,
     to_wkt,
 )
 

@@ -15,6 +15,7 @@ from geofed.routing import (
     Geofence,
     InvalidInput,
     LatLon,
+    build_geofence,
     circle,
     covers,
     great_circle_m,
@@ -23,7 +24,6 @@ from geofed.routing import (
     parse_geojson,
     parse_wkt,
 )
-from geofed.routing._geometry import build_geofence
 
 SQUARE = "POLYGON((0 0, 10 0, 10 10, 0 10, 0 0))"
 

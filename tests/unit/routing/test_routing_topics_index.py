@@ -26,7 +26,9 @@ from geofed.routing import (
     Subscription,
     SubscriptionIndex,
     circle,
+    content_and_subscription_geocheck,
     latlon,
+    make_event,
     parse_wkt,
     reference_topic_match,
     topic_matches,
@@ -34,7 +36,6 @@ from geofed.routing import (
     validate_topic,
 )
 from geofed.routing._index import part_discs
-from geofed.routing._model import content_and_subscription_geocheck, make_event
 
 # --------------------------------------------------------------------------
 # Topic matching
