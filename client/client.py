@@ -80,6 +80,14 @@ DEFAULT_BATCH_SIZE = 1_000
 """Events per batch message of `Client.publish_many`."""
 _DEDUP_WINDOW = 4_096  # recent event ids per subscription: covers a handover's overlap
 _MOVED = grpc.StatusCode.FAILED_PRECONDITION  # how a broker ends the streams of a client that left
+# gRPC's own reconnect backoff grows to 120 s while a broker is down, and calls
+# fail fast meanwhile: a restarted broker would stay unreachable for longer than
+# any retry budget. `RetryConfig` paces the retries; keep the channel's short.
+_CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
 _BROKEN = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL)
 
 
@@ -179,7 +187,8 @@ class Channels:
         """The channel to `endpoint` (opened on first use)."""
         channel = self._channels.get(endpoint)
         if channel is None:
-            channel = self._channels[endpoint] = grpc.aio.insecure_channel(endpoint)
+            channel = grpc.aio.insecure_channel(endpoint, options=_CHANNEL_OPTIONS)
+            self._channels[endpoint] = channel
         return channel
 
     async def close(self) -> None:
