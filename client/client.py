@@ -83,9 +83,9 @@ _MOVED = grpc.StatusCode.FAILED_PRECONDITION  # how a broker ends the streams of
 # gRPC's own reconnect backoff grows to 120 s while a broker is down, and calls
 # fail fast meanwhile: a restarted broker would stay unreachable for longer than
 # any retry budget. `RetryConfig` paces the retries; keep the channel's short.
+# (Not grpc.min_reconnect_backoff_ms: it is also the connect timeout.)
 _CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 _BROKEN = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL)
