@@ -38,8 +38,11 @@ from geofed.errors import (
     GeofedError,
     InvalidInput,
     NotFound,
+    PermissionDenied,
     RequestFailed,
+    StorageFailed,
     TooLarge,
+    Unauthenticated,
     Unavailable,
     WrongBroker,
 )
@@ -68,8 +71,11 @@ __all__ = [
     "GeofedError",
     "InvalidInput",
     "NotFound",
+    "PermissionDenied",
     "RequestFailed",
+    "StorageFailed",
     "TooLarge",
+    "Unauthenticated",
     "Unavailable",
     "WrongBroker",
     # geometry and the federation

@@ -27,7 +27,10 @@ from geofed.routing import (
     GeofedError,
     InvalidInput,
     NotFound,
+    PermissionDenied,
+    StorageFailed,
     TooLarge,
+    Unauthenticated,
     WrongBroker,
 )
 
@@ -73,6 +76,9 @@ _FIELDS: dict[type[GeofedError], tuple[str, ...]] = {
     TooLarge: ("field", "size", "limit"),
     NotFound: ("what", "key"),
     WrongBroker: ("field", "broker_id", "endpoint"),
+    PermissionDenied: ("rule", "detail"),
+    Unauthenticated: ("reason",),
+    StorageFailed: ("reason",),
 }
 _BY_NAME: dict[str, type[GeofedError]] = {
     cls.__name__: cls for cls in (*_FIELDS, FederationMismatch, GeofedError)
@@ -89,6 +95,13 @@ def status_for(exc: GeofedError) -> grpc.StatusCode:
         return grpc.StatusCode.NOT_FOUND
     if isinstance(exc, WrongBroker | FederationMismatch):
         return grpc.StatusCode.FAILED_PRECONDITION
+    if isinstance(exc, PermissionDenied):
+        return grpc.StatusCode.PERMISSION_DENIED
+    if isinstance(exc, Unauthenticated):
+        return grpc.StatusCode.UNAUTHENTICATED
+    if isinstance(exc, StorageFailed):
+        # Retryable in principle (the store may recover), like a broker that is down.
+        return grpc.StatusCode.UNAVAILABLE
     return grpc.StatusCode.INTERNAL
 
 
@@ -153,8 +166,11 @@ __all__ = [
     "GeofedError",
     "InvalidInput",
     "NotFound",
+    "PermissionDenied",
     "RequestFailed",
+    "StorageFailed",
     "TooLarge",
+    "Unauthenticated",
     "Unavailable",
     "WrongBroker",
     "details_for",

@@ -20,7 +20,18 @@ from ._broker import (
     UnsubscribeMsg,
 )
 from ._cost import CostReport, predict
-from ._errors import FederationMismatch, GeofedError, InvalidInput, NotFound, TooLarge, WrongBroker
+from ._errors import (
+    PERMISSION_RULES,
+    FederationMismatch,
+    GeofedError,
+    InvalidInput,
+    NotFound,
+    PermissionDenied,
+    StorageFailed,
+    TooLarge,
+    Unauthenticated,
+    WrongBroker,
+)
 from ._federation import BrokerInfo, Federation, bundled_federations, federation_path
 from ._geometry import (
     DEFAULT_MAX_BYTES,
@@ -62,6 +73,7 @@ __all__ = [
     "DEFAULT_MAX_VERTICES",
     "EARTH_RADIUS_M",
     "MIN_CIRCLE_RADIUS_M",
+    "PERMISSION_RULES",
     "STRATEGIES",
     "BrokerInfo",
     "BrokerState",
@@ -82,16 +94,19 @@ __all__ = [
     "NotFound",
     "Outcome",
     "PeerMessage",
+    "PermissionDenied",
     "Send",
     "SimResult",
     "Simulator",
     "Site",
+    "StorageFailed",
     "Strategy",
     "SubscribeMsg",
     "Subscription",
     "SubscriptionIndex",
     "TooLarge",
     "TraceOp",
+    "Unauthenticated",
     "UnsubscribeMsg",
     "WrongBroker",
     "build_geofence",

@@ -69,3 +69,47 @@ class WrongBroker(GeofedError):
 
     def __reduce__(self) -> tuple[type[WrongBroker], tuple[str, str, str]]:
         return (type(self), (self.field, self.broker_id, self.endpoint))
+
+
+class PermissionDenied(GeofedError):
+    """An authenticated caller is not allowed this; `rule` is the kind of rule that said no.
+
+    `rule` is one of `PERMISSION_RULES`: ``publish`` or ``subscribe`` (no
+    granted topic pattern covers the topic or filter), ``location`` (a claimed
+    location outside the identity's area) or ``identity`` (the authenticated
+    identity does not back the id it claims: a peer's broker id, a client id).
+    """
+
+    def __init__(self, rule: str, detail: str) -> None:
+        super().__init__(f"{rule} denied: {detail}")
+        self.rule = rule
+        self.detail = detail
+
+    def __reduce__(self) -> tuple[type[PermissionDenied], tuple[str, str]]:
+        return (type(self), (self.rule, self.detail))
+
+
+PERMISSION_RULES = ("publish", "subscribe", "location", "identity")
+"""The kinds of rule a `PermissionDenied` names (its ``rule``)."""
+
+
+class Unauthenticated(GeofedError):
+    """No valid credentials: no client certificate or token, or one that failed verification."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"unauthenticated: {reason}")
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[type[Unauthenticated], tuple[str]]:
+        return (type(self), (self.reason,))
+
+
+class StorageFailed(GeofedError):
+    """The broker could not make a request durable (its store failed), so it refused it."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"storage failed: {reason}")
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[type[StorageFailed], tuple[str]]:
+        return (type(self), (self.reason,))

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import pytest
 
+import geofed
+from geofed import routing
 from geofed.errors import (
     ClientClosed,
     DeadlineExceeded,
@@ -15,8 +18,11 @@ from geofed.errors import (
     GeofedError,
     InvalidInput,
     NotFound,
+    PermissionDenied,
     RequestFailed,
+    StorageFailed,
     TooLarge,
+    Unauthenticated,
     Unavailable,
     WrongBroker,
     details_for,
@@ -31,6 +37,13 @@ SERVER_ERRORS = [
     (NotFound("subscription", "s1"), grpc.StatusCode.NOT_FOUND),
     (WrongBroker("location", "us", "10.0.0.2:7400"), grpc.StatusCode.FAILED_PRECONDITION),
     (FederationMismatch("strategy mismatch"), grpc.StatusCode.FAILED_PRECONDITION),
+    (
+        PermissionDenied("publish", "no rule grants 'a/b' to 'alice'"),
+        grpc.StatusCode.PERMISSION_DENIED,
+    ),
+    (PermissionDenied("location", "outside the area"), grpc.StatusCode.PERMISSION_DENIED),
+    (Unauthenticated("token expired"), grpc.StatusCode.UNAUTHENTICATED),
+    (StorageFailed("disk full"), grpc.StatusCode.UNAVAILABLE),
     (GeofedError("unexpected"), grpc.StatusCode.INTERNAL),
 ]
 
@@ -85,6 +98,39 @@ def test_statuses_without_geofed_metadata_become_transport_or_generic_errors() -
 
 
 def test_every_error_is_a_geofed_error_and_invalid_input_a_value_error() -> None:
-    for cls in (Unavailable, DeadlineExceeded, RequestFailed, ClientClosed):
+    for cls in (
+        Unavailable,
+        DeadlineExceeded,
+        RequestFailed,
+        ClientClosed,
+        PermissionDenied,
+        Unauthenticated,
+        StorageFailed,
+    ):
         assert issubclass(cls, GeofedError)
     assert issubclass(InvalidInput, ValueError)
+
+
+def test_security_and_storage_errors_keep_their_fields_and_messages() -> None:
+    denied = PermissionDenied("subscribe", "no rule grants 'a/#' to 'alice'")
+    assert (denied.rule, denied.detail) == ("subscribe", "no rule grants 'a/#' to 'alice'")
+    assert str(denied) == "subscribe denied: no rule grants 'a/#' to 'alice'"
+    assert str(Unauthenticated("no client certificate")) == "unauthenticated: no client certificate"
+    assert StorageFailed("disk full").reason == "disk full"
+    # A StorageFailed is told apart from a broker that is down: the call reached it.
+    wire = FakeRpcError(grpc.StatusCode.UNAVAILABLE, "storage failed: disk full")
+    wire.metadata = trailing_metadata(StorageFailed("disk full"))
+    assert type(from_rpc_error(wire)) is StorageFailed  # type: ignore[arg-type]
+    assert not isinstance(from_rpc_error(wire), Unavailable)  # type: ignore[arg-type]
+
+
+def test_errors_pickle_by_their_fields() -> None:
+    for exc in (PermissionDenied("identity", "x"), Unauthenticated("y"), StorageFailed("z")):
+        back = pickle.loads(pickle.dumps(exc))
+        assert type(back) is type(exc) and vars(back) == vars(exc) and str(back) == str(exc)
+
+
+def test_the_package_exports_the_security_errors() -> None:
+    for name in ("PermissionDenied", "Unauthenticated", "StorageFailed"):
+        assert getattr(geofed, name) is getattr(routing, name)
+        assert name in geofed.__all__ and name in routing.__all__
