@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, str] = {
     "simulate": "geofed.cli._routing",
     "node": "geofed.cli._node",
     "up": "geofed.cli._node",
+    "certs": "geofed.cli.certs",
     "publish": "geofed.cli._client",
     "subscribe": "geofed.cli._client",
     "replay": "geofed.cli._client",

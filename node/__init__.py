@@ -38,6 +38,18 @@ from ._metrics import (
 )
 from ._run import main, run, serve
 from ._server import BrokerServer
+from ._tls import (
+    TLSFiles,
+    broker_dns_name,
+    broker_ids,
+    channel_credentials,
+    check_broker,
+    client_identity,
+    client_uri,
+    dial_options,
+    peer_identities,
+    server_credentials,
+)
 
 __all__ = [
     # the node
@@ -52,6 +64,17 @@ __all__ = [
     "main",
     "run",
     "serve",
+    # TLS and identities (docs/security.md)
+    "TLSFiles",
+    "broker_dns_name",
+    "broker_ids",
+    "channel_credentials",
+    "check_broker",
+    "client_identity",
+    "client_uri",
+    "dial_options",
+    "peer_identities",
+    "server_credentials",
     # ports and the environment
     "CLIENT_PORT",
     "ENV_PREFIX",
