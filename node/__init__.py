@@ -36,6 +36,7 @@ from ._metrics import (
     SUBSCRIPTIONS,
     NodeMetrics,
 )
+from ._policy import Grant, Policy, PolicyFile, covered
 from ._run import main, run, serve
 from ._server import BrokerServer
 from ._tls import (
@@ -64,6 +65,11 @@ __all__ = [
     "main",
     "run",
     "serve",
+    # authorization (docs/security.md)
+    "Grant",
+    "Policy",
+    "PolicyFile",
+    "covered",
     # TLS and identities (docs/security.md)
     "TLSFiles",
     "broker_dns_name",
