@@ -51,6 +51,7 @@ from ._tls import (
     peer_identities,
     server_credentials,
 )
+from ._tokens import ALGORITHMS, TokenClaims, TokenVerifier, bearer_token
 
 __all__ = [
     # the node
@@ -70,6 +71,11 @@ __all__ = [
     "Policy",
     "PolicyFile",
     "covered",
+    # bearer tokens (docs/security.md)
+    "ALGORITHMS",
+    "TokenClaims",
+    "TokenVerifier",
+    "bearer_token",
     # TLS and identities (docs/security.md)
     "TLSFiles",
     "broker_dns_name",
