@@ -6,12 +6,18 @@
 * `Replayer` plays a trace through real clients (`geofed.client`);
 * `scrape`, `metric`, `peer_message_counts` and `wait_quiescent` read the
   nodes' Prometheus metrics (the last one is the quiescence barrier);
+* `History` records acknowledged publishes and deliveries of a live run and
+  checks them against the oracle (`Report`: lost, duplicated, unexpected);
+  `FaultProxy` cuts or flaps a peer link; `geofed.bench.faults` injects
+  faults under load (``python -m geofed.bench.faults``);
 * ``geofed bench`` / ``geofed demo`` (`geofed.bench.compare`) and the node
   and index benchmarks build on them; the Spark analysis is its own
   subpackage, `geofed.bench.analysis` (``geofed analyze``; the ``analysis``
   extra), never imported from here.
 """
 
+from .faultproxy import FaultProxy
+from .history import History, Report
 from .local import LocalFederation, LocalNode, free_ports
 from .replay import Replayer
 from .scrape import delivered, metric, peer_message_counts, scrape, wait_quiescent
@@ -38,4 +44,8 @@ __all__ = [
     "peer_message_counts",
     "scrape",
     "wait_quiescent",
+    # fault injection and its history checker
+    "FaultProxy",
+    "History",
+    "Report",
 ]

@@ -3,6 +3,11 @@
 Used by ``geofed up``, ``geofed demo``, the benchmarks and the integration
 tests. Ports are picked free by the OS, written into a copy of the federation
 file, and readiness is awaited through gRPC health checks, never by sleeping.
+
+For fault injection (`geofed.bench.faults`) a federation can also keep each
+broker's state in ``workdir/<broker id>/data`` (``durable=True``, passed as
+``GEOFED_DATA_DIR``), put a `FaultProxy` on every peer link (``links=True``:
+`LocalFederation.link`), and freeze a broker (`pause_node`, `resume_node`).
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from types import TracebackType
 from geofed.client import health_status
 from geofed.routing import Federation, GeofedError
 from geofed.wire import FEDERATION_SERVICE
+
+from .faultproxy import FaultProxy, ProxyHost
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,9 @@ class LocalFederation:
         workdir: where the generated federation file, logs and traces go.
         trace: write node message traces into `workdir`.
         extra_env: more GEOFED_* settings for every node.
+        durable: give each broker the data directory ``workdir/<id>/data``
+            (``GEOFED_DATA_DIR``), kept across restarts.
+        links: put a fault proxy on every peer link (see `link`).
     """
 
     def __init__(
@@ -69,6 +79,8 @@ class LocalFederation:
         *,
         trace: bool = False,
         extra_env: dict[str, str] | None = None,
+        durable: bool = False,
+        links: bool = False,
     ) -> None:
         self.source = Federation.load(federation)
         self.strategy = strategy
@@ -80,6 +92,9 @@ class LocalFederation:
         self.nodes: dict[str, LocalNode] = {}
         self.federation_path = self.workdir / "federation.geojson"
         self.federation: Federation = self.source
+        self.durable = durable
+        self._proxies = ProxyHost() if links else None
+        self._node_federation: dict[str, Path] = {}  # a broker's own copy, dialling via proxies
 
     def start(self, timeout: float = 60.0) -> LocalFederation:
         """Start every node and wait until all are healthy and linked."""
@@ -91,10 +106,36 @@ class LocalFederation:
         }
         self.federation = self.source.with_endpoints(endpoints)
         self.federation_path.write_text(json.dumps(self.federation.to_geojson()), encoding="utf-8")
+        if self._proxies is not None:
+            self._route_links_through(self._proxies)
         for i, bid in enumerate(ids):
             self.start_node(bid, metrics_port=ports[3 * i + 2])
         self.wait_ready(timeout)
         return self
+
+    def _route_links_through(self, host: ProxyHost) -> None:
+        """One proxy per broker pair; the dialling broker's file points the other at it."""
+        ids = sorted(self.federation.ids)
+        for i, dialler in enumerate(ids):
+            dialled = {}
+            for peer in ids[i + 1 :]:
+                b = self.federation.broker(peer)
+                proxy = host.add(f"{dialler}->{peer}", b.endpoint)
+                dialled[peer] = (proxy.address, b.client_endpoint)
+            path = self.workdir / f"federation-{dialler}.geojson"
+            own = self.federation.with_endpoints(dialled)
+            path.write_text(json.dumps(own.to_geojson()), encoding="utf-8")
+            self._node_federation[dialler] = path
+
+    def link(self, a: str, b: str) -> FaultProxy:
+        """The fault proxy on the link between brokers `a` and `b` (needs ``links=True``)."""
+        if self._proxies is None:
+            raise GeofedError("this federation runs without link proxies (links=False)")
+        return self._proxies.proxies["->".join(sorted((a, b)))]
+
+    def data_dir(self, broker_id: str) -> Path:
+        """Where a durable broker keeps its state: ``workdir/<broker id>/data``."""
+        return self.workdir / broker_id / "data"
 
     def start_node(
         self, broker_id: str, metrics_port: int | None = None, env: dict[str, str] | None = None
@@ -106,11 +147,12 @@ class LocalFederation:
             assert old is not None
             metrics_port = int(old.metrics_url.rsplit(":", 1)[1].split("/")[0])
         extra = env or {}
+        federation = self._node_federation.get(broker_id, self.federation_path)
         env = dict(os.environ)
         env.update(
             {
                 "GEOFED_BROKER_ID": broker_id,
-                "GEOFED_FEDERATION": str(self.federation_path),
+                "GEOFED_FEDERATION": str(federation),
                 "GEOFED_STRATEGY": self.strategy,
                 "GEOFED_CLIENT_LISTEN": b.client_endpoint,
                 "GEOFED_PEER_LISTEN": b.endpoint,
@@ -118,6 +160,9 @@ class LocalFederation:
                 "GEOFED_RECONNECT_MAX_S": "1.0",
             }
         )
+        if self.durable:
+            self.data_dir(broker_id).mkdir(parents=True, exist_ok=True)
+            env["GEOFED_DATA_DIR"] = str(self.data_dir(broker_id))
         if self.trace:
             env["GEOFED_TRACE_PATH"] = str(self.workdir / f"trace-{broker_id}.jsonl")
         env.update(self.extra_env)
@@ -174,13 +219,24 @@ class LocalFederation:
                 proc.kill()
                 proc.wait()
 
+    def pause_node(self, broker_id: str) -> None:
+        """Freeze one broker (SIGSTOP): its sockets stay open, it answers nothing."""
+        self.nodes[broker_id].process.send_signal(signal.SIGSTOP)
+
+    def resume_node(self, broker_id: str) -> None:
+        """Let a frozen broker continue (SIGCONT)."""
+        self.nodes[broker_id].process.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
-        """Stop every node (idempotent)."""
+        """Stop every node (idempotent); a frozen one is let go first."""
         for node in self.nodes.values():
             if node.process.poll() is None:
+                node.process.send_signal(signal.SIGCONT)
                 node.process.send_signal(signal.SIGTERM)
         for bid in self.nodes:
             self.stop_node(bid)
+        if self._proxies is not None:
+            self._proxies.close()
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
