@@ -57,7 +57,8 @@ class _Pipe:
         try:
             while data := await src.read(_CHUNK):
                 if self.proxy.mode != "pass":
-                    continue  # blackholed: read and dropped, so the sender never blocks
+                    self.proxy.dropped += len(data)  # read and dropped: the sender never blocks
+                    continue
                 dst.write(data)
                 await dst.drain()
                 self.flowed[way] = True
@@ -96,6 +97,8 @@ class FaultProxy:
         self.mode: Mode = "pass"
         self.accepted = 0
         """Connections accepted, refused ones included."""
+        self.dropped = 0
+        """Bytes read and not forwarded (blackholed)."""
         self.cuts = 0
         """Times the link was partitioned (one per flap)."""
         self.flaps = 0

@@ -14,11 +14,13 @@ broker killed mid-load loses what it held, and these cases say so.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 import pytest
 
-from geofed.bench.faults import FAULTS, run_faults
+from geofed.bench.faultproxy import ProxyHost
+from geofed.bench.faults import FAULTS, run_faults, until
 from geofed.routing import STRATEGIES
 
 pytestmark = pytest.mark.integration
@@ -36,3 +38,62 @@ def test_fault_cycle_loses_duplicates_and_invents_nothing(
     assert result.restarts == (1 if fault.startswith("kill-") else 0)
     assert result.ok, str(result)
     assert report.delivered == report.required
+
+
+def test_fault_proxy_passes_partitions_blackholes_and_heals() -> None:
+    received = bytearray()
+    served: list[asyncio.StreamWriter] = []
+
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        served.append(writer)
+        with contextlib.suppress(ConnectionError):
+            while data := await reader.read(1024):
+                received.extend(data)
+                writer.write(data)
+                await writer.drain()
+
+    async def dial(address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        host, port = address.rsplit(":", 1)
+        return await asyncio.open_connection(host, int(port))
+
+    async def cut_off(reader: asyncio.StreamReader) -> bool:
+        try:
+            return await reader.read(1024) == b""
+        except ConnectionResetError:
+            return True
+
+    async def run() -> None:
+        server = await asyncio.start_server(echo, "127.0.0.1", 0)
+        hosts = ProxyHost()
+        try:
+            proxy = hosts.add("a->b", f"127.0.0.1:{server.sockets[0].getsockname()[1]}")
+            reader, writer = await dial(proxy.address)
+            writer.write(b"one")
+            assert await reader.readexactly(3) == b"one"
+            # Partition: the open connection is reset, a new one is closed at once.
+            await asyncio.to_thread(proxy.partition)
+            assert await cut_off(reader)
+            writer.close()
+            reader, writer = await dial(proxy.address)
+            assert await cut_off(reader)
+            writer.close()
+            assert (proxy.mode, proxy.cuts, proxy.accepted) == ("partition", 1, 2)
+            # Blackhole: accepted and held, bytes read and dropped, nothing reaches the peer.
+            await asyncio.to_thread(proxy.set_mode, "blackhole")
+            reader, writer = await dial(proxy.address)
+            writer.write(b"lost")
+            await until(lambda: proxy.dropped == 4, "the proxy drops 4 bytes", 30)
+            assert bytes(received) == b"one"
+            # Healed: traffic passes again, on the held connection too.
+            await asyncio.to_thread(proxy.heal)
+            writer.write(b"two")
+            assert await reader.readexactly(3) == b"two"
+            assert bytes(received) == b"onetwo"
+            writer.close()
+        finally:
+            hosts.close()
+            server.close()
+            for w in served:
+                w.close()
+
+    asyncio.run(run())
