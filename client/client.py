@@ -26,6 +26,17 @@ subscriptions reach remote brokers one link delay later, so an event published
 there within that delay is missed too. Nothing is delivered twice: an event
 that reaches the client through both brokers is handed over once.
 
+Persistent sessions (``session_expiry_s`` > 0): the broker keeps the
+client's subscriptions while no stream is open, for that long, and queues
+their deliveries (in its store, when it has one); each delivery carries an
+offset. A renewed subscription resumes after the last offset it received, and
+the client acknowledges what the application has taken, so the broker forgets
+it. `Client.close` then leaves the subscriptions at the broker (a client that
+connects again with the same id and subscription ids resumes them), and
+publishing retries a broker that is unavailable with the same event id (the
+broker drops an id it already published), so an acknowledged publish is
+delivered at least once and a retried one at most once per broker.
+
 Every failure is a `geofed.GeofedError` subclass (`geofed.errors`), never a
 raw ``grpc.RpcError``: input the broker rejects raises the same
 `InvalidInput` / `TooLarge` it raised, with its field name.
@@ -35,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import random
 import uuid
@@ -53,6 +65,7 @@ from geofed.errors import (
     DeadlineExceeded,
     GeofedError,
     InvalidInput,
+    StorageFailed,
     Unavailable,
     from_rpc_error,
 )
@@ -62,6 +75,7 @@ from geofed.wire import (
     GeofenceInput,
     Message,
     Publication,
+    ack_request,
     connect_request,
     health_check_request,
     message_from_pb,
@@ -89,14 +103,19 @@ _CHANNEL_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 _BROKEN = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL)
+_ACK_DELAY_S = (
+    0.05  # acknowledgements of a persistent subscription are sent this much later, batched
+)
+_RETRIED = (Unavailable, StorageFailed)  # the broker did not take the request: try it again
 
 
 @dataclass(frozen=True)
 class RetryConfig:
-    """How idempotent requests (connect, move, subscribe, unsubscribe) retry a broker that is down.
+    """How requests retry a broker that is down (or whose store refused a write).
 
-    Publishing is never retried: a publish whose answer was lost may have been
-    accepted, and trying it again could deliver the event twice.
+    Publishing is retried too: each event carries an id made by the client
+    (when the application gives none), and the broker drops an id it already
+    published, so a retry after a lost answer delivers nothing twice.
     """
 
     attempts: int = 5
@@ -154,6 +173,9 @@ class ClientConfig:
     """Redirects followed while opening a session before giving up."""
     tls: TLSConfig | None = None
     """TLS settings (reserved; see `TLSConfig`)."""
+    session_expiry_s: float = 0.0
+    """> 0: a persistent session, kept this long by the broker while no stream is open (see
+    the module docs); the broker may grant less. 0: subscriptions end with their streams."""
 
     def __post_init__(self) -> None:
         validate_id(self.client_id, "client_id")
@@ -165,6 +187,8 @@ class ClientConfig:
         for name in ("connect_timeout_s", "request_timeout_s"):
             if not getattr(self, name) > 0:
                 raise InvalidInput(name, f"must be > 0, got {getattr(self, name)!r}")
+        if not self.session_expiry_s >= 0:
+            raise InvalidInput("session_expiry_s", f"must be >= 0, got {self.session_expiry_s!r}")
         for name in ("pending_limit", "max_redirects"):
             if getattr(self, name) < 1:
                 raise InvalidInput(name, f"must be >= 1, got {getattr(self, name)!r}")
@@ -242,6 +266,8 @@ class Client:
         self._lock = asyncio.Lock()  # session changes (open, move) and subscription renewals
         self._closed = False
         self._closing = False
+        self.session_expiry_s = 0.0
+        """The session expiry the broker granted (0: not a persistent session)."""
         self.redirects = 0
         """Redirects followed so far (opening the session and moves)."""
 
@@ -288,15 +314,18 @@ class Client:
             geofence: the event geofence, where subscribers must be (None: the
                 world): a `geofed.Geofence`, WKT or GeoJSON text, or a circle
                 ``{"circle": {"lat": ..., "lon": ..., "radius_m": ...}}``.
-            event_id: a globally unique id; empty lets the broker choose one.
+            event_id: a globally unique id; empty: the client makes one (a UUID).
+
+        Returns once the broker accepted it (durably, if it has a store).
         """
-        pub = Publication(topic, _bytes(payload), self._location, geofence, event_id)
+        pub = Publication(
+            topic, _bytes(payload), self._location, geofence, event_id or _new_event_id()
+        )
         resp = await self._call(
             "publish",
             lambda stub, timeout: stub.Publish(
                 publish_request(self.client_id, pub), timeout=timeout
             ),
-            retry=False,
         )
         return str(resp.event_id)
 
@@ -305,22 +334,23 @@ class Client:
     ) -> list[str]:
         """Publish many events in one streaming call (much faster than `publish` in a loop).
 
-        Each `Publication` carries its own location. A batch the broker
+        Each `Publication` carries its own location; one without an id gets
+        one made by the client, so that a retry is safe. A batch the broker
         rejects raises its typed error; the batches before it were published.
         Returns the event ids in order.
         """
         if batch_size < 1:
             raise InvalidInput("batch_size", f"must be >= 1, got {batch_size!r}")
-        items = list(events)
+        items = [
+            p if p.event_id else dataclasses.replace(p, event_id=_new_event_id()) for p in events
+        ]
 
         async def batches() -> AsyncIterator[Any]:
             for i in range(0, len(items), batch_size):
                 yield publish_batch(self.client_id, items[i : i + batch_size])
 
         resp = await self._call(
-            "publish_many",
-            lambda stub, timeout: stub.PublishStream(batches(), timeout=timeout),
-            retry=False,
+            "publish_many", lambda stub, timeout: stub.PublishStream(batches(), timeout=timeout)
         )
         return list(resp.event_ids)
 
@@ -388,11 +418,13 @@ class Client:
             return True
 
     async def close(self) -> None:
-        """Withdraw every subscription, end their iterations, close the connections (idempotent).
+        """End every subscription's iteration and close the connections (idempotent).
 
-        The broker holds none of this client's subscriptions once it returns
-        (unless it could not be reached: then it drops them when it sees the
-        streams end).
+        In a plain session the subscriptions are withdrawn: the broker holds
+        none of them once this returns (unless it could not be reached: then it
+        drops them when it sees the streams end). In a persistent session they
+        stay at the broker, which queues their deliveries until the session
+        expires or a client with this id subscribes again.
         """
         if self._closed or self._closing:
             return
@@ -402,6 +434,9 @@ class Client:
         async with self._lock:
             subs, self._subs = list(self._subs.values()), {}
             for sub in subs:
+                if self.session_expiry_s:
+                    await sub._flush_ack()
+                    continue
                 with contextlib.suppress(GeofedError):
                     await self._unary(
                         "unsubscribe",
@@ -453,7 +488,9 @@ class Client:
                 lambda: self._unary(
                     "connect",
                     self._stub().Connect(
-                        connect_request(self.client_id, self._location),
+                        connect_request(
+                            self.client_id, self._location, self.config.session_expiry_s
+                        ),
                         timeout=self.config.connect_timeout_s,
                     ),
                     self.config.connect_timeout_s,
@@ -461,6 +498,11 @@ class Client:
             )
             if resp.accepted:
                 self._broker_id = resp.broker_id
+                self.session_expiry_s = resp.session_expiry_s
+                if not resp.session_present:
+                    # A new session: offsets from an earlier one mean nothing here.
+                    for sub in self._subs.values():
+                        sub._reset_offsets()
                 return
             self.redirects += 1
             broker_id, endpoint = self._redirect_target(resp)
@@ -510,8 +552,6 @@ class Client:
         self,
         operation: str,
         start: Callable[[cpb_grpc.ClientServiceStub, float], Awaitable[T]],
-        *,
-        retry: bool,
     ) -> T:
         self._check_open()
         timeout = self.config.request_timeout_s
@@ -519,7 +559,7 @@ class Client:
         async def once() -> T:
             return await self._unary(operation, start(self._stub(), timeout))
 
-        return await (self._retrying(operation, once) if retry else once())
+        return await self._retrying(operation, once)
 
     async def _retrying(self, operation: str, attempt: Callable[[], Awaitable[T]]) -> T:
         """`attempt` again while the broker is unavailable, with jittered exponential backoff."""
@@ -528,7 +568,7 @@ class Client:
         for n in range(1, retry.attempts + 1):
             try:
                 return await attempt()
-            except Unavailable:
+            except _RETRIED:
                 if n == retry.attempts or self._closed or self._closing:
                     raise
             await asyncio.sleep(random.uniform(0.5, 1.0) * backoff)
@@ -576,6 +616,11 @@ class Subscription:
         self._call: Any = None
         self._pump: asyncio.Task[None] | None = None
         self._recovery: asyncio.Task[None] | None = None
+        self._broker = ""  # the broker its offsets come from
+        self._offset = 0  # last offset received (persistent sessions)
+        self._taken = 0  # last offset the application took
+        self._acked = 0  # last offset acknowledged to the broker
+        self._acking: asyncio.Task[None] | None = None
 
     @property
     def pending(self) -> int:
@@ -609,7 +654,12 @@ class Subscription:
                 await asyncio.wait_for(self._ready.wait(), timeout)
             except TimeoutError:
                 raise DeadlineExceeded(f"subscription {self.id}", timeout) from None
-        return self._items.popleft()
+        msg = self._items.popleft()
+        if msg.offset:
+            self._taken = msg.offset
+            if self._acking is None or self._acking.done():
+                self._acking = asyncio.create_task(self._ack_later(), name=f"ack-{self.id}")
+        return msg
 
     async def unsubscribe(self) -> None:
         """Withdraw the subscription; iteration ends after the deliveries already sent."""
@@ -627,7 +677,6 @@ class Subscription:
                         lambda stub, timeout: stub.Unsubscribe(
                             unsubscribe_request(client.client_id, self.id), timeout=timeout
                         ),
-                        retry=True,
                     )
                     # The broker ends the stream after what it had queued: take all of it.
                     pump = self._pump
@@ -645,8 +694,13 @@ class Subscription:
         """Register at a broker and pump its stream (replacing any earlier one)."""
         await self._detach()
         client = self._client
+        if broker_id != self._broker:
+            self._reset_offsets()  # offsets are per broker
+            self._broker = broker_id
         call = stub.Subscribe(
-            subscribe_request(client.client_id, self.id, self.topic_filter, self.geofence)
+            subscribe_request(
+                client.client_id, self.id, self.topic_filter, self.geofence, self._offset
+            )
         )
         try:
             # Sent once the broker registered the subscription; rejections end the call.
@@ -711,6 +765,11 @@ class Subscription:
 
     def _push(self, msg: Message) -> None:
         self.received += 1
+        if msg.offset:
+            if msg.offset <= self._offset:
+                self.duplicates += 1  # sent again after a resume
+                return
+            self._offset = msg.offset
         if msg.event_id in self._seen:
             self.duplicates += 1  # the same event through the old and the new broker of a handover
             return
@@ -722,6 +781,29 @@ class Subscription:
             self.dropped += 1
         self._items.append(msg)
         self._ready.set()
+
+    def _reset_offsets(self) -> None:
+        self._offset = self._taken = self._acked = 0
+
+    async def _ack_later(self) -> None:
+        await asyncio.sleep(_ACK_DELAY_S)  # batch: one Ack covers what was taken meanwhile
+        await self._flush_ack()
+
+    async def _flush_ack(self) -> None:
+        """Tell the broker what the application took (best effort: a resume covers a loss)."""
+        client = self._client
+        offset = self._taken
+        if offset <= self._acked or client._closed or not client._endpoint:
+            return
+        with contextlib.suppress(GeofedError):
+            await client._unary(
+                "ack",
+                client._stub().Ack(
+                    ack_request(client.client_id, self.id, offset),
+                    timeout=client.config.request_timeout_s,
+                ),
+            )
+            self._acked = max(self._acked, offset)
 
     def _finish(self, error: GeofedError | None) -> None:
         if self._done:
@@ -753,6 +835,10 @@ def _error(exc: Any, endpoint: str, operation: str, timeout: float | None) -> Ge
     if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
         return DeadlineExceeded(operation, timeout)
     return from_rpc_error(exc, endpoint=endpoint, operation=operation)
+
+
+def _new_event_id() -> str:
+    return uuid.uuid4().hex
 
 
 def _bytes(payload: bytes | str) -> bytes:

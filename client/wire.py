@@ -185,9 +185,16 @@ def subscription_to_pb(sub: Subscription) -> gpb.Subscription:
 # -- the broker side of the client service ------------------------------------
 
 
-def accepted_response(broker_id: str) -> cpb.ConnectResponse:
-    """The session stays at this broker."""
-    return cpb.ConnectResponse(broker_id=broker_id, accepted=True)
+def accepted_response(
+    broker_id: str, session_present: bool = False, session_expiry_s: float = 0.0
+) -> cpb.ConnectResponse:
+    """The session stays at this broker (with the persistence it was granted)."""
+    return cpb.ConnectResponse(
+        broker_id=broker_id,
+        accepted=True,
+        session_present=session_present,
+        session_expiry_s=session_expiry_s,
+    )
 
 
 def redirect_response(broker_id: str, target: BrokerInfo) -> cpb.ConnectResponse:
@@ -199,9 +206,18 @@ def redirect_response(broker_id: str, target: BrokerInfo) -> cpb.ConnectResponse
     )
 
 
-def delivery_to_pb(subscription_id: str, event: gpb.Event, deliver_time: float) -> cpb.Delivery:
+def delivery_to_pb(
+    subscription_id: str, event: gpb.Event, deliver_time: float, offset: int = 0
+) -> cpb.Delivery:
     """One delivery on a Subscribe stream (`event` already in wire form, shared)."""
-    return cpb.Delivery(subscription_id=subscription_id, event=event, deliver_time=deliver_time)
+    return cpb.Delivery(
+        subscription_id=subscription_id, event=event, deliver_time=deliver_time, offset=offset
+    )
+
+
+def delivery_from_bytes(data: bytes) -> cpb.Delivery:
+    """A delivery the broker stored (`delivery_to_pb` serialized)."""
+    return cpb.Delivery.FromString(data)
 
 
 def unsubscribe_response(existed: bool) -> cpb.UnsubscribeResponse:
@@ -425,6 +441,29 @@ def add_to_frame(frame: fpb.Frame, msg: PeerMessage, origin: str) -> int:
     return int(pb.ByteSize())
 
 
+def message_to_bytes(msg: PeerMessage, origin: str) -> bytes:
+    """One peer message in stored form: a frame holding only it."""
+    frame = fpb.Frame()
+    add_to_frame(frame, msg, origin)
+    return bytes(frame.SerializeToString())
+
+
+def message_from_bytes(data: bytes, cache: GeofenceCache) -> PeerMessage:
+    """A message `message_to_bytes` stored (`cache`: the node's `PeerGeofenceCache`).
+
+    Raises:
+        InvalidInput: `data` does not hold exactly one valid message.
+    """
+    try:
+        frame = fpb.Frame.FromString(data)
+    except Exception as exc:
+        raise InvalidInput("stored message", f"not a valid frame: {exc}") from None
+    msgs = messages_from_frame(frame, cache)
+    if len(msgs) != 1:
+        raise InvalidInput("stored message", f"holds {len(msgs)} messages, not 1")
+    return msgs[0]
+
+
 def messages_from_frame(
     frame: fpb.Frame, cache: GeofenceCache, rejected: list[RejectedMessage] | None = None
 ) -> list[PeerMessage]:
@@ -476,9 +515,13 @@ def messages_from_frame(
 # -- the client side of the client service ------------------------------------
 
 
-def connect_request(client: str, location: LatLon) -> cpb.ConnectRequest:
-    """Open (or refresh) a session at a broker."""
-    return cpb.ConnectRequest(client=client, location=latlon_to_pb(location))
+def connect_request(
+    client: str, location: LatLon, session_expiry_s: float = 0.0
+) -> cpb.ConnectRequest:
+    """Open (or refresh) a session at a broker; persistent if `session_expiry_s` > 0."""
+    return cpb.ConnectRequest(
+        client=client, location=latlon_to_pb(location), session_expiry_s=session_expiry_s
+    )
 
 
 def update_location_request(client: str, location: LatLon) -> cpb.UpdateLocationRequest:
@@ -487,11 +530,20 @@ def update_location_request(client: str, location: LatLon) -> cpb.UpdateLocation
 
 
 def subscribe_request(
-    client: str, subscription_id: str, topic_filter: str, geofence: GeofenceInput = None
+    client: str,
+    subscription_id: str,
+    topic_filter: str,
+    geofence: GeofenceInput = None,
+    resume_after: int = 0,
 ) -> cpb.SubscribeRequest:
-    """Register a subscription (its deliveries stream back on the same call)."""
+    """Register a subscription (its deliveries stream back on the same call).
+
+    In a persistent session `resume_after` is the last offset received: the
+    broker sends what it queued after it.
+    """
     return cpb.SubscribeRequest(
         client=client,
+        resume_after=resume_after,
         subscription=gpb.Subscription(
             id=subscription_id,
             client=client,
@@ -504,6 +556,16 @@ def subscribe_request(
 def unsubscribe_request(client: str, subscription_id: str) -> cpb.UnsubscribeRequest:
     """Withdraw a subscription."""
     return cpb.UnsubscribeRequest(client=client, subscription_id=subscription_id)
+
+
+def ack_request(client: str, subscription_id: str, offset: int) -> cpb.AckRequest:
+    """Acknowledge a persistent subscription's deliveries up to `offset`."""
+    return cpb.AckRequest(client=client, subscription_id=subscription_id, offset=offset)
+
+
+def ack_response() -> cpb.AckResponse:
+    """Answer to Ack."""
+    return cpb.AckResponse()
 
 
 @dataclass(frozen=True, slots=True)
@@ -560,6 +622,7 @@ class Message:
         deliver_time: wall-clock seconds when the subscriber's broker handed it over.
         origin: id of the publisher's broker ("" when the broker did not say).
         broker: id of the broker that delivered it (the subscriber's).
+        offset: its position in a persistent subscription (1, 2, ...); 0 otherwise.
     """
 
     subscription_id: str
@@ -572,6 +635,7 @@ class Message:
     deliver_time: float
     origin: str
     broker: str
+    offset: int = 0
 
 
 def message_from_pb(pb: cpb.Delivery, broker: str) -> Message:
@@ -588,6 +652,7 @@ def message_from_pb(pb: cpb.Delivery, broker: str) -> Message:
         deliver_time=pb.deliver_time,
         origin=ev.origin,
         broker=broker,
+        offset=pb.offset,
     )
 
 

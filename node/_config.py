@@ -28,6 +28,8 @@ METRICS_PORT = 9400
 REQUIRED = ("broker_id", "federation")
 """Settings without a default: flag, environment or file must give them."""
 LOG_LEVELS = ("debug", "info", "warning", "error")
+SYNC_MODES = ("normal", "full", "off")
+"""`store_sync` values: SQLite's ``synchronous`` pragma in WAL mode."""
 
 
 def _doc(text: str, **kw: Any) -> Any:
@@ -64,6 +66,11 @@ class NodeConfig:
     peer_queue_size: int = _doc(
         "messages queued per peer before new ones are dropped", default=100_000
     )
+    peer_queue_bytes: int = _doc(
+        "bytes of messages queued in memory per peer (estimated); beyond, new ones are dropped,"
+        " or, with a data_dir, left in the store's outbox and read back in order",
+        default=256 << 20,
+    )
     subscriber_queue_size: int = _doc(
         "deliveries queued per subscription before the oldest is dropped", default=10_000
     )
@@ -88,6 +95,39 @@ class NodeConfig:
         "delay per km of great-circle distance when wan_latency=model", default=0.021
     )
     shutdown_grace_s: float = _doc("how long shutdown waits for in-flight work", default=5.0)
+    data_dir: str = _doc(
+        "directory of the durable store (SQLite, WAL): the peer outbox, persistent sessions"
+        " and their queued deliveries, forwarded subscriptions; empty = memory only",
+        default="",
+    )
+    store_sync: str = _doc(
+        "when a store commit reaches the disk: 'normal' (survives a killed process, not a"
+        " power loss), 'full' (fsync every commit) or 'off'",
+        default="normal",
+    )
+    max_session_expiry_s: float = _doc(
+        "longest a persistent session is kept without an open stream (clients ask for less)",
+        default=86_400.0,
+    )
+    session_idle_s: float = _doc(
+        "a non-persistent session without subscriptions is forgotten after this long",
+        default=600.0,
+    )
+    session_queue_bytes: int = _doc(
+        "bytes of unacknowledged deliveries kept per persistent subscription; beyond, the"
+        " oldest are dropped",
+        default=64 << 20,
+    )
+    subscriber_queue_bytes: int = _doc(
+        "bytes of deliveries buffered in memory per subscriber stream before the oldest is"
+        " dropped (a persistent subscription reads them back from the store instead)",
+        default=16 << 20,
+    )
+    client_keepalive_s: float = _doc(
+        "ping idle client connections this often; one that does not answer within the same"
+        " time is closed, ending its streams (0 = off)",
+        default=30.0,
+    )
 
     def __post_init__(self) -> None:
         if not self.broker_id:
@@ -113,6 +153,9 @@ class NodeConfig:
             "subscriber_queue_size",
             "batch_max_messages",
             "dedup_window",
+            "session_queue_bytes",
+            "subscriber_queue_bytes",
+            "peer_queue_bytes",
         ):
             if getattr(self, name) < 1:
                 raise InvalidInput(name, f"must be >= 1, got {getattr(self, name)!r}")
@@ -122,9 +165,16 @@ class NodeConfig:
             "wan_ms_per_km",
             "peer_timeout_s",
             "shutdown_grace_s",
+            "max_session_expiry_s",
+            "session_idle_s",
+            "client_keepalive_s",
         ):
             if getattr(self, name) < 0:
                 raise InvalidInput(name, f"must be >= 0, got {getattr(self, name)!r}")
+        if self.store_sync not in SYNC_MODES:
+            raise InvalidInput(
+                "store_sync", f"one of {', '.join(SYNC_MODES)}, got {self.store_sync!r}"
+            )
         if self.reconnect_max_s < self.reconnect_initial_s:
             raise InvalidInput("reconnect_max_s", "must be >= reconnect_initial_s")
         if not self.peer_heartbeat_s > 0:

@@ -9,6 +9,13 @@ which replaces what the other held. Frames carry per-link sequence numbers;
 event and delivery frames not acknowledged when a link breaks are sent again
 after the reconnect, and receivers drop event ids they have already seen.
 
+With a durable store (``data_dir``) the events and deliveries for a peer are
+in the node's outbox before the publish that caused them is acknowledged, and
+the outbox is the queue: memory holds a window of it (`peer_queue_size`,
+`peer_queue_bytes`), a link that falls behind reads the rest back in order,
+and every session starts by reading whatever the peer has not acknowledged.
+Nothing is dropped then; without a store the queue is memory only.
+
 An idle link sends an empty frame every ``peer_heartbeat_s``; a link that has
 received nothing for ``peer_timeout_s`` is closed and redialled. That catches
 a peer whose host stopped or whose network went away without closing the
@@ -28,7 +35,16 @@ from typing import Any, Protocol
 
 import grpc
 
-from geofed.routing import BrokerInfo, GeofenceCache, Kind, PeerMessage, SubscribeMsg
+from geofed.routing import (
+    BrokerInfo,
+    DeliveryMsg,
+    EventMsg,
+    GeofenceCache,
+    Kind,
+    PeerMessage,
+    StorageFailed,
+    SubscribeMsg,
+)
 from geofed.v1 import federation_pb2 as fpb
 from geofed.v1 import federation_pb2_grpc as fpb_grpc
 from geofed.wire import (
@@ -50,6 +66,8 @@ PROTOCOL_VERSION = 1
 _UNACKED_FRAMES = 4096
 _ACK_DELAY_S = 0.02
 _RESENDABLE = (Kind.EVENT, Kind.DELIVERY)
+_PAGE = 2048  # outbox messages read back at a time
+_OVERHEAD = 128  # bytes counted per queued message besides its payload and geofence
 FRAME_SOFT_LIMIT = 4 << 20
 """A frame is closed once its messages reach this many bytes."""
 MAX_FRAME_BYTES = 64 << 20
@@ -107,6 +125,7 @@ class LinkHost(Protocol):
     metrics: NodeMetrics
     geofences: GeofenceCache
     peer_geofences: PeerGeofenceCache  # geofences forwarded by peers (the read loop's)
+    durable: bool  # events and deliveries for peers are in a durable outbox
 
     def hello(self) -> fpb.Frame:
         """This broker's hello frame."""
@@ -120,8 +139,21 @@ class LinkHost(Protocol):
     def apply_snapshot(self, peer: str, subs: list[SubscribeMsg], *, replace: bool) -> None:
         """Replace (or extend) what this broker holds from `peer`."""
 
-    def receive_frame(self, peer: str, frame: fpb.Frame) -> None:
-        """Apply the messages of a frame from `peer`."""
+    async def receive_frame(self, peer: str, frame: fpb.Frame) -> None:
+        """Apply the messages of a frame from `peer`; return once they are durable.
+
+        Raises:
+            StorageFailed: the store could not keep them: nothing was applied
+                and the frame must not be acknowledged.
+        """
+
+    async def outbox_page(
+        self, peer: str, from_oid: int, limit: int
+    ) -> list[tuple[int, PeerMessage]]:
+        """Durable mode: up to `limit` outbox messages for `peer` from `from_oid` on."""
+
+    def outbox_acked(self, peer: str, msgs: list[PeerMessage]) -> None:
+        """Durable mode: `peer` acknowledged these messages."""
 
     def count_sent(self, peer: str, msgs: list[PeerMessage], sizes: list[int]) -> None:
         """Account for messages written to `peer`."""
@@ -149,8 +181,16 @@ class PeerLink:
         self.dials = node.broker_id < peer.id
         cfg = node.config
         self._cap = cfg.peer_queue_size
-        self._queue: deque[PeerMessage] = deque()
-        self._resend: deque[PeerMessage] = deque()
+        self._byte_cap = cfg.peer_queue_bytes
+        self._queue: deque[tuple[PeerMessage, int]] = deque()  # (message, outbox id or 0)
+        self._queued_bytes = 0
+        self._resend: deque[tuple[PeerMessage, int]] = deque()
+        self.durable = node.durable
+        # Durable mode: the outbox id from which the queue must be read back from
+        # the store (None: memory holds everything not yet sent), and how many
+        # messages were left there since.
+        self._behind: int | None = 0 if self.durable else None
+        self._skipped = 0
         self._wake = asyncio.Event()
         self._restart = asyncio.Event()
         self._writing = 0  # messages in the frame being written
@@ -171,31 +211,84 @@ class PeerLink:
 
     # -- producer side ---------------------------------------------------
 
-    def enqueue(self, msg: PeerMessage) -> None:
-        """Queue one logical message for the peer (never blocks)."""
-        if msg.kind in (Kind.SUBSCRIBE, Kind.UNSUBSCRIBE) and not self.connected:
+    def enqueue(self, msg: PeerMessage, oid: int = 0) -> None:
+        """Queue one logical message for the peer (never blocks).
+
+        `oid` is its outbox id when the store holds it (durable mode): then a
+        full queue leaves it there, to be read back in order, instead of
+        dropping it.
+        """
+        subscription_change = msg.kind in (Kind.SUBSCRIBE, Kind.UNSUBSCRIBE)
+        if subscription_change and not self.connected:
             return  # the snapshot sent on reconnect carries the current state
-        if len(self._queue) >= self._cap:
+        if oid and self._behind is not None:
+            self._skipped += 1  # in the outbox, read back after what is queued before it
+            self._count_queued()
+            return
+        size = _size(msg)
+        if len(self._queue) >= self._cap or self._queued_bytes + size > self._byte_cap:
+            if oid:
+                self._behind, self._skipped = oid, 1
+                self._count_queued()
+                return
             self.node.metrics.peer_dropped.labels(peer=self.peer.id).inc()
-            if msg.kind in (Kind.SUBSCRIBE, Kind.UNSUBSCRIBE):
+            if subscription_change:
                 # Subscription state must not diverge: resynchronise.
                 self._restart_session("queue overflow lost a subscription change")
             return
-        self._queue.append(msg)
+        self._queue.append((msg, oid))
+        self._queued_bytes += size
         self._count_queued()
         self._wake.set()
 
     @property
     def queued(self) -> int:
-        """Messages waiting to be sent."""
-        return len(self._queue) + len(self._resend)
+        """Messages waiting to be sent (in memory, and left in the outbox)."""
+        return len(self._queue) + len(self._resend) + self._outboxed()
+
+    def _outboxed(self) -> int:
+        return max(self._skipped, 1) if self._behind is not None else 0
 
     def _count_queued(self) -> None:
-        # Includes the frame being written: a message leaves the gauge only once
-        # it is counted as sent, so "queues empty and sent == received" means
-        # nothing is in flight (the quiescence barrier relies on it).
+        # Includes the frame being written and what waits in the outbox: a
+        # message leaves the gauge only once it is counted as sent, so "queues
+        # empty and sent == received" means nothing is in flight (the
+        # quiescence barrier relies on it).
         gauge = self.node.metrics.peer_queue.labels(peer=self.peer.id)
-        gauge.set(len(self._queue) + self._writing)
+        gauge.set(len(self._queue) + self._writing + self._outboxed())
+
+    def _pop(self) -> PeerMessage:
+        msg, _ = self._queue.popleft()
+        self._queued_bytes -= _size(msg)
+        return msg
+
+    def _keep_resendable(self) -> None:
+        """Drop queued subscription changes (the snapshot supersedes them).
+
+        In durable mode the events and deliveries go too: the next session
+        reads them back from the outbox, with everything not acknowledged.
+        """
+        keep = () if self.durable else _RESENDABLE
+        self._queue = deque(e for e in self._queue if e[0].kind in keep)
+        self._queued_bytes = sum(_size(m) for m, _ in self._queue)
+        if self.durable:
+            self._behind, self._skipped = 0, 0
+
+    async def _refill(self) -> None:
+        """Durable mode: queue the next page of the outbox (or catch up with it)."""
+        assert self._behind is not None
+        rows = await self.node.outbox_page(self.peer.id, self._behind, _PAGE)
+        if rows:
+            for oid, msg in rows:
+                self._queue.append((msg, oid))
+                self._queued_bytes += _size(msg)
+            self._behind = rows[-1][0] + 1
+            self._skipped = max(0, self._skipped - len(rows))
+        else:
+            # Whatever is committed from now on is dispatched after this point
+            # (the store reads and commits in order): memory is complete again.
+            self._behind, self._skipped = None, 0
+        self._count_queued()
 
     # -- lifecycle -------------------------------------------------------
 
@@ -358,18 +451,19 @@ class PeerLink:
         self._seq = 0
         self._ack_pending = 0
         self._last_heard = time.monotonic()
-        # Subscription changes queued before are superseded by the snapshot.
-        self._queue = deque(m for m in self._queue if m.kind in _RESENDABLE)
+        self._keep_resendable()
         self.node.metrics.peer_connected.labels(peer=self.peer.id).set(1)
         self.node.link_state_changed()
 
     def _end_session(self) -> None:
         self.connected = False
-        # What the peer may not have received is sent again after reconnecting.
-        for _, msgs in self._unacked:
-            self._resend.extend(msgs)
+        # What the peer may not have received is sent again after reconnecting
+        # (in durable mode it is all in the outbox, read back from the start).
+        if not self.durable:
+            for _, msgs in self._unacked:
+                self._resend.extend((m, 0) for m in msgs)
         self._unacked.clear()
-        self._queue = deque(m for m in self._queue if m.kind in _RESENDABLE)
+        self._keep_resendable()
         self.node.metrics.peer_connected.labels(peer=self.peer.id).set(0)
         self.node.link_state_changed()
         if not self._stopping:
@@ -379,12 +473,16 @@ class PeerLink:
         await self._send_snapshot(transport)
         resend, self._resend = self._resend, deque()
         self._queue.extendleft(reversed(resend))
+        self._queued_bytes += sum(_size(m) for m, _ in resend)
         cfg = self.node.config
         max_msgs = cfg.batch_max_messages
         delay = cfg.batch_max_delay_ms / 1000.0
         heartbeat = cfg.peer_heartbeat_s
         origin = self.node.broker_id
         while True:
+            if not self._queue and self._behind is not None:
+                await self._refill()
+                continue
             if not self._queue:
                 self._wake.clear()
                 idle = _ACK_DELAY_S if self._ack_pending else heartbeat
@@ -403,11 +501,11 @@ class PeerLink:
             sizes: list[int] = []
             rank, total = -1, 0
             while self._queue and len(msgs) < max_msgs and total < FRAME_SOFT_LIMIT:
-                r = FRAME_RANK[self._queue[0].kind.value]
+                r = FRAME_RANK[self._queue[0][0].kind.value]
                 if r < rank:
                     break  # keep the sender's order: next frame
                 rank = r
-                msg = self._queue.popleft()
+                msg = self._pop()
                 sizes.append(add_to_frame(frame, msg, origin))
                 total += sizes[-1]
                 msgs.append(msg)
@@ -462,8 +560,11 @@ class PeerLink:
                 return
             self._last_heard = time.monotonic()
             if frame.HasField("ack"):
+                acked: list[PeerMessage] = []
                 while self._unacked and self._unacked[0][0] <= frame.ack.seq:
-                    self._unacked.popleft()
+                    acked.extend(self._unacked.popleft()[1])
+                if acked and self.durable:
+                    node.outbox_acked(peer, acked)
             try:
                 if frame.HasField("snapshot"):
                     rejected: list[RejectedMessage] = []
@@ -471,7 +572,10 @@ class PeerLink:
                     for r in rejected:
                         node.metrics.reject_peer_message(peer, r.kind.value, r.id, r.reason)
                     node.apply_snapshot(peer, subs, replace=not frame.snapshot.continued)
-                node.receive_frame(peer, frame)
+                await node.receive_frame(peer, frame)
+            except StorageFailed as exc:
+                # Not kept, so not acknowledged: the peer sends it again.
+                raise ConnectionError(f"frame {frame.seq} not stored: {exc}") from None
             except Exception:
                 # A bug, not the content of one message (those are isolated):
                 # still no reason to drop the link and have the frame resent.
@@ -480,15 +584,24 @@ class PeerLink:
                 self._ack_pending = frame.seq
                 self._wake.set()
 
-    def is_duplicate(self, kind: Kind, event_id: str) -> bool:
-        """True if this event (or delivery of it) already came over this link."""
-        key = (kind.value, event_id)
-        if key in self._seen:
-            return True
-        self._seen[key] = None
+    def seen(self, kind: Kind, event_id: str) -> bool:
+        """True if this event (or a delivery of it) already came over this link."""
+        return (kind.value, event_id) in self._seen
+
+    def remember(self, kind: Kind, event_id: str) -> tuple[str, str] | None:
+        """Add to the duplicate window; return the (kind, id) it forgot, if any."""
+        self._seen[(kind.value, event_id)] = None
         if len(self._seen) > self.node.config.dedup_window:
-            self._seen.popitem(last=False)
-        return False
+            return self._seen.popitem(last=False)[0]
+        return None
+
+
+def _size(msg: PeerMessage) -> int:
+    """What a queued message counts against `peer_queue_bytes` (an estimate, cheap)."""
+    if isinstance(msg, EventMsg | DeliveryMsg):
+        fence = msg.event.geofence
+        return _OVERHEAD + len(msg.event.payload) + (len(fence.wkt) if fence is not None else 0)
+    return _OVERHEAD
 
 
 def _reason(exc: BaseException) -> str:

@@ -23,6 +23,10 @@ SESSIONS = "geofed_sessions"
 REDIRECTS = "geofed_redirects_total"
 REQUESTS_REJECTED = "geofed_requests_rejected_total"
 MATCH_SECONDS = "geofed_match_seconds"
+PUBLISH_DUPLICATES = "geofed_publish_duplicates_total"
+STORE_FAILURES = "geofed_store_failures_total"
+SESSION_QUEUE_DROPPED = "geofed_session_queue_dropped_total"
+SESSIONS_EXPIRED = "geofed_sessions_expired_total"
 
 log = logging.getLogger("geofed.node.links")
 
@@ -107,6 +111,31 @@ class NodeMetrics:
             MATCH_SECONDS,
             "Time to match one event against the subscriptions held here.",
             buckets=(1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2),
+            registry=registry,
+        )
+        self._durability(registry)
+
+    def _durability(self, registry: CollectorRegistry) -> None:
+        self.publish_duplicates = Counter(
+            PUBLISH_DUPLICATES,
+            "Published events dropped because this broker already published their id"
+            " (a client's retry).",
+            registry=registry,
+        )
+        self.store_failures = Counter(
+            STORE_FAILURES,
+            "Store commits that failed (the publish or peer frame was refused, not acknowledged).",
+            registry=registry,
+        )
+        self.session_dropped = Counter(
+            SESSION_QUEUE_DROPPED,
+            "Queued deliveries of persistent subscriptions dropped over session_queue_bytes"
+            " (oldest first).",
+            registry=registry,
+        )
+        self.sessions_expired = Counter(
+            SESSIONS_EXPIRED,
+            "Sessions forgotten after their expiry (or session_idle_s) without an open stream.",
             registry=registry,
         )
 

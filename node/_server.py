@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
+import math
 import time
 import uuid
-from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -31,10 +34,15 @@ from geofed.routing import (
     GeofenceCache,
     InvalidInput,
     Kind,
+    LatLon,
+    NotFound,
     PeerMessage,
     Send,
+    StorageFailed,
     SubscribeMsg,
+    Subscription,
     TooLarge,
+    UnsubscribeMsg,
     great_circle_m,
     strategy_for,
     validate_id,
@@ -50,11 +58,15 @@ from geofed.wire import (
     PeerGeofenceCache,
     RejectedMessage,
     accepted_response,
+    ack_response,
+    delivery_from_bytes,
     delivery_to_pb,
     event_from_pb,
     event_to_pb,
     hello_frame,
     location_from_pb,
+    message_from_bytes,
+    message_to_bytes,
     messages_from_frame,
     publish_batch_response,
     publish_response,
@@ -69,40 +81,106 @@ from ._config import NodeConfig
 from ._errors import Guarded, abort, streaming, unary
 from ._links import PROTOCOL_VERSION, SERVER_OPTIONS, ContextTransport, PeerLink
 from ._metrics import NodeMetrics
+from ._store import Loaded, PendingInfo, Store
 from ._tracefile import MessageTrace
 
 log = logging.getLogger("geofed.node")
 
 _END = object()
+_DELIVERY_OVERHEAD = 128  # bytes counted per buffered delivery besides its payload
+_REAP_EVERY_S = 1.0
+_REPLAY_PAGE = 1024  # queued deliveries read back from the store at a time
+_LOCAL = ""  # the duplicate window of local publishes, among the peers' windows in the store
+_PUBLISH = "publish"
+
+Refill = Callable[[int], Awaitable[list[tuple[int, cpb.Delivery]]]]
 
 
 class _Stream:
-    """The bounded delivery queue of one Subscribe call (drops the oldest when full)."""
+    """The bounded delivery queue of one Subscribe call.
 
-    def __init__(self, cap: int, metrics: NodeMetrics) -> None:
-        self._items: deque[Any] = deque()
+    A plain subscription's queue drops the oldest delivery when it holds
+    `cap` deliveries or `byte_cap` bytes. A persistent subscription's
+    deliveries are all in the store: its queue holds a window of them and,
+    when that is full (or the stream resumes after an offset), stops taking
+    live ones and reads them back from the store in order (`refill`).
+    """
+
+    def __init__(
+        self, cap: int, byte_cap: int, metrics: NodeMetrics, refill: Refill | None = None
+    ) -> None:
+        self._items: deque[tuple[Any, int]] = deque()  # (delivery, bytes counted)
+        self._bytes = 0
         self._cap = cap
+        self._byte_cap = byte_cap
         self._metrics = metrics
         self._ready = asyncio.Event()
+        self._refill = refill
+        self.behind: int | None = None  # read from the store after this offset
         self.end_status: tuple[grpc.StatusCode, str] | None = None
 
-    def push(self, item: Any) -> None:
-        if len(self._items) >= self._cap:
-            self._items.popleft()
-            self._metrics.subscriber_dropped.inc()
-        self._items.append(item)
+    def push(self, item: cpb.Delivery) -> None:
+        size = _DELIVERY_OVERHEAD + len(item.event.payload)
+        full = len(self._items) >= self._cap or self._bytes + size > self._byte_cap
+        if self._refill is not None:
+            if self.behind is None and full:
+                self.behind = item.offset - 1  # this one and what follows: from the store
+            if self.behind is not None:
+                self._ready.set()
+                return
+        else:
+            while self._items and (
+                len(self._items) >= self._cap or self._bytes + size > self._byte_cap
+            ):
+                self._bytes -= self._items.popleft()[1]
+                self._metrics.subscriber_dropped.inc()
+        self._items.append((item, size))
+        self._bytes += size
         self._ready.set()
 
     def close(self, status: tuple[grpc.StatusCode, str] | None = None) -> None:
         self.end_status = status
-        self._items.append(_END)
+        self._items.append((_END, 0))
         self._ready.set()
 
     async def get(self) -> Any:
         while not self._items:
+            if self.behind is not None and self._refill is not None:
+                rows = await self._refill(self.behind)
+                if not rows:
+                    # Committed later means pushed later (the store reads and
+                    # commits in order): live deliveries are complete again.
+                    self.behind = None
+                    continue
+                for _, item in rows:
+                    self._items.append((item, 0))
+                self.behind = rows[-1][0]
+                continue
             self._ready.clear()
             await self._ready.wait()
-        return self._items.popleft()
+        item, size = self._items.popleft()
+        self._bytes -= size
+        return item
+
+
+@dataclass
+class _Session:
+    """A client session's persistence and liveness."""
+
+    expiry_s: float  # > 0: persistent
+    streams: int = 0  # open Subscribe calls
+    idle_since: float = field(default_factory=time.monotonic)  # since when it has none
+
+
+@dataclass
+class _Staged:
+    """What a publish or a peer frame causes, applied once the store holds it."""
+
+    sends: list[tuple[Send, int]] = field(default_factory=list)  # (message, outbox id)
+    pushes: list[tuple[_Stream, cpb.Delivery]] = field(default_factory=list)
+    delivered: int = 0
+    seen: list[tuple[str, Kind, str]] = field(default_factory=list)  # (peer, kind, event id)
+    received: list[Kind] = field(default_factory=list)
 
 
 class BrokerServer(Guarded):
@@ -128,8 +206,24 @@ class BrokerServer(Guarded):
         self.peer_geofences = PeerGeofenceCache()  # as the origin validated them: no limits
         self.epoch = time.time_ns()
         self._wan = _wan_matrix(config, self.federation)
+        self.store = Store(
+            config.data_dir,
+            config.store_sync,
+            {
+                "broker_id": me.id,
+                "strategy": config.strategy,
+                "federation_digest": self.federation.digest,
+            },
+        )
+        self.durable = self.store.durable
         self.links = {b.id: PeerLink(self, b) for b in self.federation if b.id != me.id}
         self._streams: dict[str, _Stream] = {}
+        self._sessions: dict[str, _Session] = {}
+        self.pending: dict[str, PendingInfo] = {}  # persistent subscriptions' queues
+        self._published: OrderedDict[str, None] = OrderedDict()  # recent local event ids
+        self._next_oid = 1
+        self._next_seen = 1
+        self._reaper: asyncio.Task[None] | None = None
         self.trace = (
             MessageTrace(config.trace_path, me.id, config.strategy) if config.trace_path else None
         )
@@ -151,9 +245,22 @@ class BrokerServer(Guarded):
         if self._started:
             return
         self._started = True
+        self._restore(self.store.open())
         # Batches carry many events: the per-event payload limit is enforced
         # by the servicer (RESOURCE_EXHAUSTED naming the event), not here.
-        self._client_server = grpc.aio.server(options=SERVER_OPTIONS)
+        keepalive_ms = int(self.config.client_keepalive_s * 1000)
+        client_options = SERVER_OPTIONS + (
+            [
+                # A frozen or vanished subscriber does not answer: its streams end.
+                ("grpc.keepalive_time_ms", keepalive_ms),
+                ("grpc.keepalive_timeout_ms", keepalive_ms),
+                ("grpc.http2.max_pings_without_data", 0),
+                ("grpc.keepalive_permit_without_calls", 1),
+            ]
+            if keepalive_ms
+            else []
+        )
+        self._client_server = grpc.aio.server(options=client_options)
         _add_client_service(self._client_server, _ClientServicer(self))
         self._peer_server = grpc.aio.server(options=SERVER_OPTIONS)
         fpb_grpc.add_FederationServiceServicer_to_server(
@@ -186,6 +293,7 @@ class BrokerServer(Guarded):
         self.link_state_changed()
         for link in self.links.values():
             link.start()
+        self._reaper = asyncio.create_task(self._reap_sessions(), name="session-reaper")
         log.info(
             "broker %s serving: clients :%d, peers :%d, metrics :%d, strategy %s, %d peers",
             self.broker_id,
@@ -208,9 +316,14 @@ class BrokerServer(Guarded):
             stream.close((grpc.StatusCode.UNAVAILABLE, "broker shutting down"))
         await asyncio.gather(*(link.drain(grace) for link in self.links.values()))
         await asyncio.gather(*(link.stop() for link in self.links.values()))
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
         for server in (self._client_server, self._peer_server):
             if server is not None:
                 await server.stop(grace)
+        await self.store.close()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
@@ -277,7 +390,7 @@ class BrokerServer(Guarded):
         return ""
 
     def dispatch(self, sends: Iterable[Send]) -> None:
-        """Hand messages to their peer links."""
+        """Hand messages that need no outbox (subscription changes) to their links."""
         for send in sends:
             self.links[send.dst].enqueue(send.msg)
 
@@ -309,10 +422,12 @@ class BrokerServer(Guarded):
         """
         if replace:
             self.core.replace_remote(peer, [])
+            if self.durable:
+                self.store.clear_remote(peer)
         applied = 0
         for msg in subs:
             try:
-                self.core.on_message(peer, msg)
+                self._apply_subscription_change(peer, msg)
             except Exception as exc:
                 self._reject(peer, msg.kind, msg.sub.id, exc)
             else:
@@ -321,12 +436,26 @@ class BrokerServer(Guarded):
             self.metrics.peer_received.labels(peer=peer, kind=Kind.SUBSCRIBE.value).inc(applied)
         self._update_sub_gauges()
 
-    def receive_frame(self, peer: str, frame: fpb.Frame) -> None:
-        """Apply the messages of a frame from `peer`, in order.
+    def _apply_subscription_change(self, peer: str, msg: PeerMessage) -> None:
+        self.core.on_message(peer, msg)
+        if not self.durable:
+            return
+        if isinstance(msg, SubscribeMsg):
+            self.store.put_remote(msg.sub.id, msg.home, message_to_bytes(msg, self.broker_id))
+        elif isinstance(msg, UnsubscribeMsg):
+            self.store.delete_remote(msg.sub_id, msg.home)
+
+    async def receive_frame(self, peer: str, frame: fpb.Frame) -> None:
+        """Apply the messages of a frame from `peer`, in order; return once they are durable.
 
         A message that cannot be converted or applied is skipped, counted in
         `geofed_peer_messages_rejected_total` and logged; it costs neither the
         rest of the frame nor the link.
+
+        Raises:
+            StorageFailed: the store did not keep the frame's effects: none of
+                its events or deliveries was handed over, and the frame must not
+                be acknowledged (the peer sends it again).
         """
         rejected: list[RejectedMessage] = []
         msgs = messages_from_frame(frame, self.peer_geofences, rejected)
@@ -337,29 +466,36 @@ class BrokerServer(Guarded):
                 self.metrics.peer_received.labels(peer=peer, kind=Kind.CONTROL.value).inc()
             return
         link = self.links[peer]
+        staged = _Staged()
+        in_frame: set[tuple[Kind, str]] = set()
         changed = False
         for msg in msgs:
-            # Counted once applied: a scrape (another thread) that sees it
-            # received sees its effects too, which the quiescence barrier needs.
-            received = self.metrics.peer_received.labels(peer=peer, kind=msg.kind.value)
             try:
                 if isinstance(msg, EventMsg | DeliveryMsg):
-                    if link.is_duplicate(msg.kind, msg.event.id):
+                    key = (msg.kind, msg.event.id)
+                    if link.seen(*key) or key in in_frame:
                         self.metrics.peer_duplicates.labels(peer=peer).inc()
-                        received.inc()
+                        staged.received.append(msg.kind)
                         continue
                     with self.metrics.match_seconds.time():
                         out = self.core.on_message(peer, msg)
-                    self.deliver(out.deliveries, origin=peer)
+                    self._stage_deliveries(out.deliveries, peer, staged)
+                    in_frame.add(key)
+                    staged.seen.append((peer, *key))
                 else:
                     changed = True
-                    self.core.on_message(peer, msg)
+                    self._apply_subscription_change(peer, msg)
             except Exception as exc:
                 self._reject(peer, msg.kind, _trace_fields(msg)[0][0], exc)
                 continue
-            received.inc()
+            # Counted once applied and committed: a scrape (another thread) that
+            # sees it received sees its effects too (the quiescence barrier).
+            staged.received.append(msg.kind)
         if changed:
             self._update_sub_gauges()
+        await self._commit(staged)
+        for kind in staged.received:
+            self.metrics.peer_received.labels(peer=peer, kind=kind.value).inc()
 
     def _reject(self, peer: str, kind: Kind, msg_id: str, exc: Exception) -> None:
         """A message from `peer` that could not be applied (its frame goes on)."""
@@ -371,25 +507,293 @@ class BrokerServer(Guarded):
         """Emulated one-way delay of messages to `peer` (0 when off)."""
         return self._wan.get(peer, 0.0)
 
-    # -- client side -------------------------------------------------------
+    # -- staging: what must be durable before it takes effect ----------------
 
-    def deliver(self, deliveries: list[Delivery], origin: str) -> None:
-        """Push deliveries to their subscribers' streams; `origin` is the publisher's broker.
+    async def publish(self, events: list[Event]) -> None:
+        """Match and route events published here; return once they are durable.
+
+        An event id this broker already published is skipped (a client's retry).
+
+        Raises:
+            StorageFailed: the store did not keep them: none was published.
+        """
+        staged = _Staged()
+        fresh: list[str] = []
+        try:
+            for event in events:
+                if event.id in self._published:
+                    self.metrics.publish_duplicates.inc()
+                    continue
+                self._remember(_LOCAL, Kind.EVENT, event.id)
+                fresh.append(event.id)
+                with self.metrics.match_seconds.time():
+                    out = self.core.publish(event)
+                self._stage_deliveries(out.deliveries, self.broker_id, staged)
+                self._stage_sends(out.sends, staged)
+            await self._commit(staged)
+        except BaseException:
+            for event_id in fresh:  # not published: a retry must go through
+                self._published.pop(event_id, None)
+            raise
+        self.metrics.events_published.inc(len(fresh))
+
+    def _stage_sends(self, sends: list[Send], staged: _Staged) -> None:
+        for send in sends:
+            oid = 0
+            msg = send.msg
+            if self.durable and isinstance(msg, EventMsg | DeliveryMsg):
+                oid, self._next_oid = self._next_oid, self._next_oid + 1
+                self.store.put_outbox(
+                    oid,
+                    send.dst,
+                    msg.kind.value,
+                    msg.event.id,
+                    message_to_bytes(msg, self.broker_id),
+                )
+            staged.sends.append((send, oid))
+
+    def _stage_deliveries(self, deliveries: list[Delivery], origin: str, staged: _Staged) -> None:
+        """Deliveries for local subscribers: queued in the store for persistent ones.
 
         Events and deliveries from a peer come from the publisher's broker
-        (matching or forwarding happens there), so the peer is the origin.
+        (matching or forwarding happens there), so the peer is the `origin`.
         """
         now = time.time()
         wire: dict[int, gpb.Event] = {}  # one event reaches many subscribers: convert it once
         for d in deliveries:
             stream = self._streams.get(d.subscription)
-            if stream is None:
+            info = self.pending.get(d.subscription)
+            if stream is None and info is None:
                 continue
             pb = wire.get(id(d.event))
             if pb is None:
                 pb = wire[id(d.event)] = event_to_pb(d.event, origin)
-            stream.push(delivery_to_pb(d.subscription, pb, now))
-            self.metrics.deliveries.inc()
+            if info is not None:
+                info.last += 1
+                item = delivery_to_pb(d.subscription, pb, now, info.last)
+                data = item.SerializeToString()
+                self.store.put_pending(d.subscription, info.last, data)
+                info.count += 1
+                info.bytes += len(data)
+                if info.bytes > self.config.session_queue_bytes and not info.trimming:
+                    info.trimming = True
+                    asyncio.get_running_loop().create_task(self._trim(d.subscription, info))
+            else:
+                item = delivery_to_pb(d.subscription, pb, now)
+            staged.delivered += 1
+            if stream is not None:
+                staged.pushes.append((stream, item))
+
+    async def _commit(self, staged: _Staged) -> None:
+        """Wait for the store to hold what `staged` wrote, then let it take effect."""
+        if self.store.dirty:
+            try:
+                await self.store.commit()
+            except StorageFailed:
+                self.metrics.store_failures.inc()
+                raise
+        for send, oid in staged.sends:
+            self.links[send.dst].enqueue(send.msg, oid)
+        for stream, item in staged.pushes:
+            stream.push(item)
+        self.metrics.deliveries.inc(staged.delivered)
+        for peer, kind, event_id in staged.seen:
+            self._remember(peer, kind, event_id)
+
+    def _remember(self, peer: str, kind: Kind, event_id: str) -> None:
+        """Add an event id to a duplicate window (the store's copy too, when durable)."""
+        forgot: tuple[str, str] | None = None
+        if peer == _LOCAL:
+            self._published[event_id] = None
+            if len(self._published) > self.config.dedup_window:
+                forgot = (Kind.EVENT.value, self._published.popitem(last=False)[0])
+        else:
+            forgot = self.links[peer].remember(kind, event_id)
+        if self.durable:
+            self.store.put_seen(peer, kind.value, event_id, self._next_seen)
+            self._next_seen += 1
+            if forgot is not None:
+                self.store.delete_seen(peer, *forgot)
+
+    async def _trim(self, key: str, info: PendingInfo) -> None:
+        """Keep a persistent subscription's queue within `session_queue_bytes` (oldest go)."""
+        try:
+            n, size, last = await self.store.drop_oldest(key, self.config.session_queue_bytes)
+            if n:
+                info.count -= n
+                info.bytes -= size
+                self.metrics.session_dropped.inc(n)
+                log.warning(
+                    "subscription %s: %d queued deliveries dropped (up to offset %d):"
+                    " over session_queue_bytes",
+                    key,
+                    n,
+                    last,
+                )
+        except StorageFailed as exc:
+            log.error("subscription %s: trimming its queue failed: %s", key, exc)
+        finally:
+            info.trimming = False
+
+    # -- the outbox (LinkHost, durable mode) ----------------------------------
+
+    async def outbox_page(
+        self, peer: str, from_oid: int, limit: int
+    ) -> list[tuple[int, PeerMessage]]:
+        """Up to `limit` outbox messages for `peer` from `from_oid` on, in order."""
+        out: list[tuple[int, PeerMessage]] = []
+        for oid, kind, data in await self.store.outbox_page(peer, from_oid, limit):
+            try:
+                out.append((oid, message_from_bytes(data, self.peer_geofences)))
+            except GeofedError as exc:  # written by this code: only a damaged file gets here
+                log.error("outbox message %d (%s) for %s unreadable: %s", oid, kind, peer, exc)
+        return out
+
+    def outbox_acked(self, peer: str, msgs: list[PeerMessage]) -> None:
+        """`peer` acknowledged these: the outbox forgets them."""
+        self.store.delete_outbox(
+            peer,
+            [(m.kind.value, m.event.id) for m in msgs if isinstance(m, EventMsg | DeliveryMsg)],
+        )
+
+    # -- restart ---------------------------------------------------------------
+
+    def _restore(self, loaded: Loaded) -> None:
+        """Rebuild the state a store kept (nothing to do for a new or in-memory one)."""
+        for client, lat, lon, expiry_s in loaded.sessions:
+            self.core.sessions[client] = LatLon(lat, lon)
+            self._sessions[client] = _Session(expiry_s)
+        for key, _client, data in loaded.subscriptions:
+            msg = message_from_bytes(data, self.peer_geofences)
+            assert isinstance(msg, SubscribeMsg)
+            self.core.subscribe(msg.sub)  # the links are down: their snapshots carry it
+            self.pending[key] = loaded.pending.get(key) or PendingInfo()
+        for home, data in loaded.remote:
+            self.core.on_message(home, message_from_bytes(data, self.peer_geofences))
+        for peer, keys in loaded.seen.items():
+            for kind, event_id in keys:
+                if peer == _LOCAL:
+                    self._published[event_id] = None
+                elif peer in self.links:
+                    self.links[peer].remember(Kind(kind), event_id)
+        self._next_oid = loaded.next_oid
+        self._next_seen = loaded.next_seen
+        if self.durable:
+            log.info(
+                "broker %s restored from %s: %d sessions, %d subscriptions (%d deliveries"
+                " queued), %d forwarded subscriptions, %d messages for peers",
+                self.broker_id,
+                self.store.path,
+                len(loaded.sessions),
+                len(loaded.subscriptions),
+                sum(p.count for p in loaded.pending.values()),
+                len(loaded.remote),
+                sum(loaded.outbox.values()),
+            )
+        self._update_sub_gauges()
+
+    # -- sessions ----------------------------------------------------------
+
+    async def open_session(self, client: str, where: LatLon, expiry_s: float) -> tuple[bool, float]:
+        """Open or refresh a session here; returns (a persistent one existed, expiry granted)."""
+        expiry_s = min(expiry_s, self.config.max_session_expiry_s)
+        session = self._sessions.get(client)
+        present = session is not None and session.expiry_s > 0
+        if session is None:
+            session = self._sessions[client] = _Session(expiry_s)
+        elif present and not expiry_s:
+            # Asked for a clean session: what the persistent one kept goes.
+            for sub in self.core.subscriptions_of(client):
+                self.forget_queue(sub.id)
+                if sub.id not in self._streams:
+                    self.dispatch(self.core.unsubscribe(client, sub.id))
+            self.store.delete_session(client)
+        session.expiry_s = expiry_s
+        session.idle_since = time.monotonic()
+        if expiry_s:
+            if self.durable:
+                self.store.put_session(client, where.lat, where.lon, expiry_s)
+            for sub in self.core.subscriptions_of(client):
+                self.persist_subscription(sub)
+        if self.store.dirty:
+            await self.store.commit()
+        return present, expiry_s
+
+    def persistent(self, client: str) -> bool:
+        """The client's session is persistent."""
+        session = self._sessions.get(client)
+        return session is not None and session.expiry_s > 0
+
+    def persist_subscription(self, sub: Subscription) -> PendingInfo:
+        """Keep a subscription of a persistent session (and its queue) in the store."""
+        info = self.pending.get(sub.id)
+        if info is None:
+            info = self.pending[sub.id] = PendingInfo()
+        if self.durable:
+            data = message_to_bytes(SubscribeMsg(sub, self.broker_id), self.broker_id)
+            self.store.put_subscription(sub.id, sub.client, data, info.acked)
+        return info
+
+    def forget_queue(self, sub_id: str) -> None:
+        """A persistent subscription ended: its queue goes."""
+        if self.pending.pop(sub_id, None) is not None:
+            self.store.delete_subscription(sub_id)
+
+    def end_session(self, client: str, sub_ids: list[str]) -> None:
+        """The session is gone (moved away or expired): its queues and stored state too."""
+        session = self._sessions.pop(client, None)
+        for sub_id in sub_ids:
+            self.forget_queue(sub_id)
+        if session is not None and session.expiry_s:
+            self.store.delete_session(client)
+
+    def stream_opened(self, client: str) -> _Session | None:
+        session = self._sessions.get(client)
+        if session is not None:
+            session.streams += 1
+        return session
+
+    def stream_closed(self, session: _Session | None) -> None:
+        if session is not None:
+            session.streams -= 1
+            if not session.streams:
+                session.idle_since = time.monotonic()
+
+    async def _reap_sessions(self) -> None:
+        """Forget sessions without a stream for longer than their expiry (or session_idle_s)."""
+        while True:
+            await asyncio.sleep(_REAP_EVERY_S)
+            now = time.monotonic()
+            for client, session in list(self._sessions.items()):
+                limit = session.expiry_s or self.config.session_idle_s
+                if session.streams or now - session.idle_since < limit:
+                    continue
+                log.info("session of %s expired after %.0fs without a stream", client, limit)
+                self.end_session(client, [sub.id for sub in self.core.subscriptions_of(client)])
+                self.dispatch(self.core.disconnect(client))
+                self.metrics.sessions_expired.inc()
+                self._update_sub_gauges()
+
+    async def ack(self, client: str, sub_id: str, offset: int) -> None:
+        """The subscriber processed a persistent subscription's deliveries up to `offset`."""
+        info = self.pending.get(sub_id)
+        sub = self.core.local.get(sub_id)
+        if info is None or sub is None or sub.client != client:
+            raise NotFound("persistent subscription", sub_id)
+        if offset > info.last:
+            raise InvalidInput("offset", f"{offset} is beyond the last delivery ({info.last})")
+        if offset > info.acked:
+            info.acked = offset
+            n, size = await self.store.ack(sub_id, offset)
+            info.count -= n
+            info.bytes -= size
+
+    async def replay(self, sub_id: str, after: int) -> list[tuple[int, cpb.Delivery]]:
+        """A page of a persistent subscription's queued deliveries after offset `after`."""
+        rows = await self.store.pending_page(sub_id, after, _REPLAY_PAGE)
+        return [(offset, delivery_from_bytes(data)) for offset, data in rows]
+
+    # -- client side -------------------------------------------------------
 
     def _update_sub_gauges(self) -> None:
         self.metrics.subscriptions.labels(scope="local").set(len(self.core.local))
@@ -551,28 +955,38 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
 
     @unary
     async def Connect(self, request: cpb.ConnectRequest, context: Any) -> cpb.ConnectResponse:
+        node = self.node
         _decoded(request, "request")
         client = validate_id(request.client, "client")
         where = location_from_pb(request, "location", "location")
-        redirect = self.node.core.connect(client, where)
-        self.node._update_sub_gauges()
+        expiry = request.session_expiry_s
+        if not (math.isfinite(expiry) and expiry >= 0):
+            raise InvalidInput("session_expiry_s", f"must be a number >= 0, got {expiry!r}")
+        redirect = node.core.connect(client, where)
         if redirect is not None:
             return self._redirect(redirect)
-        return accepted_response(self.node.broker_id)
+        present, granted = await node.open_session(client, where, expiry)
+        node._update_sub_gauges()
+        return accepted_response(node.broker_id, present, granted)
 
     @unary
     async def UpdateLocation(
         self, request: cpb.UpdateLocationRequest, context: Any
     ) -> cpb.ConnectResponse:
+        node = self.node
         _decoded(request, "request")
         client = validate_id(request.client, "client")
         where = location_from_pb(request, "location", "location")
-        moved = self.node.core.update_location(client, where)
+        moved = node.core.update_location(client, where)
         if moved.redirect is None:
-            return accepted_response(self.node.broker_id)
-        self.node.dispatch(moved.sends)
+            if node.durable and node.persistent(client):
+                node.store.put_session(
+                    client, where.lat, where.lon, node._sessions[client].expiry_s
+                )
+            return accepted_response(node.broker_id)
+        node.dispatch(moved.sends)
         for sub in moved.dropped:
-            stream = self.node._streams.pop(sub.id, None)
+            stream = node._streams.pop(sub.id, None)
             if stream is not None:
                 stream.close(
                     (
@@ -580,7 +994,8 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
                         f"client moved to broker {moved.redirect}",
                     )
                 )
-        self.node._update_sub_gauges()
+        node.end_session(client, [sub.id for sub in moved.dropped])
+        node._update_sub_gauges()
         return self._redirect(moved.redirect)
 
     @streaming
@@ -594,16 +1009,43 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
             raise InvalidInput("subscription", "is required")
         await self._parse_ahead(request.subscription.geofence, "subscription.geofence")
         sub = subscription_from_pb(request.subscription, node.geofences, client=client)
+        old = node.core.local.get(sub.id)
         sends = node.core.subscribe(sub)
+        persistent = node.persistent(client)
+        refill: Refill | None = None
+        if persistent:
+            info = node.persist_subscription(sub)
+            try:
+                # Beyond the last offset: the client knew an older queue (ours was lost).
+                resume = min(request.resume_after, info.last)
+                if resume > info.acked:
+                    await node.ack(client, sub.id, resume)
+                if node.store.dirty:
+                    await node.store.commit()
+            except GeofedError:
+                # Not kept: the broker holds what it held before.
+                if old is not None:
+                    node.core.subscribe(old)
+                else:
+                    node.core.unsubscribe(client, sub.id)
+                    node.forget_queue(sub.id)
+                raise
+            refill = functools.partial(node.replay, sub.id)
         node.dispatch(sends)
-        stream = _Stream(node.config.subscriber_queue_size, node.metrics)
-        old = node._streams.get(sub.id)
-        if old is not None:
-            old.close(None)  # a newer Subscribe with this id takes over
+        cfg = node.config
+        stream = _Stream(
+            cfg.subscriber_queue_size, cfg.subscriber_queue_bytes, node.metrics, refill
+        )
+        if persistent:
+            stream.behind = node.pending[sub.id].acked  # queued deliveries first
+        old_stream = node._streams.get(sub.id)
+        if old_stream is not None:
+            old_stream.close(None)  # a newer Subscribe with this id takes over
         node._streams[sub.id] = stream
+        session = node.stream_opened(client)
         node._update_sub_gauges()
-        await context.send_initial_metadata((("geofed-broker", node.broker_id),))
         try:
+            await context.send_initial_metadata((("geofed-broker", node.broker_id),))
             while True:
                 item = await stream.get()
                 if item is _END:
@@ -612,10 +1054,16 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
                     return
                 yield item
         finally:
+            node.stream_closed(session)
             if node._streams.get(sub.id) is stream:
-                # The client went away: its subscription goes too.
                 del node._streams[sub.id]
-                if node.core.local.get(sub.id) is not None and not node._stopped:
+                # The client went away: a plain subscription goes too; a
+                # persistent one stays, its deliveries queued for the session.
+                if (
+                    node.core.local.get(sub.id) is not None
+                    and not node._stopped
+                    and sub.id not in node.pending
+                ):
                     with contextlib.suppress(GeofedError):
                         node.dispatch(node.core.unsubscribe(client, sub.id))
                 node._update_sub_gauges()
@@ -629,11 +1077,20 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
         client = validate_id(request.client, "client")
         sub_id = validate_id(request.subscription_id, "subscription_id")
         node.dispatch(node.core.unsubscribe(client, sub_id))
+        node.forget_queue(sub_id)
         stream = node._streams.pop(sub_id, None)
         if stream is not None:
             stream.close(None)
         node._update_sub_gauges()
         return unsubscribe_response(True)
+
+    @unary
+    async def Ack(self, request: cpb.AckRequest, context: Any) -> cpb.AckResponse:
+        _decoded(request, "request")
+        client = validate_id(request.client, "client")
+        sub_id = validate_id(request.subscription_id, "subscription_id")
+        await self.node.ack(client, sub_id, request.offset)
+        return ack_response()
 
     async def _event(self, pb: gpb.Event, field: str) -> Event:
         """Validate and convert one event (the node's state is not touched)."""
@@ -648,15 +1105,6 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
         node.core.check_publisher(event, f"{field}.publisher")
         return event
 
-    def _publish(self, event: Event) -> str:
-        node = self.node
-        with node.metrics.match_seconds.time():
-            out = node.core.publish(event)
-        node.metrics.events_published.inc()
-        node.deliver(out.deliveries, origin=node.broker_id)
-        node.dispatch(out.sends)
-        return event.id
-
     @unary
     async def Publish(self, request: cpb.PublishRequest, context: Any) -> cpb.PublishResponse:
         _decoded(request, "request")
@@ -664,7 +1112,8 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
         if not request.HasField("event"):
             raise InvalidInput("request.event", "is required")
         event = await self._event(request.event, "request.event")
-        return publish_response(self._publish(event))
+        await self.node.publish([event])
+        return publish_response(event.id)
 
     async def PublishStream(
         self, request_iterator: AsyncIterator[cpb.PublishBatch], context: Any
@@ -682,12 +1131,13 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
                     await self._event(pb, f"batch.events[{len(ids) + i}]")
                     for i, pb in enumerate(batch.events)
                 ]
+                await self.node.publish(events)
             except GeofedError as exc:
                 self.on_reject(status_for(exc))
                 await abort(
                     context, exc, f" (this batch was not published; {len(ids)} earlier events were)"
                 )
-            ids.extend(self._publish(event) for event in events)
+            ids.extend(event.id for event in events)
         return publish_batch_response(ids)
 
 

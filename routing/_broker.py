@@ -180,6 +180,10 @@ class BrokerState:
         self.disconnect(client)
         return moved
 
+    def subscriptions_of(self, client: str) -> list[Subscription]:
+        """The client's local subscriptions."""
+        return list(self._client_subs.get(client, {}).values())
+
     def disconnect(self, client: str) -> list[Send]:
         """End a session and withdraw its remaining subscriptions."""
         sends: list[Send] = []

@@ -8,12 +8,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ConnectRequest(_message.Message):
-    __slots__ = ("client", "location")
+    __slots__ = ("client", "location", "session_expiry_s")
     CLIENT_FIELD_NUMBER: _ClassVar[int]
     LOCATION_FIELD_NUMBER: _ClassVar[int]
+    SESSION_EXPIRY_S_FIELD_NUMBER: _ClassVar[int]
     client: str
     location: _geo_pb2.LatLon
-    def __init__(self, client: _Optional[str] = ..., location: _Optional[_Union[_geo_pb2.LatLon, _Mapping]] = ...) -> None: ...
+    session_expiry_s: float
+    def __init__(self, client: _Optional[str] = ..., location: _Optional[_Union[_geo_pb2.LatLon, _Mapping]] = ..., session_expiry_s: _Optional[float] = ...) -> None: ...
 
 class Redirect(_message.Message):
     __slots__ = ("broker_id", "endpoint")
@@ -24,14 +26,18 @@ class Redirect(_message.Message):
     def __init__(self, broker_id: _Optional[str] = ..., endpoint: _Optional[str] = ...) -> None: ...
 
 class ConnectResponse(_message.Message):
-    __slots__ = ("broker_id", "accepted", "redirect")
+    __slots__ = ("broker_id", "accepted", "redirect", "session_present", "session_expiry_s")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     REDIRECT_FIELD_NUMBER: _ClassVar[int]
+    SESSION_PRESENT_FIELD_NUMBER: _ClassVar[int]
+    SESSION_EXPIRY_S_FIELD_NUMBER: _ClassVar[int]
     broker_id: str
     accepted: bool
     redirect: Redirect
-    def __init__(self, broker_id: _Optional[str] = ..., accepted: _Optional[bool] = ..., redirect: _Optional[_Union[Redirect, _Mapping]] = ...) -> None: ...
+    session_present: bool
+    session_expiry_s: float
+    def __init__(self, broker_id: _Optional[str] = ..., accepted: _Optional[bool] = ..., redirect: _Optional[_Union[Redirect, _Mapping]] = ..., session_present: _Optional[bool] = ..., session_expiry_s: _Optional[float] = ...) -> None: ...
 
 class UpdateLocationRequest(_message.Message):
     __slots__ = ("client", "location")
@@ -42,22 +48,26 @@ class UpdateLocationRequest(_message.Message):
     def __init__(self, client: _Optional[str] = ..., location: _Optional[_Union[_geo_pb2.LatLon, _Mapping]] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
-    __slots__ = ("client", "subscription")
+    __slots__ = ("client", "subscription", "resume_after")
     CLIENT_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    RESUME_AFTER_FIELD_NUMBER: _ClassVar[int]
     client: str
     subscription: _geo_pb2.Subscription
-    def __init__(self, client: _Optional[str] = ..., subscription: _Optional[_Union[_geo_pb2.Subscription, _Mapping]] = ...) -> None: ...
+    resume_after: int
+    def __init__(self, client: _Optional[str] = ..., subscription: _Optional[_Union[_geo_pb2.Subscription, _Mapping]] = ..., resume_after: _Optional[int] = ...) -> None: ...
 
 class Delivery(_message.Message):
-    __slots__ = ("subscription_id", "event", "deliver_time")
+    __slots__ = ("subscription_id", "event", "deliver_time", "offset")
     SUBSCRIPTION_ID_FIELD_NUMBER: _ClassVar[int]
     EVENT_FIELD_NUMBER: _ClassVar[int]
     DELIVER_TIME_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
     subscription_id: str
     event: _geo_pb2.Event
     deliver_time: float
-    def __init__(self, subscription_id: _Optional[str] = ..., event: _Optional[_Union[_geo_pb2.Event, _Mapping]] = ..., deliver_time: _Optional[float] = ...) -> None: ...
+    offset: int
+    def __init__(self, subscription_id: _Optional[str] = ..., event: _Optional[_Union[_geo_pb2.Event, _Mapping]] = ..., deliver_time: _Optional[float] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class UnsubscribeRequest(_message.Message):
     __slots__ = ("client", "subscription_id")
@@ -102,3 +112,17 @@ class PublishBatchResponse(_message.Message):
     accepted: int
     event_ids: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, accepted: _Optional[int] = ..., event_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class AckRequest(_message.Message):
+    __slots__ = ("client", "subscription_id", "offset")
+    CLIENT_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    client: str
+    subscription_id: str
+    offset: int
+    def __init__(self, client: _Optional[str] = ..., subscription_id: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class AckResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -64,6 +64,11 @@ class ClientServiceStub:
                 request_serializer=geofed_dot_v1_dot_client__pb2.PublishBatch.SerializeToString,
                 response_deserializer=geofed_dot_v1_dot_client__pb2.PublishBatchResponse.FromString,
                 _registered_method=True)
+        self.Ack = channel.unary_unary(
+                '/geofed.v1.ClientService/Ack',
+                request_serializer=geofed_dot_v1_dot_client__pb2.AckRequest.SerializeToString,
+                response_deserializer=geofed_dot_v1_dot_client__pb2.AckResponse.FromString,
+                _registered_method=True)
 
 
 class ClientServiceServicer:
@@ -111,6 +116,14 @@ class ClientServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Ack(self, request, context):
+        """Acknowledges the deliveries of a persistent subscription up to an offset
+        (cumulative): the broker forgets them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClientServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -143,6 +156,11 @@ def add_ClientServiceServicer_to_server(servicer, server):
                     servicer.PublishStream,
                     request_deserializer=geofed_dot_v1_dot_client__pb2.PublishBatch.FromString,
                     response_serializer=geofed_dot_v1_dot_client__pb2.PublishBatchResponse.SerializeToString,
+            ),
+            'Ack': grpc.unary_unary_rpc_method_handler(
+                    servicer.Ack,
+                    request_deserializer=geofed_dot_v1_dot_client__pb2.AckRequest.FromString,
+                    response_serializer=geofed_dot_v1_dot_client__pb2.AckResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -307,6 +325,33 @@ class ClientService:
             '/geofed.v1.ClientService/PublishStream',
             geofed_dot_v1_dot_client__pb2.PublishBatch.SerializeToString,
             geofed_dot_v1_dot_client__pb2.PublishBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Ack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/geofed.v1.ClientService/Ack',
+            geofed_dot_v1_dot_client__pb2.AckRequest.SerializeToString,
+            geofed_dot_v1_dot_client__pb2.AckResponse.FromString,
             options,
             channel_credentials,
             insecure,

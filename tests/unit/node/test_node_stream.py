@@ -1,4 +1,8 @@
-"""The per-subscription delivery queue is bounded and drops the oldest, counted."""
+"""The per-subscription delivery queue: bounded in count and bytes.
+
+A plain subscription drops the oldest (counted); a persistent one stops taking
+live deliveries when full and reads them back from its store in order.
+"""
 
 from __future__ import annotations
 
@@ -6,23 +10,72 @@ import asyncio
 
 from prometheus_client import CollectorRegistry
 
+from geofed import wire as gw
 from geofed.node import NodeMetrics
 from geofed.node._server import _END, _Stream
+from geofed.v1 import client_pb2 as cpb
+from geofed.v1 import geo_pb2 as gpb
+
+
+def delivery(offset: int, payload: bytes = b"x") -> cpb.Delivery:
+    return gw.delivery_to_pb("s1", gpb.Event(id=f"e{offset}", payload=payload), 0.0, offset)
+
+
+async def drain(stream: _Stream) -> list[int]:
+    out = []
+    while (item := await stream.get()) is not _END:
+        out.append(item.offset)
+    return out
 
 
 def test_full_queue_drops_the_oldest_and_counts() -> None:
     registry = CollectorRegistry()
-    metrics = NodeMetrics(registry)
-    stream = _Stream(3, metrics)
-    for i in range(5):
-        stream.push(i)
+    stream = _Stream(3, 1 << 20, NodeMetrics(registry))
+    for i in range(1, 6):
+        stream.push(delivery(i))
     stream.close()
-
-    async def drain() -> list[object]:
-        out = []
-        while (item := await stream.get()) is not _END:
-            out.append(item)
-        return out
-
-    assert asyncio.run(drain()) == [2, 3, 4]
+    assert asyncio.run(drain(stream)) == [3, 4, 5]
     assert registry.get_sample_value("geofed_subscriber_queue_dropped_total") == 2
+
+
+def test_byte_budget_drops_the_oldest_too() -> None:
+    registry = CollectorRegistry()
+    # Each delivery counts 128 + 1,000 bytes: three fit in 3,500, not four.
+    stream = _Stream(100, 3_500, NodeMetrics(registry))
+    for i in range(1, 6):
+        stream.push(delivery(i, b"p" * 1000))
+    stream.close()
+    assert asyncio.run(drain(stream)) == [3, 4, 5]
+    assert registry.get_sample_value("geofed_subscriber_queue_dropped_total") == 2
+
+
+def test_persistent_queue_reads_back_what_did_not_fit_in_order() -> None:
+    """Full: live deliveries are left to the store, read back when the window drains;
+    once the store has nothing newer, live deliveries are queued again."""
+    registry = CollectorRegistry()
+    stored = {i: delivery(i) for i in range(1, 11)}  # the store holds every delivery
+    reads: list[int] = []
+
+    async def refill(after: int) -> list[tuple[int, cpb.Delivery]]:
+        reads.append(after)
+        return [(o, d) for o, d in sorted(stored.items()) if o > after][:3]
+
+    async def test() -> list[int]:
+        stream = _Stream(2, 1 << 20, NodeMetrics(registry), refill)
+        for i in range(1, 11):
+            stream.push(stored[i])  # 1, 2 queued; 3.. left in the store
+        out = [(await stream.get()).offset for _ in range(10)]
+        stored[11] = delivery(11)
+        stream.push(stored[11])  # still behind: left in the store
+        out.append((await stream.get()).offset)
+        waiting = asyncio.create_task(stream.get())
+        while reads[-1] != 11:  # it found nothing newer than 11: caught up
+            await asyncio.sleep(0)
+        stream.push(delivery(12))  # queued live again
+        out.append((await waiting).offset)
+        stream.close()
+        return out + await drain(stream)
+
+    assert asyncio.run(test()) == list(range(1, 13))
+    assert reads == [2, 5, 8, 10, 11]  # pages of 3, then nothing newer than 11
+    assert registry.get_sample_value("geofed_subscriber_queue_dropped_total") == 0

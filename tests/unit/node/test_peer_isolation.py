@@ -8,6 +8,7 @@ acknowledgement, a redial), never for time.
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 import pytest
@@ -69,7 +70,9 @@ def metric(n: BrokerServer, name: str, peer: str, kind: Kind) -> float:
 def record_deliveries(n: BrokerServer) -> list[str]:
     """Event ids `n` hands to its local subscribers, in order."""
     got: list[str] = []
-    n.deliver = lambda deliveries, origin: got.extend(d.event.id for d in deliveries)  # type: ignore[method-assign]
+    n._stage_deliveries = lambda deliveries, origin, staged: got.extend(  # type: ignore[method-assign]
+        d.event.id for d in deliveries
+    )
     return got
 
 
@@ -90,7 +93,12 @@ def forward(src: BrokerServer, sends: list[Send], dst: BrokerServer) -> None:
     """What the link from `src` to `dst` would carry, as one frame."""
     msgs = [s.msg for s in sends if s.dst == dst.broker_id]
     assert msgs, f"{src.broker_id} sends nothing to {dst.broker_id}"
-    dst.receive_frame(src.broker_id, frame_of(msgs, src.broker_id))
+    receive(dst, src.broker_id, frame_of(msgs, src.broker_id))
+
+
+def receive(dst: BrokerServer, peer: str, frame: fpb.Frame) -> None:
+    """`dst` applies a frame from `peer` (not durable: nothing to wait for)."""
+    asyncio.run(dst.receive_frame(peer, frame))
 
 
 def ring_wkt(n: int, lon: float = 180.0, lat: float = 0.0, r: float = 5.0) -> str:
@@ -137,7 +145,7 @@ def test_one_bad_event_is_skipped_and_counted_the_rest_of_the_frame_applied(
     )
     frame.events[1].geofence.wkt = "POINT (139.77 35.68)"  # no area: cannot be converted
     frame.events.insert(3, gpb.Event(id="e-nowhere", topic="t/a"))  # no publisher location
-    ap.receive_frame("eu", frame)
+    receive(ap, "eu", frame)
     assert got == ["e1", "e3", "e4"]
     assert metric(ap, PEER_MESSAGES_REJECTED, "eu", Kind.EVENT) == 2
     assert metric(ap, PEER_MESSAGES_RECEIVED, "eu", Kind.EVENT) == 6  # read = sent
@@ -155,7 +163,8 @@ def test_one_bad_event_is_skipped_and_counted_the_rest_of_the_frame_applied(
         return on_message(src, msg)
 
     ap.core.on_message = failing  # type: ignore[method-assign]
-    ap.receive_frame(
+    receive(
+        ap,
         "eu",
         frame_of([EventMsg(make_event(eid, "t/a", PARIS)) for eid in ("f1", "f2", "f3")], "eu"),
     )
@@ -251,8 +260,8 @@ def test_a_frame_the_host_fails_on_is_still_acknowledged_and_the_link_stays_up()
     up and the frame acknowledged: the peer would otherwise resend it on every reconnect."""
 
     class FailingHost(FakeHost):
-        def receive_frame(self, peer: str, frame: fpb.Frame) -> None:
-            super().receive_frame(peer, frame)
+        async def receive_frame(self, peer: str, frame: fpb.Frame) -> None:
+            await super().receive_frame(peer, frame)
             if frame.seq == 1:
                 raise RuntimeError("a bug in the host")
 

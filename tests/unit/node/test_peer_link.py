@@ -98,6 +98,7 @@ class FakeHost:
         self.metrics = NodeMetrics(CollectorRegistry())
         self.geofences = GeofenceCache()
         self.peer_geofences = gw.PeerGeofenceCache()
+        self.durable = False
         self.subs: list[SubscribeMsg] = []  # what snapshot_for answers
         self.applied: list[str] = []  # event ids received, duplicates dropped
         self.snapshots: list[tuple[list[str], bool]] = []  # (subscription ids, replace)
@@ -135,12 +136,21 @@ class FakeHost:
         self.snapshots.append(([m.sub.id for m in subs], replace))
         self._poke.set()
 
-    def receive_frame(self, peer: str, frame: fpb.Frame) -> None:
+    async def receive_frame(self, peer: str, frame: fpb.Frame) -> None:
         self.frames += 1
         for m in gw.messages_from_frame(frame, self.geofences):
-            if isinstance(m, EventMsg) and not self.link.is_duplicate(m.kind, m.event.id):
+            if isinstance(m, EventMsg) and not self.link.seen(m.kind, m.event.id):
+                self.link.remember(m.kind, m.event.id)
                 self.applied.append(m.event.id)
         self._poke.set()
+
+    async def outbox_page(
+        self, peer: str, from_oid: int, limit: int
+    ) -> list[tuple[int, PeerMessage]]:
+        raise AssertionError("not durable")
+
+    def outbox_acked(self, peer: str, msgs: list[PeerMessage]) -> None:
+        raise AssertionError("not durable")
 
     def count_sent(self, peer: str, msgs: list[PeerMessage], sizes: list[int]) -> None:
         self.sent += [m.event.id for m in msgs if isinstance(m, EventMsg)]
@@ -243,17 +253,19 @@ def test_unacknowledged_events_are_resent_after_reconnect_acknowledged_ones_are_
     run(test)
 
 
-def test_is_duplicate_remembers_event_ids_per_kind_within_dedup_window() -> None:
+def test_duplicate_window_remembers_event_ids_per_kind() -> None:
     """An event id seen on the link is a duplicate (per kind) until dedup_window newer keys
     pushed it out; so the host drops an event the peer resends on a new session."""
     link = FakeHost(dedup_window=3).make_link()
-    assert not link.is_duplicate(Kind.EVENT, "e1")
-    assert link.is_duplicate(Kind.EVENT, "e1")
-    assert not link.is_duplicate(Kind.DELIVERY, "e1")  # a delivery of e1 is another message
-    assert not link.is_duplicate(Kind.EVENT, "e2")
-    assert not link.is_duplicate(Kind.EVENT, "e3")
-    assert not link.is_duplicate(Kind.EVENT, "e1")  # forgotten: 3 newer keys since
-    assert link.is_duplicate(Kind.EVENT, "e3")
+    assert not link.seen(Kind.EVENT, "e1")
+    assert link.remember(Kind.EVENT, "e1") is None
+    assert link.seen(Kind.EVENT, "e1")
+    assert not link.seen(Kind.DELIVERY, "e1")  # a delivery of e1 is another message
+    assert link.remember(Kind.DELIVERY, "e1") is None
+    assert link.remember(Kind.EVENT, "e2") is None
+    assert link.remember(Kind.EVENT, "e3") == ("event", "e1")  # the oldest is forgotten
+    assert not link.seen(Kind.EVENT, "e1")
+    assert link.seen(Kind.EVENT, "e3")
 
     async def test() -> None:
         host = FakeHost()

@@ -1,0 +1,399 @@
+"""The node's store: SQLite in WAL mode, written by one thread with group commit.
+
+What a broker must not lose lives here (docs/design.md §8):
+
+* ``outbox`` — every event or delivery message for a peer, written before the
+  publish (or the peer frame that caused it) is acknowledged, and deleted when
+  the peer acknowledges the frame that carried it. With a store the outbox *is*
+  the peer queue; memory only holds a window of it.
+* ``sessions``, ``subscriptions`` — persistent sessions and their
+  subscriptions, with the last offset the subscriber acknowledged;
+* ``pending`` — deliveries of persistent subscriptions not yet acknowledged by
+  the subscriber, by offset;
+* ``remote`` — the subscriptions peers forwarded, so that a restarted broker
+  matches for them before the peers' snapshots arrive;
+* ``seen`` — the recent event ids per peer (and of local publishes), the
+  duplicate windows, so that a restart does not let a resend through.
+
+Without a data directory the same tables live in an in-memory database: the
+node runs one code path, and only the outbox is left out (peer queues are then
+memory only, as the config documents).
+
+Every write is queued and applied by a single worker thread, many writes per
+transaction (group commit): `commit` waits until everything written before it
+is in a committed transaction, or raises `StorageFailed` if that transaction
+failed (a full disk, say), in which case none of its writes happened. Reads
+(`outbox_page`, `pending_page`) run on the same thread after the writes queued
+before them, so they see those writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sqlite3
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from geofed.routing import InvalidInput, StorageFailed
+
+from ._config import SYNC_MODES
+
+log = logging.getLogger("geofed.node.store")
+T = TypeVar("T")
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS outbox (
+    oid INTEGER PRIMARY KEY, peer TEXT NOT NULL, kind TEXT NOT NULL,
+    event_id TEXT NOT NULL, data BLOB NOT NULL);
+CREATE UNIQUE INDEX IF NOT EXISTS outbox_key ON outbox (peer, kind, event_id);
+CREATE INDEX IF NOT EXISTS outbox_peer ON outbox (peer, oid);
+CREATE TABLE IF NOT EXISTS sessions (
+    client TEXT PRIMARY KEY, lat REAL NOT NULL, lon REAL NOT NULL, expiry_s REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS subscriptions (
+    key TEXT PRIMARY KEY, client TEXT NOT NULL, data BLOB NOT NULL, acked INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS pending (
+    sub TEXT NOT NULL, offset INTEGER NOT NULL, size INTEGER NOT NULL, data BLOB NOT NULL,
+    PRIMARY KEY (sub, offset)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS remote (
+    id TEXT PRIMARY KEY, home TEXT NOT NULL, data BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS seen (
+    peer TEXT NOT NULL, kind TEXT NOT NULL, event_id TEXT NOT NULL, n INTEGER NOT NULL,
+    PRIMARY KEY (peer, kind, event_id)) WITHOUT ROWID;
+"""
+
+_FILE = "geofed.db"
+
+
+@dataclass
+class PendingInfo:
+    """What the node keeps in memory about one persistent subscription's queue."""
+
+    acked: int = 0  # last offset the subscriber acknowledged
+    last: int = 0  # last offset assigned
+    count: int = 0  # deliveries stored, not acknowledged
+    bytes: int = 0
+    trimming: bool = False  # a trim of the oldest is under way
+
+
+@dataclass
+class Loaded:
+    """A store's content at start, for the node to rebuild its state from."""
+
+    sessions: list[tuple[str, float, float, float]] = field(default_factory=list)
+    subscriptions: list[tuple[str, str, bytes]] = field(default_factory=list)  # key, client, pb
+    pending: dict[str, PendingInfo] = field(default_factory=dict)
+    remote: list[tuple[str, bytes]] = field(default_factory=list)  # home, RemoteSubscription pb
+    seen: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # peer -> (kind, id)
+    outbox: dict[str, int] = field(default_factory=dict)  # peer -> messages waiting
+    next_oid: int = 1
+    next_seen: int = 1
+
+
+class Store:
+    """One broker's SQLite store (see the module docstring).
+
+    Args:
+        data_dir: directory of the database file; "" keeps it in memory.
+        sync: `SYNC_MODES`: ``normal`` (a commit survives the process being
+            killed, not a power loss), ``full`` (fsync at every commit) or
+            ``off``.
+        identity: broker id, strategy and federation digest. A data directory
+            written under another identity is refused: its subscriptions and
+            queues would be wrong here.
+    """
+
+    def __init__(self, data_dir: str, sync: str, identity: dict[str, str]) -> None:
+        if sync not in SYNC_MODES:
+            raise InvalidInput("store_sync", f"one of {', '.join(SYNC_MODES)}, got {sync!r}")
+        self.durable = bool(data_dir)
+        if self.durable:
+            try:
+                Path(data_dir).mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise InvalidInput(
+                    "data_dir", f"cannot create {data_dir}: {exc.strerror}"
+                ) from None
+            self.path = str(Path(data_dir) / _FILE)
+        else:
+            self.path = ":memory:"
+        self._sync = sync
+        self._identity = identity
+        self._exec = ThreadPoolExecutor(max_workers=1, thread_name_prefix="geofed-store")
+        self._db: sqlite3.Connection | None = None
+        self._batch: list[tuple[str, Sequence[Any]]] = []
+        self._waiters: list[asyncio.Future[None]] = []
+        self._flusher: asyncio.Task[None] | None = None
+        self.failed = ""  # why the last transaction failed ("" once one succeeds again)
+
+    # -- opening -----------------------------------------------------------
+
+    def open(self) -> Loaded:
+        """Open (or create) the database and read it: synchronous, before serving."""
+        return self._exec.submit(self._open).result()
+
+    def _open(self) -> Loaded:
+        try:
+            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute(f"PRAGMA synchronous={self._sync.upper()}")
+            db.executescript(_SCHEMA)
+        except sqlite3.Error as exc:
+            raise InvalidInput("data_dir", f"cannot open store {self.path}: {exc}") from None
+        self._db = db
+        for key, value in self._identity.items():
+            row = db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+            if row is None:
+                db.execute("INSERT INTO meta VALUES (?, ?)", (key, value))
+            elif row[0] != value:
+                raise InvalidInput(
+                    "data_dir",
+                    f"{self.path} holds the state of {key} {row[0]!r}, this node has {value!r};"
+                    " use another data_dir (or delete this one to start empty)",
+                )
+        out = Loaded()
+        out.sessions = db.execute("SELECT client, lat, lon, expiry_s FROM sessions").fetchall()
+        out.subscriptions = db.execute("SELECT key, client, data FROM subscriptions").fetchall()
+        for key, acked in db.execute("SELECT key, acked FROM subscriptions"):
+            out.pending[key] = PendingInfo(acked=acked, last=acked)
+        for sub, last, count, size in db.execute(
+            "SELECT sub, MAX(offset), COUNT(*), SUM(size) FROM pending GROUP BY sub"
+        ):
+            info = out.pending.get(sub)
+            if info is not None:
+                info.last, info.count, info.bytes = max(info.last, last), count, size
+        out.remote = db.execute("SELECT home, data FROM remote").fetchall()
+        for peer, kind, event_id in db.execute("SELECT peer, kind, event_id FROM seen ORDER BY n"):
+            out.seen.setdefault(peer, []).append((kind, event_id))
+        out.outbox = dict(db.execute("SELECT peer, COUNT(*) FROM outbox GROUP BY peer").fetchall())
+        out.next_oid = (db.execute("SELECT MAX(oid) FROM outbox").fetchone()[0] or 0) + 1
+        out.next_seen = (db.execute("SELECT MAX(n) FROM seen").fetchone()[0] or 0) + 1
+        return out
+
+    async def close(self) -> None:
+        """Write what is queued, then close the database."""
+        with contextlib.suppress(StorageFailed):
+            await self.commit()
+        db, self._db = self._db, None
+        if db is not None:
+            await asyncio.get_running_loop().run_in_executor(self._exec, db.close)
+        self._exec.shutdown(wait=True)
+
+    # -- writes (queued; see `commit`) --------------------------------------
+
+    def put_outbox(self, oid: int, peer: str, kind: str, event_id: str, data: bytes) -> None:
+        self._write(
+            "INSERT OR IGNORE INTO outbox VALUES (?, ?, ?, ?, ?)", (oid, peer, kind, event_id, data)
+        )
+
+    def delete_outbox(self, peer: str, keys: list[tuple[str, str]]) -> None:
+        """Forget messages `peer` acknowledged (by kind and event id)."""
+        for kind, event_id in keys:
+            self._write(
+                "DELETE FROM outbox WHERE peer = ? AND kind = ? AND event_id = ?",
+                (peer, kind, event_id),
+            )
+
+    def put_session(self, client: str, lat: float, lon: float, expiry_s: float) -> None:
+        self._write(
+            "INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?)", (client, lat, lon, expiry_s)
+        )
+
+    def delete_session(self, client: str) -> None:
+        """Forget a session with its subscriptions and their queued deliveries."""
+        self._write(
+            "DELETE FROM pending WHERE sub IN (SELECT key FROM subscriptions WHERE client = ?)",
+            (client,),
+        )
+        self._write("DELETE FROM subscriptions WHERE client = ?", (client,))
+        self._write("DELETE FROM sessions WHERE client = ?", (client,))
+
+    def put_subscription(self, key: str, client: str, data: bytes, acked: int) -> None:
+        self._write(
+            "INSERT OR REPLACE INTO subscriptions VALUES (?, ?, ?, ?)", (key, client, data, acked)
+        )
+
+    def delete_subscription(self, key: str) -> None:
+        self._write("DELETE FROM pending WHERE sub = ?", (key,))
+        self._write("DELETE FROM subscriptions WHERE key = ?", (key,))
+
+    def put_pending(self, key: str, offset: int, data: bytes) -> None:
+        self._write(
+            "INSERT OR REPLACE INTO pending VALUES (?, ?, ?, ?)", (key, offset, len(data), data)
+        )
+
+    def ack_pending(self, key: str, offset: int) -> None:
+        """The subscriber processed everything up to `offset`."""
+        self._write("DELETE FROM pending WHERE sub = ? AND offset <= ?", (key, offset))
+        self._write(
+            "UPDATE subscriptions SET acked = ? WHERE key = ? AND acked < ?", (offset, key, offset)
+        )
+
+    def put_remote(self, sub_id: str, home: str, data: bytes) -> None:
+        self._write("INSERT OR REPLACE INTO remote VALUES (?, ?, ?)", (sub_id, home, data))
+
+    def delete_remote(self, sub_id: str, home: str) -> None:
+        self._write("DELETE FROM remote WHERE id = ? AND home = ?", (sub_id, home))
+
+    def clear_remote(self, home: str) -> None:
+        self._write("DELETE FROM remote WHERE home = ?", (home,))
+
+    def put_seen(self, peer: str, kind: str, event_id: str, n: int) -> None:
+        self._write("INSERT OR REPLACE INTO seen VALUES (?, ?, ?, ?)", (peer, kind, event_id, n))
+
+    def delete_seen(self, peer: str, kind: str, event_id: str) -> None:
+        self._write(
+            "DELETE FROM seen WHERE peer = ? AND kind = ? AND event_id = ?", (peer, kind, event_id)
+        )
+
+    # -- commit and reads -------------------------------------------------
+
+    @property
+    def dirty(self) -> bool:
+        """Writes are queued that no commit has covered yet."""
+        return bool(self._batch)
+
+    async def commit(self) -> None:
+        """Wait until every write queued so far is committed.
+
+        Raises:
+            StorageFailed: the transaction holding them failed; none of its
+                writes happened.
+        """
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        self._kick()
+        await fut
+
+    async def outbox_page(
+        self, peer: str, from_oid: int, limit: int
+    ) -> list[tuple[int, str, bytes]]:
+        """Up to `limit` outbox messages for `peer` from `from_oid` on, in order."""
+        await self.commit()
+        return await self._read(
+            "SELECT oid, kind, data FROM outbox WHERE peer = ? AND oid >= ? ORDER BY oid LIMIT ?",
+            (peer, from_oid, limit),
+        )
+
+    async def pending_page(self, key: str, after: int, limit: int) -> list[tuple[int, bytes]]:
+        """Up to `limit` queued deliveries of a subscription after offset `after`, in order."""
+        await self.commit()
+        return await self._read(
+            "SELECT offset, data FROM pending WHERE sub = ? AND offset > ? ORDER BY offset LIMIT ?",
+            (key, after, limit),
+        )
+
+    async def drop_oldest(self, key: str, budget: int) -> tuple[int, int, int]:
+        """Delete a subscription's oldest deliveries until the rest fit in `budget` bytes.
+
+        Returns:
+            (deliveries deleted, their bytes, the last offset deleted).
+        """
+        await self.commit()
+
+        def run(db: sqlite3.Connection) -> tuple[int, int, int]:
+            total = db.execute("SELECT COALESCE(SUM(size), 0) FROM pending WHERE sub = ?", (key,))
+            excess = total.fetchone()[0] - budget
+            n = size = last = 0
+            for offset, row_size in db.execute(
+                "SELECT offset, size FROM pending WHERE sub = ? ORDER BY offset", (key,)
+            ):
+                if size >= excess:
+                    break
+                n, size, last = n + 1, size + row_size, offset
+            if n:
+                db.execute("DELETE FROM pending WHERE sub = ? AND offset <= ?", (key, last))
+            return n, size, last
+
+        return await self._run(run)
+
+    async def ack(self, key: str, offset: int) -> tuple[int, int]:
+        """The subscriber processed everything up to `offset`: forget it.
+
+        Returns:
+            (deliveries forgotten, their bytes).
+        """
+        await self.commit()
+
+        def run(db: sqlite3.Connection) -> tuple[int, int]:
+            n, size = db.execute(
+                "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM pending"
+                " WHERE sub = ? AND offset <= ?",
+                (key, offset),
+            ).fetchone()
+            db.execute("BEGIN")
+            db.execute("DELETE FROM pending WHERE sub = ? AND offset <= ?", (key, offset))
+            db.execute(
+                "UPDATE subscriptions SET acked = ? WHERE key = ? AND acked < ?",
+                (offset, key, offset),
+            )
+            db.execute("COMMIT")
+            return int(n), int(size)
+
+        return await self._run(run)
+
+    async def _read(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        return await self._run(lambda db: db.execute(sql, params).fetchall())
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        def call() -> T:
+            assert self._db is not None, "store closed"
+            return fn(self._db)
+
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._exec, call)
+        except sqlite3.Error as exc:
+            raise StorageFailed(f"store {self.path}: {exc}") from None
+
+    # -- group commit ------------------------------------------------------
+
+    def _write(self, sql: str, params: Sequence[Any]) -> None:
+        self._batch.append((sql, params))
+        self._kick()
+
+    def _kick(self) -> None:
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_loop())
+
+    async def _flush_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._batch or self._waiters:
+            batch, self._batch = self._batch, []
+            waiters, self._waiters = self._waiters, []
+            error: StorageFailed | None = None
+            if batch:
+                try:
+                    await loop.run_in_executor(self._exec, self._apply, batch)
+                except sqlite3.Error as exc:
+                    error = StorageFailed(f"store {self.path}: {exc}")
+                    if self.failed != str(exc):
+                        log.error("store write failed (%d writes lost): %s", len(batch), exc)
+                    self.failed = str(exc)
+                else:
+                    self.failed = ""
+            for fut in waiters:
+                if not fut.done():
+                    if error is None:
+                        fut.set_result(None)
+                    else:
+                        fut.set_exception(error)
+
+    def _apply(self, batch: list[tuple[str, Sequence[Any]]]) -> None:
+        db = self._db
+        if db is None:
+            raise sqlite3.ProgrammingError("store closed")
+        db.execute("BEGIN")
+        try:
+            for sql, params in batch:
+                db.execute(sql, params)
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
