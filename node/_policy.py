@@ -92,11 +92,20 @@ def covered(pattern: str, topic_filter: str) -> bool:
     The filter is matched as if it were a topic, wildcard levels as literal
     levels: a pattern level ``+`` or ``#`` then takes a filter's ``+`` just as
     it takes any one level. One case differs: a filter's ``#`` stands for any
-    number of levels (none included), which only a pattern ending in ``#`` covers.
+    number of levels (none included), which only a pattern's ``#`` at the same
+    level or above covers (``a/+/#`` does not cover ``a/#``, which matches ``a``).
+    Unless that parent would be the empty topic, which does not exist: ``+/#``
+    covers ``#`` and ``+/+/#`` covers ``/#``.
     """
     if not topic_matches(pattern, topic_filter):
         return False
-    return not topic_filter.endswith("#") or pattern.endswith("#")
+    if not topic_filter.endswith("#"):
+        return True
+    if not pattern.endswith("#"):
+        return False
+    deeper = pattern.count("/") - topic_filter.count("/")
+    # topic_matches let a pattern '+' take the filter's '#' only if it is the last but one level.
+    return deeper <= 0 or topic_filter.removesuffix("#").removesuffix("/") == ""
 
 
 def _substitute(pattern: str, identity: str, client_id: str) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,12 @@ def denied(check: object, *args: object) -> PermissionDenied:
         ("$SYS/#", "#", False),
         ("+/#", "a/#", True),
         ("+/#", "a", True),
+        ("a/+/#", "a/#", False),  # a/# matches a, a/+/# does not
+        ("a/+/#", "a/b/#", True),
+        ("+/#", "#", True),  # '#' matches no empty topic
+        ("+/+/#", "#", False),
+        ("+/+/#", "/#", True),  # '/#' matches '/', '/a', ... but no empty topic
+        ("+/+/#", "a/#", False),
     ],
 )
 def test_coverage_examples(pattern: str, topic_filter: str, expected: bool) -> None:
@@ -112,12 +119,15 @@ def filters(draw: st.DrawFn) -> str:
     return "/".join(levels)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=1000, deadline=None)
 @given(filters(), filters())
 @example("a/b/#", "a/#")
 @example("a/+", "a/#")
 @example("#", "$s/#")
 @example("+/#", "/#")
+@example("a/+/#", "a/#")  # found by this test: the pattern's '+' took the filter's '#'
+@example("+/#", "#")  # found by this test: no topic is empty
+@example("+/+/#", "/#")  # found by the exhaustive test below
 def test_coverage_agrees_with_a_brute_force_over_topics(pattern: str, topic_filter: str) -> None:
     # Up to 3 levels plus '#': a topic one level deeper than any pattern tells them apart.
     expected = all(
@@ -126,6 +136,19 @@ def test_coverage_agrees_with_a_brute_force_over_topics(pattern: str, topic_filt
         if reference_topic_match(topic_filter, t)
     )
     assert covered(pattern, topic_filter) is expected
+
+
+def test_coverage_agrees_with_the_brute_force_for_every_small_pair() -> None:
+    # Every filter of up to 3 levels over the alphabet, with and without a final '#'.
+    every = {
+        "/".join([*levels, "#"][: len(levels) + hash_])
+        for n in range(4)
+        for levels in itertools.product([*LITERALS, "+"], repeat=n)
+        for hash_ in (0, 1)
+    } - {""}
+    matched = {f: frozenset(t for t in UNIVERSE if reference_topic_match(f, t)) for f in every}
+    wrong = [(p, f) for p in every for f in every if covered(p, f) != (matched[f] <= matched[p])]
+    assert len(every) == 310 and wrong == []
 
 
 # --------------------------------------------------------------------------
@@ -316,3 +339,16 @@ def test_a_policy_file_that_does_not_load_at_start_is_an_error(tmp_path: Path) -
     path.write_text("[x]")
     with pytest.raises(InvalidInput, match="unknown section"):
         PolicyFile(path)
+
+
+def test_the_example_in_the_security_guide_loads_and_means_what_it_says(tmp_path: Path) -> None:
+    guide = Path(__file__).resolve().parents[3] / "docs" / "security.md"
+    (block,) = re.findall(r"```toml\n(.*?)```", guide.read_text(), re.S)
+    path = tmp_path / "policy.toml"
+    path.write_text(block)
+    policy = Policy.load(path)
+    policy.check_publish("alice", [], "c1", "sensors/alice/temp")
+    policy.check_subscribe("bob", [], "b1", "ops/web/status")
+    denied(policy.check_subscribe, "carol", [], "c1", "$SYS/#")
+    policy.check_subscribe("carol", ["auditors"], "c1", "$SYS/#")
+    denied(policy.check_location, "alice", [], TOKYO)
