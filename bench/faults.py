@@ -155,6 +155,8 @@ class Workload:
         self.interval_s = interval_s
         self.retries = retries
         self.errors: list[str] = []
+        self.calling = False
+        """A publish call is in progress."""
         self._sites = {b: self._site(b) for b in (roles.publisher, roles.subscriber, roles.third)}
         self._clients: list[Client] = []
         self._publisher: Client | None = None
@@ -211,11 +213,14 @@ class Workload:
             if attempt:
                 await asyncio.sleep(self.interval_s)
             self.history.attempt(event_id, topic, where, fence, payload, broker)
+            self.calling = True
             try:
                 await self._publisher.publish(topic, payload, geofence=fence, event_id=event_id)
             except GeofedError as exc:
                 self.history.failed(event_id, f"{type(exc).__name__}: {exc}")
                 continue
+            finally:
+                self.calling = False
             self.history.acknowledged(event_id, time.time())
             return True
         return False
@@ -308,15 +313,28 @@ class Cycle:
         self.restarts = 0
 
     async def run(self, fault: str) -> None:
-        """Load, inject `fault`, load during it, heal, wait for health, load."""
+        """Load, inject `fault`, load during it, heal, wait for health, load.
+
+        During a kill of the publisher's broker one publish call facing the
+        outage is the load: the client library retries it (with its event id)
+        until the broker is back, or it fails and the next one is made.
+        """
         await self._acked(f"{self.phase_events} events acknowledged before the fault")
         heal = await self._inject(fault)
-        attempts = self.load.history.attempts + self.phase_events
-        await until(
-            lambda: self.load.history.attempts >= attempts,
-            f"{self.phase_events} publish attempts during the fault",
-            self.wait_s,
-        )
+        if fault == "kill-publisher":
+            attempts = self.load.history.attempts + 1
+            await until(
+                lambda: self.load.calling or self.load.history.attempts >= attempts,
+                "a publish call facing the outage",
+                self.wait_s,
+            )
+        else:
+            attempts = self.load.history.attempts + self.phase_events
+            await until(
+                lambda: self.load.history.attempts >= attempts,
+                f"{self.phase_events} publish calls during the fault",
+                self.wait_s,
+            )
         await heal()
         await asyncio.to_thread(self.fed.wait_ready, self.wait_s)
         await self._acked(f"{self.phase_events} events acknowledged after the fault")
