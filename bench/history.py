@@ -24,8 +24,8 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Any
 
+from geofed.client import Message
 from geofed.routing import GeofenceCache, LatLon, TraceOp, reference_deliveries
 
 EXAMPLES = 10
@@ -102,8 +102,8 @@ class Received:
         event_id: the event id.
         digest: `digest` of the payload received.
         broker: the broker that delivered it.
-        offset: `Message.offset` (the delivery's place in the subscription's
-            stream) where the client library reports one, else None.
+        offset: `Message.offset`, the delivery's place in a persistent
+            subscription; None outside one.
     """
 
     client: str
@@ -256,9 +256,8 @@ class History:
         event = self.events[event_id]
         self.events[event_id] = replace(event, errors=(*event.errors, error))
 
-    def received(self, client: str, message: Any) -> None:
-        """Record one delivery taken by `client` (a `geofed.Message`)."""
-        offset = getattr(message, "offset", None)  # once the client library reports it
+    def received(self, client: str, message: Message) -> None:
+        """Record one delivery taken by `client`."""
         self.deliveries.append(
             Received(
                 client,
@@ -266,7 +265,7 @@ class History:
                 message.event_id,
                 digest(message.payload),
                 message.broker,
-                offset if isinstance(offset, int) else None,
+                message.offset or None,  # 0: not in a persistent session
             )
         )
 

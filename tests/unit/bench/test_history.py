@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 
 from geofed.bench import History
 from geofed.bench.history import EXAMPLES, digest
+from geofed.client import Message
 from geofed.routing import LatLon
 
 PARIS = LatLon(48.85, 2.35)
@@ -16,15 +15,13 @@ EUROPE = "POLYGON((-10 36, 30 36, 30 71, -10 71, -10 36))"
 AMERICA = "POLYGON((-130 20, -60 20, -60 55, -130 55, -130 20))"
 
 
-@dataclass(frozen=True)
-class Msg:
-    """What `History.received` reads of a `geofed.Message`."""
-
-    subscription_id: str
-    event_id: str
-    payload: bytes
-    broker: str = "eu"
-    offset: int | None = None
+def delivery(
+    subscription_id: str, event_id: str, payload: bytes, broker: str = "eu", offset: int = 0
+) -> Message:
+    """A delivery as the client library hands it over (only what the checker reads matters)."""
+    return Message(
+        subscription_id, event_id, "t/x", payload, PARIS, None, 0.0, 0.0, "eu", broker, offset
+    )
 
 
 def history() -> History:
@@ -47,7 +44,7 @@ def publish(
 
 
 def deliver(h: History, client: str, sub: str, event_id: str, payload: bytes | None = None) -> None:
-    h.received(client, Msg(sub, event_id, event_id.encode() if payload is None else payload))
+    h.received(client, delivery(sub, event_id, event_id.encode() if payload is None else payload))
 
 
 def test_every_required_delivery_once_is_ok() -> None:
@@ -158,8 +155,8 @@ def test_a_released_subscription_is_not_required_but_still_checked_for_duplicate
 def test_offsets_and_digests_are_recorded() -> None:
     h = history()
     publish(h, "e1")
-    h.received("c-paris", Msg("s-paris", "e1", b"e1", broker="eu", offset=7))
-    h.received("c-ny", Msg("s-ny", "e1", b"e1", broker="us"))
+    h.received("c-paris", delivery("s-paris", "e1", b"e1", broker="eu", offset=7))
+    h.received("c-ny", delivery("s-ny", "e1", b"e1", broker="us"))
     first, second = h.deliveries
     assert (first.offset, first.broker, first.digest) == (7, "eu", digest(b"e1"))
     assert second.offset is None
