@@ -105,6 +105,11 @@ class NodeConfig:
         " power loss), 'full' (fsync every commit) or 'off'",
         default="normal",
     )
+    store_max_bytes: int = _doc(
+        "most bytes the store's database may grow to (0 = no limit); a full store refuses"
+        " publishes (UNAVAILABLE) rather than acknowledge what it cannot keep",
+        default=0,
+    )
     max_session_expiry_s: float = _doc(
         "longest a persistent session is kept without an open stream (clients ask for less)",
         default=86_400.0,
@@ -167,6 +172,7 @@ class NodeConfig:
             "shutdown_grace_s",
             "max_session_expiry_s",
             "session_idle_s",
+            "store_max_bytes",
             "client_keepalive_s",
         ):
             if getattr(self, name) < 0:

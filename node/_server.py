@@ -214,6 +214,7 @@ class BrokerServer(Guarded):
                 "strategy": config.strategy,
                 "federation_digest": self.federation.digest,
             },
+            config.store_max_bytes,
         )
         self.durable = self.store.durable
         self.links = {b.id: PeerLink(self, b) for b in self.federation if b.id != me.id}

@@ -107,9 +107,13 @@ class Store:
         identity: broker id, strategy and federation digest. A data directory
             written under another identity is refused: its subscriptions and
             queues would be wrong here.
+        max_bytes: most bytes the database may grow to (0: no limit); a
+            transaction that would grow it further fails (`StorageFailed`).
     """
 
-    def __init__(self, data_dir: str, sync: str, identity: dict[str, str]) -> None:
+    def __init__(
+        self, data_dir: str, sync: str, identity: dict[str, str], max_bytes: int = 0
+    ) -> None:
         if sync not in SYNC_MODES:
             raise InvalidInput("store_sync", f"one of {', '.join(SYNC_MODES)}, got {sync!r}")
         self.durable = bool(data_dir)
@@ -125,6 +129,7 @@ class Store:
             self.path = ":memory:"
         self._sync = sync
         self._identity = identity
+        self._max_bytes = max_bytes
         self._exec = ThreadPoolExecutor(max_workers=1, thread_name_prefix="geofed-store")
         self._db: sqlite3.Connection | None = None
         self._batch: list[tuple[str, Sequence[Any]]] = []
@@ -144,6 +149,9 @@ class Store:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute(f"PRAGMA synchronous={self._sync.upper()}")
             db.executescript(_SCHEMA)
+            if self._max_bytes:
+                page = db.execute("PRAGMA page_size").fetchone()[0]
+                db.execute(f"PRAGMA max_page_count={max(1, self._max_bytes // page)}")
         except sqlite3.Error as exc:
             raise InvalidInput("data_dir", f"cannot open store {self.path}: {exc}") from None
         self._db = db

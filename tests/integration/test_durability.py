@@ -1,0 +1,251 @@
+"""What a broker's store keeps (docs/design.md §8), with real node processes.
+
+Each case builds the situation it needs, deterministically: a peer that cannot
+take what a broker sends is paused (SIGSTOP) rather than raced against, and a
+broker is killed with SIGKILL right after its publisher was answered. Waits
+are on state (a delivery arriving, a metric, health); the `next` timeouts
+only turn a hang into a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import geofed
+from geofed.bench import LocalFederation, metric
+from geofed.bench.faults import until
+from geofed.client import Publication, RetryConfig, Subscription
+from geofed.node import PUBLISH_DUPLICATES, SESSIONS, SESSIONS_EXPIRED
+from geofed.routing import STRATEGIES
+
+pytestmark = pytest.mark.integration
+
+THREE = Path(__file__).resolve().parents[2] / "deploy" / "federations" / "three.geojson"
+PARIS = geofed.LatLon(48.85, 2.35)  # eu
+SINGAPORE = geofed.LatLon(1.29, 103.85)  # ap
+HANG_S = 120.0
+# Short liveness so that a killed peer is noticed fast; retries outlast a restart.
+ENV = {"GEOFED_PEER_HEARTBEAT_S": "0.2", "GEOFED_PEER_TIMEOUT_S": "1.5"}
+RETRY = RetryConfig(attempts=60, initial_backoff_s=0.05, max_backoff_s=0.5)
+
+
+@pytest.fixture
+def durable(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalFederation]:
+    strategy = getattr(request, "param", "event-geofence")
+    with LocalFederation(THREE, strategy, tmp_path, durable=True, extra_env=ENV) as fed:
+        yield fed
+
+
+async def client(
+    fed: LocalFederation, cid: str, where: geofed.LatLon, **kw: object
+) -> geofed.Client:
+    return await geofed.connect(
+        client_id=cid, location=where, federation=fed.federation_path, retry=RETRY, **kw
+    )
+
+
+async def collect(sub: Subscription, n: int) -> list[geofed.Message]:
+    return [await sub.next(timeout=HANG_S) for _ in range(n)]
+
+
+def batch(prefix: str, n: int, where: geofed.LatLon = PARIS) -> list[Publication]:
+    return [
+        Publication("d/x", f"{prefix}{i}".encode(), where, None, f"{prefix}{i}") for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize("durable", list(STRATEGIES), indirect=True)
+def test_events_acknowledged_before_the_publishers_broker_is_killed_are_delivered(
+    durable: LocalFederation,
+) -> None:
+    """ap is paused, so nothing eu acknowledged can have left eu's outbox; eu is killed
+    right after the answers and restarted: every event reaches ap's subscriber once."""
+    fed = durable
+
+    async def run() -> None:
+        sub_client = await client(fed, "dur-sub", SINGAPORE)
+        pub = await client(fed, "dur-pub", PARIS)
+        sub = await sub_client.subscribe("d/#", subscription_id="dur-s")
+        await pub.publish("d/x", b"before", event_id="before")  # every path is up
+        assert (await sub.next(timeout=HANG_S)).event_id == "before"
+        fed.pause_node("ap")
+        ids = await pub.publish_many(batch("k", 300), batch_size=50)
+        await pub.close()
+        fed.stop_node("eu", signal.SIGKILL)  # nothing flushed on the way out
+        fed.start_node("eu")
+        fed.resume_node("ap")
+        fed.wait_ready(HANG_S)
+        got = await collect(sub, 300)
+        pub = await client(fed, "dur-pub-2", PARIS)
+        await pub.publish("d/x", b"marker", event_id="marker")  # after every resend, on the link
+        assert (await sub.next(timeout=HANG_S)).event_id == "marker"
+        assert sorted(m.event_id for m in got) == sorted(ids)
+        assert (sub.received, sub.duplicates) == (302, 0)
+        await pub.close()
+        await sub_client.close()
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("durable", list(STRATEGIES), indirect=True)
+def test_a_persistent_subscriber_resumes_across_a_kill_of_its_broker_without_loss_or_repeat(
+    durable: LocalFederation,
+) -> None:
+    """ap (the subscriber's broker) is killed with deliveries queued for a persistent session
+    and more are published while it is down; after the restart the subscription resumes
+    after the last offset it received: everything arrives once, in offset order."""
+    fed = durable
+
+    async def run() -> None:
+        sub_client = await client(fed, "per-sub", SINGAPORE, session_expiry_s=300.0)
+        pub = await client(fed, "per-pub", PARIS)
+        sub = await sub_client.subscribe("d/#", subscription_id="per-s")
+        first = await collect(sub, 0) + [
+            m for m in await _publish_and_take(pub, sub, batch("a", 50), take=20)
+        ]
+        fed.stop_node("ap", signal.SIGKILL)  # 30 of the first batch not yet taken, or sent
+        second = await pub.publish_many(batch("b", 50))  # acknowledged while ap is down
+        fed.start_node("ap")
+        fed.wait_ready(HANG_S)
+        rest = await collect(sub, 80)
+        got = [m.event_id for m in first + rest]
+        assert sorted(got) == sorted([f"a{i}" for i in range(50)] + second)
+        offsets = [m.offset for m in first + rest]
+        assert offsets == sorted(offsets) and len(set(offsets)) == 100
+        assert sub.duplicates == 0
+        await pub.close()
+        await sub_client.close()
+
+    asyncio.run(run())
+
+
+async def _publish_and_take(
+    pub: geofed.Client, sub: Subscription, pubs: list[Publication], take: int
+) -> list[geofed.Message]:
+    await pub.publish_many(pubs)
+    return await collect(sub, take)
+
+
+def test_a_persistent_session_keeps_deliveries_while_its_client_is_away(
+    durable: LocalFederation,
+) -> None:
+    """A persistent client closes; what is published meanwhile waits at its broker and
+    arrives, with offsets, when a client with its id subscribes again; what it took and
+    acknowledged is not sent again."""
+    fed = durable
+
+    async def run() -> None:
+        pub = await client(fed, "away-pub", PARIS)
+        first = await client(fed, "away", SINGAPORE, session_expiry_s=300.0)
+        assert first.session_expiry_s == 300.0
+        sub = await first.subscribe("d/#", subscription_id="away-s")
+        await pub.publish_many(batch("x", 5))
+        assert [m.offset for m in await collect(sub, 5)] == [1, 2, 3, 4, 5]
+        await first.close()  # acknowledges 1..5; the subscription stays
+        await pub.publish_many(batch("y", 7))
+        again = await client(fed, "away", SINGAPORE, session_expiry_s=300.0)
+        sub = await again.subscribe("d/#", subscription_id="away-s")
+        got = await collect(sub, 7)
+        assert [m.event_id for m in got] == [f"y{i}" for i in range(7)]
+        assert [m.offset for m in got] == list(range(6, 13))
+        await again.close()
+        await pub.close()
+
+    asyncio.run(run())
+
+
+def test_sessions_expire_and_their_subscriptions_go(tmp_path: Path) -> None:
+    """A persistent session without a stream for its expiry, and plain sessions idle for
+    session_idle_s, are forgotten (counted); the persistent one's subscription with it."""
+    env = ENV | {"GEOFED_SESSION_IDLE_S": "1"}
+    with LocalFederation(THREE, "event-geofence", tmp_path, extra_env=env) as fed:
+        ap = fed.nodes["ap"].metrics_url
+
+        async def run() -> None:
+            persistent = await client(fed, "exp-p", SINGAPORE, session_expiry_s=1.0)
+            await persistent.subscribe("d/#", subscription_id="exp-s")
+            await persistent.close()
+            for i in range(20):
+                plain = await client(fed, f"exp-{i}", SINGAPORE)
+                await plain.close()
+            assert metric(ap, SESSIONS) == 21
+            await until(lambda: metric(ap, SESSIONS_EXPIRED) == 21, "sessions expired", HANG_S)
+            assert metric(ap, SESSIONS) == 0
+            assert metric(ap, "geofed_subscriptions", scope="local") == 0
+
+        asyncio.run(run())
+
+
+def test_a_retried_publish_is_delivered_once_here_and_remotely(
+    durable: LocalFederation,
+) -> None:
+    """The same event id published twice (a retry after a lost answer): the broker drops
+    the second, so the local and the remote subscriber each get one copy."""
+    fed = durable
+
+    async def run() -> None:
+        local = await client(fed, "retry-local", PARIS)
+        remote = await client(fed, "retry-remote", SINGAPORE)
+        ls = await local.subscribe("d/#")
+        rs = await remote.subscribe("d/#")
+        pub = await client(fed, "retry-pub", PARIS)
+        for _ in range(2):
+            assert await pub.publish("d/x", b"1", event_id="same") == "same"
+        await pub.publish("d/x", b"2", event_id="next")
+        for sub in (ls, rs):
+            assert [m.event_id for m in await collect(sub, 2)] == ["same", "next"]
+            assert sub.received == 2
+        assert metric(fed.nodes["eu"].metrics_url, PUBLISH_DUPLICATES) == 1
+        for c in (local, remote, pub):
+            await c.close()
+
+    asyncio.run(run())
+
+
+def test_a_full_store_refuses_publishes_and_keeps_what_it_acknowledged(tmp_path: Path) -> None:
+    """With its peers paused, eu's outbox fills its store (store_max_bytes): publishing is
+    refused with StorageFailed (UNAVAILABLE), never acknowledged and lost; eu keeps
+    serving, and once the peers take the outbox, publishing works again and every
+    acknowledged event is delivered."""
+    env = ENV | {"GEOFED_STORE_MAX_BYTES": str(256 * 1024)}
+    with LocalFederation(THREE, "event-geofence", tmp_path, durable=True, extra_env=env) as fed:
+
+        async def run() -> None:
+            sub_client = await client(fed, "full-sub", SINGAPORE)
+            sub = await sub_client.subscribe("d/#")
+            pub = await geofed.connect(
+                client_id="full-pub",
+                location=PARIS,
+                federation=fed.federation_path,
+                retry=RetryConfig(attempts=1),
+            )
+            fed.pause_node("ap")
+            fed.pause_node("us")
+            acked: list[str] = []
+            with pytest.raises(geofed.StorageFailed, match="full"):
+                for i in range(1000):
+                    acked.append(await pub.publish("d/x", b"p" * 4096, event_id=f"f{i}"))
+            assert 0 < len(acked) < 1000
+            assert geofed.client.health_status(fed.nodes["eu"].client) == "SERVING"
+            fed.resume_node("ap")
+            fed.resume_node("us")
+            got = await collect(sub, len(acked))
+            assert [m.event_id for m in got] == acked
+            eu = fed.nodes["eu"].metrics_url
+            await until(
+                lambda: metric(eu, "geofed_peer_queue_length", peer="ap") == 0, "drained", HANG_S
+            )
+            await until(
+                lambda: metric(eu, "geofed_peer_queue_length", peer="us") == 0, "drained", HANG_S
+            )
+            assert await pub.publish("d/x", b"again", event_id="again") == "again"
+            assert (await sub.next(timeout=HANG_S)).event_id == "again"
+            await pub.close()
+            await sub_client.close()
+
+        asyncio.run(run())
