@@ -24,6 +24,11 @@ def register(sub: Any, name: str) -> None:
         p.add_argument("--strategy", default="event-geofence", choices=list(STRATEGIES))
         p.add_argument("--workdir", help="where to keep logs and traces (default: a temp dir)")
         p.add_argument("--trace", action="store_true", help="write node message traces")
+        p.add_argument(
+            "--durable",
+            action="store_true",
+            help="give each broker a store in WORKDIR/<id>/data (kept across runs with --workdir)",
+        )
         p.set_defaults(func=_up)
 
 
@@ -36,7 +41,9 @@ def _node(args: argparse.Namespace) -> int:
 def _up(args: argparse.Namespace) -> int:
     from geofed.bench.local import LocalFederation
 
-    fed = LocalFederation(args.federation, args.strategy, args.workdir, trace=args.trace)
+    fed = LocalFederation(
+        args.federation, args.strategy, args.workdir, trace=args.trace, durable=args.durable
+    )
     stop = False
 
     def on_signal(signum: int, frame: Any) -> None:

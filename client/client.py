@@ -118,8 +118,9 @@ class RetryConfig:
     published, so a retry after a lost answer delivers nothing twice.
     """
 
-    attempts: int = 5
-    """Tries per request, the first included (1 = no retry)."""
+    attempts: int = 10
+    """Tries per request, the first included (1 = no retry): the default outlasts a broker's
+    restart (about 10 s of backoff)."""
     initial_backoff_s: float = 0.1
     """Wait before the first retry; doubled after each, with full jitter."""
     max_backoff_s: float = 2.0

@@ -1,4 +1,4 @@
-"""README's "Using geofed from Python" example runs as printed and prints what README shows."""
+"""README's Python examples run as printed and print what README shows."""
 
 from __future__ import annotations
 
@@ -23,8 +23,9 @@ def _section_blocks(heading: str) -> list[tuple[str, str]]:
     return re.findall(r"```(\w*)\n(.*?)```", section, flags=re.S)
 
 
-def test_python_example_runs_as_printed(tmp_path: Path) -> None:
-    blocks = _section_blocks("Using geofed from Python")
+@pytest.mark.parametrize("heading", ["Using geofed from Python", "Delivery guarantee"])
+def test_python_example_runs_as_printed(heading: str, tmp_path: Path) -> None:
+    blocks = _section_blocks(heading)
     (code,) = [body for lang, body in blocks if lang == "python"]
     (expected,) = [body for lang, body in blocks if lang == ""]
     script = tmp_path / "example.py"
