@@ -22,8 +22,16 @@ events travel to the peer as deliveries.
    subscriber (Subscribe stream) at the node; publish->delivery from the
    client's clock, p50/p99.
 
+The price of durability: each configuration runs with persistence off (no
+``data_dir``, everything in memory) and on with ``store_sync=normal`` and
+``store_sync=full`` (``--durability``), side by side in one run, the order
+of the three rotated from one subscription count (and ``--rounds`` round) to
+the next so that a drift of the machine's load does not favour one mode.
+With a store, a publish is answered once its peer outbox entries are
+committed (group commit), so both phases pay the commit.
+
 Usage: ``python -m geofed.bench.node_bench [--subs 10000,100000] [--events 50000]
-[--world-events]``
+[--world-events] [--durability off,normal,full] [--rounds 1]``
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import asyncio
 import gc
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -62,6 +71,8 @@ from .scrape import metric
 from .workload import WorkloadConfig, generate
 
 RESULTS = Path(__file__).resolve().parent / "results" / "node.md"
+DURABILITY = ("off", "normal", "full")
+"""Persistence modes: no data_dir, or a store with that ``store_sync``."""
 PARIS = LatLon(48.85, 2.35)
 PEER_BOX = [[-10.0, -89.0], [10.0, -89.0], [10.0, -85.0], [-10.0, -85.0], [-10.0, -89.0]]
 
@@ -107,8 +118,11 @@ class FakePeer(fpb_grpc.FederationServiceServicer):
 
     async def Link(self, request_iterator: Any, context: Any) -> None:
         first = await context.read()
+        hello = first.hello  # answered in kind: the node's strategy and protocol version
         await context.write(
-            hello_frame("peer", first.hello.strategy, self.fed.digest, 1, time.time_ns())
+            hello_frame(
+                "peer", hello.strategy, self.fed.digest, hello.protocol_version, time.time_ns()
+            )
         )
         for frame, _, _ in snapshot_frames([], 1):  # an empty snapshot: we held nothing
             await context.write(frame)
@@ -167,15 +181,21 @@ def _events(n: int, seed: int, world: bool) -> list[Publication]:
 
 
 async def _run(
-    n_subs: int, n_events: int, world: bool, rate: float, seconds: float, workdir: Path
+    subs: list[Subscription],
+    events: list[Publication],
+    world: bool,
+    rate: float,
+    seconds: float,
+    workdir: Path,
+    durability: str,
 ) -> dict[str, Any]:
+    """One configuration; `subs` and `events` are emptied (the latency run needs the memory)."""
     client_port, peer_listen, metrics_port, fake_port = free_ports(4)
     metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     fed = federation_file(workdir / "federation.geojson", (client_port, peer_listen), fake_port)
-    print(f"[{n_subs} subs] generating subscriptions and events ...", file=sys.stderr, flush=True)
-    subs = _subscriptions(n_subs, seed=n_subs)
-    events = _events(n_events, seed=1, world=world)
+    n_subs = len(subs)
     n_loaded, n_sent = len(subs), len(events)
+    tag = f"[{n_subs} subs, persistence {durability}]"
     peer = FakePeer(fed, subs)
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])
     fpb_grpc.add_FederationServiceServicer_to_server(peer, server)
@@ -193,6 +213,11 @@ async def _run(
             "GEOFED_LOG_LEVEL": os.environ.get("GEOFED_LOG_LEVEL", "warning"),
         }
     )
+    data_dir = workdir / f"data-{n_subs}-{durability}"
+    if durability != "off":
+        shutil.rmtree(data_dir, ignore_errors=True)
+        data_dir.mkdir(parents=True)
+        env.update({"GEOFED_DATA_DIR": str(data_dir), "GEOFED_STORE_SYNC": durability})
     proc = subprocess.Popen([sys.executable, "-m", "geofed.node"], env=env)
     try:
         while health_status(f"127.0.0.1:{peer_listen}", FEDERATION_SERVICE) != "SERVING":
@@ -205,7 +230,7 @@ async def _run(
                 await asyncio.sleep(0.2)
             load_s = time.perf_counter() - t0
             print(
-                f"[{n_subs} subs] loaded in {load_s:.1f}s; throughput ...",
+                f"{tag} loaded in {load_s:.1f}s; throughput ...",
                 file=sys.stderr,
                 flush=True,
             )
@@ -220,7 +245,7 @@ async def _run(
                 await asyncio.sleep(0.05)
             absorbed = n_sent / (time.perf_counter() - t0)
             print(
-                f"[{n_subs} subs] {throughput:,.0f} events/s accepted, {absorbed:,.0f} absorbed;"
+                f"{tag} {throughput:,.0f} events/s accepted, {absorbed:,.0f} absorbed;"
                 f" latency at {rate:.0f}/s ...",
                 file=sys.stderr,
                 flush=True,
@@ -238,7 +263,10 @@ async def _run(
         proc.wait(30)
         await server.stop(None)
     lat_ms = sorted(x * 1000 for x in latencies)
+    store = sum(f.stat().st_size for f in data_dir.iterdir()) if durability != "off" else None
     return {
+        "persistence": durability,
+        "store_mib": None if store is None else round(store / 1048576, 1),
         "subscriptions": n_loaded,
         "events": n_sent,
         "event_geofences": "none (world)" if world else "workload",
@@ -299,30 +327,53 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=1000.0, help="events/s for the latency run")
     p.add_argument("--seconds", type=float, default=10.0, help="length of the latency run")
     p.add_argument(
+        "--durability",
+        default=",".join(DURABILITY),
+        help="comma-separated persistence modes: off (no data_dir), normal, full (store_sync)",
+    )
+    p.add_argument(
+        "--rounds", type=int, default=1, help="runs of every configuration (order rotated)"
+    )
+    p.add_argument(
+        "--workdir",
+        type=Path,
+        help="where the stores go (default: the temporary folder; put it on the disk measured)",
+    )
+    p.add_argument(
         "--no-record", action="store_true", help="do not append to bench/results/node.md"
     )
     args = p.parse_args(argv)
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="geofed-bench-") as tmp:
+    modes = args.durability.split(",")
+    unknown = [m for m in modes if m not in DURABILITY]
+    if unknown or not modes:
+        p.error(f"unknown --durability {', '.join(unknown)}; of {', '.join(DURABILITY)}")
+    if args.rounds < 1:
+        p.error("--rounds must be >= 1")
+    rows: list[dict[str, Any]] = []
+    load_before = os.getloadavg()
+    turn = 0
+    with tempfile.TemporaryDirectory(prefix="geofed-bench-", dir=args.workdir) as tmp:
         for n in (int(x) for x in args.subs.split(",")):
-            rows.append(
-                asyncio.run(
-                    _run(n, args.events, args.world_events, args.rate, args.seconds, Path(tmp))
-                )
-            )
-    head = (
-        "| subscriptions | events | event geofences | load s | events/s (batched) "
-        "| events/s absorbed | delivery msgs | p50 ms @ rate | p99 ms @ rate |"
-    )
-    lines = [head, "|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        lines.append(
-            f"| {r['subscriptions']:,} | {r['events']:,} | {r['event_geofences']} "
-            f"| {r['load_s']} | {r['events_per_s']:,} | {r['absorbed_per_s']:,} | "
-            f"{r['delivery_messages']:,} | {r['p50_ms']} @ {r['latency_rate']:.0f}/s "
-            f"| {r['p99_ms']} @ {r['latency_rate']:.0f}/s |"
-        )
-    table = "\n".join(lines)
+            print(f"[{n} subs] generating subscriptions and events ...", file=sys.stderr)
+            subs = _subscriptions(n, seed=n)
+            events = _events(args.events, seed=1, world=args.world_events)
+            for _ in range(args.rounds):
+                for mode in modes[turn % len(modes) :] + modes[: turn % len(modes)]:
+                    row = asyncio.run(
+                        _run(
+                            list(subs),
+                            list(events),
+                            args.world_events,
+                            args.rate,
+                            args.seconds,
+                            Path(tmp),
+                            mode,
+                        )
+                    )
+                    rows.append(row | {"order": len(rows) + 1})
+                turn += 1
+    load_after = os.getloadavg()
+    table = _table(rows, modes)
     print(table)
     if not args.no_record:
         cmd = "python -m geofed.bench.node_bench " + " ".join(
@@ -330,8 +381,32 @@ def main(argv: list[str] | None = None) -> int:
         )
         with RESULTS.open("a", encoding="utf-8") as f:
             f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n")
-            f.write(f"Command: `{cmd.strip()}`  \nMachine: {describe()}\n\n{table}\n")
+            f.write(
+                f"Command: `{cmd.strip()}`  \nMachine: {describe()}  \n"
+                f"Load average (1 / 5 min): {load_before[0]:.2f} / {load_before[1]:.2f} before,"
+                f" {load_after[0]:.2f} / {load_after[1]:.2f} after\n\n{table}\n"
+            )
     return 0
+
+
+def _table(rows: list[dict[str, Any]], modes: list[str]) -> str:
+    """One row per run, grouped by subscription count in the order of `modes`."""
+    head = (
+        "| subscriptions | persistence | run | events | event geofences | load s "
+        "| events/s (batched) | events/s absorbed | delivery msgs | p50 ms @ rate "
+        "| p99 ms @ rate | store MiB after |"
+    )
+    lines = [head, "|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in sorted(rows, key=lambda r: (r["subscriptions"], modes.index(r["persistence"]))):
+        store = "—" if r["store_mib"] is None else r["store_mib"]
+        lines.append(
+            f"| {r['subscriptions']:,} | {r['persistence']} | {r['order']} | {r['events']:,} "
+            f"| {r['event_geofences']} | {r['load_s']} | {r['events_per_s']:,} "
+            f"| {r['absorbed_per_s']:,} | {r['delivery_messages']:,} "
+            f"| {r['p50_ms']} @ {r['latency_rate']:.0f}/s "
+            f"| {r['p99_ms']} @ {r['latency_rate']:.0f}/s | {store} |"
+        )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
