@@ -108,14 +108,17 @@ def client_config(client_id: str, where: LatLon, fed: LocalFederation) -> Client
     )
 
 
-async def until(cond: Callable[[], bool], what: str, timeout: float) -> None:
-    """Poll `cond` (in a thread: it may scrape metrics) until it holds.
+async def until(
+    cond: Callable[[], bool], what: str, timeout: float, *, scrapes: bool = False
+) -> None:
+    """Poll `cond` until it holds; `scrapes`: it reads metrics, so it runs in a thread
+    (a condition on the history must not: the event loop changes the history).
 
     Raises:
         GeofedError: naming `what`, if it does not hold within `timeout` seconds.
     """
     deadline = time.monotonic() + timeout
-    while not await asyncio.to_thread(cond):
+    while not (await asyncio.to_thread(cond) if scrapes else cond()):
         if time.monotonic() > deadline:
             raise GeofedError(f"not reached within {timeout:g}s: {what}")
         await asyncio.sleep(0.02)
@@ -246,7 +249,12 @@ class Workload:
         restarted broker starts its counts afresh.)
         """
         await asyncio.to_thread(self.fed.wait_ready, wait_s)
-        await until(self._subscriptions_in_place, "every broker holds its subscriptions", wait_s)
+        await until(
+            self._subscriptions_in_place,
+            "every broker holds its subscriptions",
+            wait_s,
+            scrapes=True,
+        )
         before = len(self.history.events)
         deadline = time.monotonic() + wait_s
         while not await self.publish(None, "marker"):
@@ -259,7 +267,7 @@ class Workload:
             f"the markers arrive: {owed}",
             wait_s,
         )
-        await until(self._queues_empty, "every peer queue is empty", wait_s)
+        await until(self._queues_empty, "every peer queue is empty", wait_s, scrapes=True)
 
     def _urls(self) -> dict[str, str]:
         return {b: n.metrics_url for b, n in self.fed.nodes.items()}
@@ -359,6 +367,7 @@ class Cycle:
                     self._link_down(r.publisher, r.subscriber),
                     f"{r.publisher} times the frozen {r.subscriber} out",
                     self.wait_s,
+                    scrapes=True,
                 )
             except BaseException:
                 self.fed.resume_node(r.subscriber)
@@ -368,7 +377,8 @@ class Cycle:
         if fault == "partition":
             await asyncio.to_thread(link.partition)
             for at, peer in ((r.publisher, r.subscriber), (r.subscriber, r.publisher)):
-                await until(self._link_down(at, peer), f"{at} sees {peer} cut off", self.wait_s)
+                down = self._link_down(at, peer)
+                await until(down, f"{at} sees {peer} cut off", self.wait_s, scrapes=True)
         elif fault == "flap":
             flaps = link.flaps + 2
             await asyncio.to_thread(link.flap)
