@@ -433,10 +433,14 @@ def add_to_frame(frame: fpb.Frame, msg: PeerMessage, origin: str) -> int:
         pb = fpb.RemoteSubscription(subscription=subscription_to_pb(msg.sub), home=msg.home)
         frame.subscribes.append(pb)
     elif isinstance(msg, UnsubscribeMsg):
-        pb = fpb.Unsubscription(subscription_id=msg.sub_id, home=msg.home)
+        client, sub_id = msg.key
+        pb = fpb.Unsubscription(subscription_id=sub_id, home=msg.home, client=client)
         frame.unsubscribes.append(pb)
     else:
-        pb = fpb.EventDelivery(event=event_to_pb(msg.event, origin), subscription_ids=msg.sub_ids)
+        pb = fpb.EventDelivery(
+            event=event_to_pb(msg.event, origin),
+            subscriptions=[fpb.SubscriptionRef(client=c, id=i) for c, i in msg.subs],
+        )
         frame.deliveries.append(pb)
     return int(pb.ByteSize())
 
@@ -488,7 +492,9 @@ def messages_from_frame(
             rejected,
         )
     )
-    out.extend(UnsubscribeMsg(us.subscription_id, us.home) for us in frame.unsubscribes)
+    out.extend(
+        UnsubscribeMsg((us.client, us.subscription_id), us.home) for us in frame.unsubscribes
+    )
     out.extend(
         _each(
             frame.events,
@@ -504,7 +510,8 @@ def messages_from_frame(
             Kind.DELIVERY,
             lambda d: str(d.event.id),
             lambda d: DeliveryMsg(
-                event_from_pb(d.event, cache, field="delivery.event"), tuple(d.subscription_ids)
+                event_from_pb(d.event, cache, field="delivery.event"),
+                tuple((ref.client, ref.id) for ref in d.subscriptions),
             ),
             rejected,
         )

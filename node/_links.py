@@ -62,7 +62,7 @@ from ._metrics import NodeMetrics
 
 log = logging.getLogger("geofed.node.links")
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 _UNACKED_FRAMES = 4096
 _ACK_DELAY_S = 0.02
 _RESENDABLE = (Kind.EVENT, Kind.DELIVERY)

@@ -39,6 +39,7 @@ from geofed.routing import (
     PeerMessage,
     Send,
     StorageFailed,
+    SubKey,
     SubscribeMsg,
     Subscription,
     TooLarge,
@@ -218,9 +219,9 @@ class BrokerServer(Guarded):
         )
         self.durable = self.store.durable
         self.links = {b.id: PeerLink(self, b) for b in self.federation if b.id != me.id}
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[SubKey, _Stream] = {}
         self._sessions: dict[str, _Session] = {}
-        self.pending: dict[str, PendingInfo] = {}  # persistent subscriptions' queues
+        self.pending: dict[SubKey, PendingInfo] = {}  # persistent subscriptions' queues
         self._published: OrderedDict[str, None] = OrderedDict()  # recent local event ids
         self._next_oid = 1
         self._next_seen = 1
@@ -442,9 +443,11 @@ class BrokerServer(Guarded):
         if not self.durable:
             return
         if isinstance(msg, SubscribeMsg):
-            self.store.put_remote(msg.sub.id, msg.home, message_to_bytes(msg, self.broker_id))
+            self.store.put_remote(
+                _stored(msg.sub.key), msg.home, message_to_bytes(msg, self.broker_id)
+            )
         elif isinstance(msg, UnsubscribeMsg):
-            self.store.delete_remote(msg.sub_id, msg.home)
+            self.store.delete_remote(_stored(msg.key), msg.home)
 
     async def receive_frame(self, peer: str, frame: fpb.Frame) -> None:
         """Apply the messages of a frame from `peer`, in order; return once they are durable.
@@ -562,8 +565,9 @@ class BrokerServer(Guarded):
         now = time.time()
         wire: dict[int, gpb.Event] = {}  # one event reaches many subscribers: convert it once
         for d in deliveries:
-            stream = self._streams.get(d.subscription)
-            info = self.pending.get(d.subscription)
+            key = (d.client, d.subscription)
+            stream = self._streams.get(key)
+            info = self.pending.get(key)
             if stream is None and info is None:
                 continue
             pb = wire.get(id(d.event))
@@ -573,12 +577,12 @@ class BrokerServer(Guarded):
                 info.last += 1
                 item = delivery_to_pb(d.subscription, pb, now, info.last)
                 data = item.SerializeToString()
-                self.store.put_pending(d.subscription, info.last, data)
+                self.store.put_pending(_stored(key), info.last, data)
                 info.count += 1
                 info.bytes += len(data)
                 if info.bytes > self.config.session_queue_bytes and not info.trimming:
                     info.trimming = True
-                    asyncio.get_running_loop().create_task(self._trim(d.subscription, info))
+                    asyncio.get_running_loop().create_task(self._trim(key, info))
             else:
                 item = delivery_to_pb(d.subscription, pb, now)
             staged.delivered += 1
@@ -616,10 +620,12 @@ class BrokerServer(Guarded):
             if forgot is not None:
                 self.store.delete_seen(peer, *forgot)
 
-    async def _trim(self, key: str, info: PendingInfo) -> None:
+    async def _trim(self, key: SubKey, info: PendingInfo) -> None:
         """Keep a persistent subscription's queue within `session_queue_bytes` (oldest go)."""
         try:
-            n, size, last = await self.store.drop_oldest(key, self.config.session_queue_bytes)
+            n, size, last = await self.store.drop_oldest(
+                _stored(key), self.config.session_queue_bytes
+            )
             if n:
                 info.count -= n
                 info.bytes -= size
@@ -664,11 +670,11 @@ class BrokerServer(Guarded):
         for client, lat, lon, expiry_s in loaded.sessions:
             self.core.sessions[client] = LatLon(lat, lon)
             self._sessions[client] = _Session(expiry_s)
-        for key, _client, data in loaded.subscriptions:
+        for stored, _client, data in loaded.subscriptions:
             msg = message_from_bytes(data, self.peer_geofences)
             assert isinstance(msg, SubscribeMsg)
             self.core.subscribe(msg.sub)  # the links are down: their snapshots carry it
-            self.pending[key] = loaded.pending.get(key) or PendingInfo()
+            self.pending[msg.sub.key] = loaded.pending.get(stored) or PendingInfo()
         for home, data in loaded.remote:
             self.core.on_message(home, message_from_bytes(data, self.peer_geofences))
         for peer, keys in loaded.seen.items():
@@ -705,8 +711,8 @@ class BrokerServer(Guarded):
         elif present and not expiry_s:
             # Asked for a clean session: what the persistent one kept goes.
             for sub in self.core.subscriptions_of(client):
-                self.forget_queue(sub.id)
-                if sub.id not in self._streams:
+                self.forget_queue(sub.key)
+                if sub.key not in self._streams:
                     self.dispatch(self.core.unsubscribe(client, sub.id))
             self.store.delete_session(client)
         session.expiry_s = expiry_s
@@ -727,24 +733,24 @@ class BrokerServer(Guarded):
 
     def persist_subscription(self, sub: Subscription) -> PendingInfo:
         """Keep a subscription of a persistent session (and its queue) in the store."""
-        info = self.pending.get(sub.id)
+        info = self.pending.get(sub.key)
         if info is None:
-            info = self.pending[sub.id] = PendingInfo()
+            info = self.pending[sub.key] = PendingInfo()
         if self.durable:
             data = message_to_bytes(SubscribeMsg(sub, self.broker_id), self.broker_id)
-            self.store.put_subscription(sub.id, sub.client, data, info.acked)
+            self.store.put_subscription(_stored(sub.key), sub.client, data, info.acked)
         return info
 
-    def forget_queue(self, sub_id: str) -> None:
+    def forget_queue(self, key: SubKey) -> None:
         """A persistent subscription ended: its queue goes."""
-        if self.pending.pop(sub_id, None) is not None:
-            self.store.delete_subscription(sub_id)
+        if self.pending.pop(key, None) is not None:
+            self.store.delete_subscription(_stored(key))
 
-    def end_session(self, client: str, sub_ids: list[str]) -> None:
+    def end_session(self, client: str, subs: list[Subscription]) -> None:
         """The session is gone (moved away or expired): its queues and stored state too."""
         session = self._sessions.pop(client, None)
-        for sub_id in sub_ids:
-            self.forget_queue(sub_id)
+        for sub in subs:
+            self.forget_queue(sub.key)
         if session is not None and session.expiry_s:
             self.store.delete_session(client)
 
@@ -770,28 +776,28 @@ class BrokerServer(Guarded):
                 if session.streams or now - session.idle_since < limit:
                     continue
                 log.info("session of %s expired after %.0fs without a stream", client, limit)
-                self.end_session(client, [sub.id for sub in self.core.subscriptions_of(client)])
+                self.end_session(client, self.core.subscriptions_of(client))
                 self.dispatch(self.core.disconnect(client))
                 self.metrics.sessions_expired.inc()
                 self._update_sub_gauges()
 
     async def ack(self, client: str, sub_id: str, offset: int) -> None:
         """The subscriber processed a persistent subscription's deliveries up to `offset`."""
-        info = self.pending.get(sub_id)
-        sub = self.core.local.get(sub_id)
-        if info is None or sub is None or sub.client != client:
+        key = (client, sub_id)
+        info = self.pending.get(key)
+        if info is None:
             raise NotFound("persistent subscription", sub_id)
         if offset > info.last:
             raise InvalidInput("offset", f"{offset} is beyond the last delivery ({info.last})")
         if offset > info.acked:
             info.acked = offset
-            n, size = await self.store.ack(sub_id, offset)
+            n, size = await self.store.ack(_stored(key), offset)
             info.count -= n
             info.bytes -= size
 
-    async def replay(self, sub_id: str, after: int) -> list[tuple[int, cpb.Delivery]]:
+    async def replay(self, key: SubKey, after: int) -> list[tuple[int, cpb.Delivery]]:
         """A page of a persistent subscription's queued deliveries after offset `after`."""
-        rows = await self.store.pending_page(sub_id, after, _REPLAY_PAGE)
+        rows = await self.store.pending_page(_stored(key), after, _REPLAY_PAGE)
         return [(offset, delivery_from_bytes(data)) for offset, data in rows]
 
     # -- client side -------------------------------------------------------
@@ -820,7 +826,12 @@ def _trace_fields(msg: PeerMessage) -> tuple[list[str], str | None]:
         return [msg.event.id], msg.event.topic
     if isinstance(msg, SubscribeMsg):
         return [msg.sub.id], msg.sub.topic_filter
-    return [msg.sub_id], None
+    return [msg.key[1]], None
+
+
+def _stored(key: SubKey) -> str:
+    """A subscription key as the store keeps it (ids hold no control characters)."""
+    return "\x1f".join(key)
 
 
 def _wan_matrix(config: NodeConfig, fed: Federation) -> dict[str, float]:
@@ -987,7 +998,7 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
             return accepted_response(node.broker_id)
         node.dispatch(moved.sends)
         for sub in moved.dropped:
-            stream = node._streams.pop(sub.id, None)
+            stream = node._streams.pop(sub.key, None)
             if stream is not None:
                 stream.close(
                     (
@@ -995,7 +1006,7 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
                         f"client moved to broker {moved.redirect}",
                     )
                 )
-        node.end_session(client, [sub.id for sub in moved.dropped])
+        node.end_session(client, moved.dropped)
         node._update_sub_gauges()
         return self._redirect(moved.redirect)
 
@@ -1010,7 +1021,7 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
             raise InvalidInput("subscription", "is required")
         await self._parse_ahead(request.subscription.geofence, "subscription.geofence")
         sub = subscription_from_pb(request.subscription, node.geofences, client=client)
-        old = node.core.local.get(sub.id)
+        old = node.core.local.get(sub.key)
         sends = node.core.subscribe(sub)
         persistent = node.persistent(client)
         refill: Refill | None = None
@@ -1029,20 +1040,20 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
                     node.core.subscribe(old)
                 else:
                     node.core.unsubscribe(client, sub.id)
-                    node.forget_queue(sub.id)
+                    node.forget_queue(sub.key)
                 raise
-            refill = functools.partial(node.replay, sub.id)
+            refill = functools.partial(node.replay, sub.key)
         node.dispatch(sends)
         cfg = node.config
         stream = _Stream(
             cfg.subscriber_queue_size, cfg.subscriber_queue_bytes, node.metrics, refill
         )
         if persistent:
-            stream.behind = node.pending[sub.id].acked  # queued deliveries first
-        old_stream = node._streams.get(sub.id)
+            stream.behind = node.pending[sub.key].acked  # queued deliveries first
+        old_stream = node._streams.get(sub.key)
         if old_stream is not None:
             old_stream.close(None)  # a newer Subscribe with this id takes over
-        node._streams[sub.id] = stream
+        node._streams[sub.key] = stream
         session = node.stream_opened(client)
         node._update_sub_gauges()
         try:
@@ -1056,14 +1067,14 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
                 yield item
         finally:
             node.stream_closed(session)
-            if node._streams.get(sub.id) is stream:
-                del node._streams[sub.id]
+            if node._streams.get(sub.key) is stream:
+                del node._streams[sub.key]
                 # The client went away: a plain subscription goes too; a
                 # persistent one stays, its deliveries queued for the session.
                 if (
-                    node.core.local.get(sub.id) is not None
+                    node.core.local.get(sub.key) is not None
                     and not node._stopped
-                    and sub.id not in node.pending
+                    and sub.key not in node.pending
                 ):
                     with contextlib.suppress(GeofedError):
                         node.dispatch(node.core.unsubscribe(client, sub.id))
@@ -1078,8 +1089,8 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
         client = validate_id(request.client, "client")
         sub_id = validate_id(request.subscription_id, "subscription_id")
         node.dispatch(node.core.unsubscribe(client, sub_id))
-        node.forget_queue(sub_id)
-        stream = node._streams.pop(sub_id, None)
+        node.forget_queue((client, sub_id))
+        stream = node._streams.pop((client, sub_id), None)
         if stream is not None:
             stream.close(None)
         node._update_sub_gauges()

@@ -55,6 +55,7 @@ from ._geometry import (
 from ._index import SubscriptionIndex
 from ._model import (
     Event,
+    SubKey,
     Subscription,
     content_and_subscription_geocheck,
     make_event,
@@ -102,6 +103,7 @@ __all__ = [
     "StorageFailed",
     "Strategy",
     "SubscribeMsg",
+    "SubKey",
     "Subscription",
     "SubscriptionIndex",
     "TooLarge",

@@ -13,11 +13,11 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from ._errors import InvalidInput, NotFound, WrongBroker
+from ._errors import NotFound, WrongBroker
 from ._federation import Federation
 from ._geometry import LatLon, covers
 from ._index import SubscriptionIndex
-from ._model import Event, Subscription
+from ._model import Event, SubKey, Subscription
 from ._strategies import Strategy
 
 
@@ -50,19 +50,19 @@ class SubscribeMsg:
 
 @dataclass(frozen=True, slots=True)
 class UnsubscribeMsg:
-    """Withdrawal of a subscription made at broker `home`."""
+    """Withdrawal of a subscription (by key: client, id) made at broker `home`."""
 
-    sub_id: str
+    key: SubKey
     home: str
     kind = Kind.UNSUBSCRIBE
 
 
 @dataclass(frozen=True, slots=True)
 class DeliveryMsg:
-    """An event matched at the publisher's broker, for these subscriptions."""
+    """An event matched at the publisher's broker, for these subscriptions (by key)."""
 
     event: Event
-    sub_ids: tuple[str, ...]
+    subs: tuple[SubKey, ...]
     kind = Kind.DELIVERY
 
 
@@ -148,7 +148,7 @@ class BrokerState:
         self.sessions: dict[str, LatLon] = {}
         self.local = SubscriptionIndex()
         self.remote = SubscriptionIndex()
-        self._remote_home: dict[str, str] = {}
+        self._remote_home: dict[SubKey, str] = {}
         self._client_subs: dict[str, dict[str, Subscription]] = defaultdict(dict)
 
     # -- client side -----------------------------------------------------
@@ -196,21 +196,20 @@ class BrokerState:
     def subscribe(self, sub: Subscription) -> list[Send]:
         """Add or change a local subscription; return the messages it causes.
 
-        A subscription id is federation-wide; here it must not belong to
-        another client. Changing a geofence sends the new version along its
-        new path and withdraws it where the new path no longer goes.
+        A subscription is known by its client and id (`Subscription.key`):
+        the same id of another client is another subscription. Changing a
+        geofence sends the new version along its new path and withdraws it
+        where the new path no longer goes.
         """
         self._session(sub.client)
-        old = self.local.get(sub.id)
-        if old is not None and old.client != sub.client:
-            raise InvalidInput("subscription.id", f"{sub.id!r} is used by another client")
+        old = self.local.get(sub.key)
         self.local.add(sub)
         self._client_subs[sub.client][sub.id] = sub
         targets = self.strategy.subscription_targets(self.id, sub.geofence)
         sends = [Send(dst, SubscribeMsg(sub, self.id)) for dst in sorted(targets)]
         if old is not None:
             gone = self.strategy.subscription_targets(self.id, old.geofence) - targets
-            sends.extend(Send(dst, UnsubscribeMsg(sub.id, self.id)) for dst in sorted(gone))
+            sends.extend(Send(dst, UnsubscribeMsg(sub.key, self.id)) for dst in sorted(gone))
         return sends
 
     def unsubscribe(self, client: str, sub_id: str) -> list[Send]:
@@ -223,9 +222,9 @@ class BrokerState:
         if sub is None:
             raise NotFound("subscription", sub_id)
         del self._client_subs[client][sub_id]
-        self.local.remove(sub_id)
+        self.local.remove(sub.key)
         targets = self.strategy.subscription_targets(self.id, sub.geofence)
-        return [Send(dst, UnsubscribeMsg(sub_id, self.id)) for dst in sorted(targets)]
+        return [Send(dst, UnsubscribeMsg(sub.key, self.id)) for dst in sorted(targets)]
 
     def publish(self, event: Event) -> Outcome:
         """Match an event published here and route it on.
@@ -240,13 +239,13 @@ class BrokerState:
             # Only brokers whose area meets the event geofence can get a
             # delivery: when there is none, remote subscriptions need no match.
             reachable = self.strategy.delivery_targets(self.id, event.geofence, self.federation.ids)
-            by_home: dict[str, list[str]] = defaultdict(list)
+            by_home: dict[str, list[SubKey]] = defaultdict(list)
             if reachable:
                 homes = self._remote_home
                 for sub in self.remote.match(event.topic, event.location):
-                    home = homes[sub.id]
+                    home = homes[sub.key]
                     if home in reachable:
-                        by_home[home].append(sub.id)
+                        by_home[home].append(sub.key)
             for dst in sorted(by_home):
                 out.sends.append(Send(dst, DeliveryMsg(event, tuple(sorted(by_home[dst])))))
         else:
@@ -270,12 +269,12 @@ class BrokerState:
             return Outcome(deliveries=self._deliver(msg))
         if isinstance(msg, SubscribeMsg):
             self.remote.add(msg.sub)
-            self._remote_home[msg.sub.id] = msg.home
+            self._remote_home[msg.sub.key] = msg.home
         elif isinstance(msg, UnsubscribeMsg):
             # A newer version from another home (the subscriber moved) stays.
-            if self._remote_home.get(msg.sub_id) == msg.home:
-                self.remote.remove(msg.sub_id)
-                del self._remote_home[msg.sub_id]
+            if self._remote_home.get(msg.key) == msg.home:
+                self.remote.remove(msg.key)
+                del self._remote_home[msg.key]
         return Outcome()
 
     def snapshot_for(self, peer: str) -> list[SubscribeMsg]:
@@ -288,16 +287,16 @@ class BrokerState:
 
     def replace_remote(self, src: str, snapshot: list[SubscribeMsg]) -> None:
         """Replace everything held from `src` by its snapshot."""
-        for sub_id, home in list(self._remote_home.items()):
+        for key, home in list(self._remote_home.items()):
             if home == src:
-                self.remote.remove(sub_id)
-                del self._remote_home[sub_id]
+                self.remote.remove(key)
+                del self._remote_home[key]
         for msg in snapshot:
             self.on_message(src, msg)
 
-    def remote_home(self, sub_id: str) -> str | None:
+    def remote_home(self, key: SubKey) -> str | None:
         """The home broker of a remote subscription held here."""
-        return self._remote_home.get(sub_id)
+        return self._remote_home.get(key)
 
     # -- internals -------------------------------------------------------
 
@@ -313,13 +312,13 @@ class BrokerState:
             where = self.sessions.get(sub.client)
             if where is not None and covers(event.geofence, where):
                 out.append(Delivery(event, sub.id, sub.client))
-        out.sort(key=lambda d: d.subscription)
+        out.sort(key=lambda d: (d.subscription, d.client))
         return out
 
     def _deliver(self, msg: DeliveryMsg) -> list[Delivery]:
         out: list[Delivery] = []
-        for sub_id in msg.sub_ids:
-            sub = self.local.get(sub_id)
+        for key in msg.subs:
+            sub = self.local.get(key)
             if sub is None:
                 continue  # withdrawn while the event was in flight
             where = self.sessions.get(sub.client)

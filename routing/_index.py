@@ -27,7 +27,7 @@ import shapely
 from shapely.geometry import Polygon
 
 from ._geometry import Geofence, LatLon
-from ._model import Subscription
+from ._model import SubKey, Subscription
 
 _MAX_LEVEL = 14  # cell edge 180 / 2**14 degrees, about 1.2 km
 _VECTOR_MIN = 8  # candidates from which array calls beat per-candidate calls
@@ -88,7 +88,7 @@ class _PartStore:
         self.discs = np.empty((0, 5))
         self.geoms = np.empty(0, dtype=object)
         self.free: list[int] = []
-        self.slots: dict[str, list[int]] = {}  # subscription id -> its slots
+        self.slots: dict[SubKey, list[int]] = {}  # subscription key -> its slots
         self.multipart = 0  # subscriptions with several parts (may be found twice)
 
     def add(self, sub: Subscription, fence: Geofence) -> list[tuple[int, Polygon]]:
@@ -107,13 +107,13 @@ class _PartStore:
             self.geoms[slot] = part
             self.discs[slot] = part_discs(part)
             out.append((slot, part))
-        self.slots[sub.id] = [slot for slot, _ in out]
+        self.slots[sub.key] = [slot for slot, _ in out]
         self.multipart += len(out) > 1
         return out
 
-    def remove(self, sub_id: str) -> list[int]:
+    def remove(self, key: SubKey) -> list[int]:
         """Free the slots of a subscription; return them."""
-        slots = self.slots.pop(sub_id, [])
+        slots = self.slots.pop(key, [])
         self.multipart -= len(slots) > 1
         for slot in slots:
             self.owners[slot] = None
@@ -169,7 +169,7 @@ class _SpatialBucket:
     __slots__ = ("cells", "levels", "world")
 
     def __init__(self) -> None:
-        self.world: dict[str, Subscription] = {}
+        self.world: dict[SubKey, Subscription] = {}
         self.cells: dict[tuple[int, int, int], set[int]] = {}
         self.levels: Counter[int] = Counter()
 
@@ -189,7 +189,7 @@ class _SpatialBucket:
 
     def add(self, sub: Subscription, parts: list[tuple[int, Polygon]]) -> None:
         if sub.geofence is None:
-            self.world[sub.id] = sub
+            self.world[sub.key] = sub
             return
         for slot, part in parts:
             for key in self._keys(part):
@@ -201,7 +201,7 @@ class _SpatialBucket:
 
     def remove(self, sub: Subscription, slots: list[int]) -> None:
         if sub.geofence is None:
-            self.world.pop(sub.id, None)
+            self.world.pop(sub.key, None)
             return
         for slot, part in zip(slots, sub.geofence.parts, strict=True):
             for key in self._keys(part):
@@ -263,29 +263,29 @@ class _TrieNode:
 
 
 class SubscriptionIndex:
-    """Subscriptions by id, with lookup by event topic and publisher location."""
+    """Subscriptions by key (client, id), with lookup by event topic and publisher location."""
 
     def __init__(self) -> None:
         self._root = _TrieNode()
-        self._subs: dict[str, Subscription] = {}
+        self._subs: dict[SubKey, Subscription] = {}
         self._parts = _PartStore()
 
     def __len__(self) -> int:
         return len(self._subs)
 
-    def __contains__(self, sub_id: object) -> bool:
-        return sub_id in self._subs
+    def __contains__(self, key: object) -> bool:
+        return key in self._subs
 
     def __iter__(self) -> Iterator[Subscription]:
         return iter(list(self._subs.values()))
 
-    def get(self, sub_id: str) -> Subscription | None:
-        """The subscription with this id, if indexed."""
-        return self._subs.get(sub_id)
+    def get(self, key: SubKey) -> Subscription | None:
+        """The subscription with this key, if indexed."""
+        return self._subs.get(key)
 
     def add(self, sub: Subscription) -> Subscription | None:
-        """Index `sub`, replacing any subscription with the same id; return the old one."""
-        old = self.remove(sub.id)
+        """Index `sub`, replacing any subscription with the same key; return the old one."""
+        old = self.remove(sub.key)
         node = self._root
         for level in sub.topic_filter.split("/"):
             child = node.children.get(level)
@@ -294,19 +294,19 @@ class SubscriptionIndex:
             node = child
         parts = [] if sub.geofence is None else self._parts.add(sub, sub.geofence)
         node.bucket.add(sub, parts)
-        self._subs[sub.id] = sub
+        self._subs[sub.key] = sub
         return old
 
-    def remove(self, sub_id: str) -> Subscription | None:
-        """Drop the subscription with this id; return it (``None`` if unknown)."""
-        sub = self._subs.pop(sub_id, None)
+    def remove(self, key: SubKey) -> Subscription | None:
+        """Drop the subscription with this key; return it (``None`` if unknown)."""
+        sub = self._subs.pop(key, None)
         if sub is None:
             return None
         path = [self._root]
         levels = sub.topic_filter.split("/")
         for level in levels:
             path.append(path[-1].children[level])
-        path[-1].bucket.remove(sub, self._parts.remove(sub_id))
+        path[-1].bucket.remove(sub, self._parts.remove(key))
         # Prune empty branches so memory follows the live subscriptions.
         for depth in range(len(levels), 0, -1):
             node = path[depth]

@@ -42,7 +42,7 @@ class Subscription:
     """A subscription: topic filter plus where publishers must be.
 
     Attributes:
-        id: subscription id, unique within the federation.
+        id: subscription id, unique among its client's subscriptions.
         client: the subscriber's client id.
         topic_filter: MQTT topic filter.
         geofence: where publishers must be; ``None`` is the whole world.
@@ -52,6 +52,15 @@ class Subscription:
     client: str
     topic_filter: str
     geofence: Geofence | None = None
+
+    @property
+    def key(self) -> SubKey:
+        """What identifies it in the federation: ids are scoped by client."""
+        return (self.client, self.id)
+
+
+SubKey = tuple[str, str]
+"""A subscription's key, (client, subscription id)."""
 
 
 def validate_id(value: object, field: str) -> str:

@@ -249,3 +249,32 @@ def test_a_full_store_refuses_publishes_and_keeps_what_it_acknowledged(tmp_path:
             await sub_client.close()
 
         asyncio.run(run())
+
+
+@pytest.mark.parametrize("durable", ["flooding-subscriptions"], indirect=True)
+def test_two_clients_may_use_the_same_subscription_id(durable: LocalFederation) -> None:
+    """Subscription ids are scoped by client: the same id at two brokers is two
+    subscriptions at every peer, each matched, delivered and withdrawn on its own."""
+    fed = durable
+    new_york = geofed.LatLon(40.71, -74.0)  # us
+
+    async def run() -> None:
+        a = await client(fed, "same-a", PARIS)
+        b = await client(fed, "same-b", SINGAPORE)
+        sub_a = await a.subscribe("x/a", subscription_id="same")
+        sub_b = await b.subscribe("x/b", subscription_id="same")
+        pub = await client(fed, "same-pub", new_york)
+        await pub.publish("x/a", b"1", event_id="a1")
+        await pub.publish("x/b", b"1", event_id="b1")
+        assert (await sub_a.next(timeout=HANG_S)).event_id == "a1"
+        assert (await sub_b.next(timeout=HANG_S)).event_id == "b1"
+        await sub_b.unsubscribe()
+        await pub.publish("x/b", b"2", event_id="b2")  # nobody's now
+        await pub.publish("x/a", b"2", event_id="a2")
+        assert (await sub_a.next(timeout=HANG_S)).event_id == "a2"
+        us = fed.nodes["us"].metrics_url
+        await until(lambda: metric(us, "geofed_subscriptions", scope="remote") == 1, "1", HANG_S)
+        for c in (a, b, pub):
+            await c.close()
+
+    asyncio.run(run())

@@ -30,20 +30,30 @@ class RemoteSubscription(_message.Message):
     def __init__(self, subscription: _Optional[_Union[_geo_pb2.Subscription, _Mapping]] = ..., home: _Optional[str] = ...) -> None: ...
 
 class Unsubscription(_message.Message):
-    __slots__ = ("subscription_id", "home")
+    __slots__ = ("subscription_id", "home", "client")
     SUBSCRIPTION_ID_FIELD_NUMBER: _ClassVar[int]
     HOME_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_FIELD_NUMBER: _ClassVar[int]
     subscription_id: str
     home: str
-    def __init__(self, subscription_id: _Optional[str] = ..., home: _Optional[str] = ...) -> None: ...
+    client: str
+    def __init__(self, subscription_id: _Optional[str] = ..., home: _Optional[str] = ..., client: _Optional[str] = ...) -> None: ...
+
+class SubscriptionRef(_message.Message):
+    __slots__ = ("client", "id")
+    CLIENT_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    client: str
+    id: str
+    def __init__(self, client: _Optional[str] = ..., id: _Optional[str] = ...) -> None: ...
 
 class EventDelivery(_message.Message):
-    __slots__ = ("event", "subscription_ids")
+    __slots__ = ("event", "subscriptions")
     EVENT_FIELD_NUMBER: _ClassVar[int]
-    SUBSCRIPTION_IDS_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
     event: _geo_pb2.Event
-    subscription_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, event: _Optional[_Union[_geo_pb2.Event, _Mapping]] = ..., subscription_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    subscriptions: _containers.RepeatedCompositeFieldContainer[SubscriptionRef]
+    def __init__(self, event: _Optional[_Union[_geo_pb2.Event, _Mapping]] = ..., subscriptions: _Optional[_Iterable[_Union[SubscriptionRef, _Mapping]]] = ...) -> None: ...
 
 class SubscriptionSnapshot(_message.Message):
     __slots__ = ("subscriptions", "continued")

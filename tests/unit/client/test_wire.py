@@ -117,13 +117,14 @@ def test_frame_round_trip_in_application_order() -> None:
     frame = fpb.Frame()
     msgs = [
         SubscribeMsg(sub, "eu"),
-        UnsubscribeMsg("s0", "eu"),
+        UnsubscribeMsg(("c", "s0"), "eu"),
         EventMsg(ev),
-        DeliveryMsg(ev, ("s1", "s2")),
+        DeliveryMsg(ev, (("c", "s1"), ("d", "s2"))),
     ]
     sizes = [add_to_frame(frame, m, "eu") for m in msgs]
     assert all(s > 0 for s in sizes)
     back = messages_from_frame(fpb.Frame.FromString(frame.SerializeToString()), cache)
     assert [m.kind for m in back] == [m.kind for m in msgs]
     assert back[0] == SubscribeMsg(back[0].sub, "eu") and back[0].sub.geofence is not None
-    assert back[3] == DeliveryMsg(back[3].event, ("s1", "s2"))
+    assert back[1] == UnsubscribeMsg(("c", "s0"), "eu")
+    assert back[3] == DeliveryMsg(back[3].event, (("c", "s1"), ("d", "s2")))

@@ -161,13 +161,15 @@ def mixed_frame() -> fpb.Frame:
         gpb.Subscription(id="s-bad", client="c", topic_filter="t/#/x")  # '#' not last
     )
     add_to_frame(frame, SubscribeMsg(make_subscription("s2", "c", "t/+"), "eu"), "eu")
-    add_to_frame(frame, UnsubscribeMsg("s0", "eu"), "eu")
+    add_to_frame(frame, UnsubscribeMsg(("c", "s0"), "eu"), "eu")
     add_to_frame(frame, EventMsg(good_ev), "eu")
     frame.events.append(bad_event("e-wkt", wkt="POINT (1 2)"))
     frame.events.append(gpb.Event(id="e-nowhere", topic="t/x"))  # no publisher location
     add_to_frame(frame, EventMsg(make_event("e2", "t/y", ll(3, 4))), "eu")
-    frame.deliveries.add(event=bad_event("d-bad", topic="t/+"), subscription_ids=["s9"])
-    add_to_frame(frame, DeliveryMsg(make_event("d1", "t/z", ll(5, 6)), ("s7",)), "eu")
+    frame.deliveries.add(event=bad_event("d-bad", topic="t/+")).subscriptions.add(
+        client="c", id="s9"
+    )
+    add_to_frame(frame, DeliveryMsg(make_event("d1", "t/z", ll(5, 6)), (("c", "s7"),)), "eu")
     return fpb.Frame.FromString(frame.SerializeToString())
 
 
@@ -202,7 +204,7 @@ def key(m: PeerMessage) -> str:
     if isinstance(m, SubscribeMsg):
         return m.sub.id
     if isinstance(m, UnsubscribeMsg):
-        return m.sub_id
+        return m.key[1]
     return m.event.id
 
 

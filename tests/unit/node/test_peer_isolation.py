@@ -190,8 +190,8 @@ def test_geofence_of_max_vertices_across_the_antimeridian_is_accepted_by_peers()
     eu, ap = node("eu", "flooding-subscriptions"), node("ap", "flooding-subscriptions")
     got = record_deliveries(eu)
     subscriber(eu, "s2", PARIS, widest_ring(eu, "subscription.geofence.wkt"))
-    forward(eu, eu.core.subscribe(eu.core.local.get("s2")), ap)  # type: ignore[arg-type]
-    assert ap.core.remote_home("s2") == "eu"
+    forward(eu, eu.core.subscribe(eu.core.local.get(("client-s2", "s2"))), ap)  # type: ignore[arg-type]
+    assert ap.core.remote_home(("client-s2", "s2")) == "eu"
     forward(ap, ap.core.publish(make_event("e2", "t/a", SEAM)).sends, eu)
     assert got == ["e2"]
     assert metric(ap, PEER_MESSAGES_REJECTED, "eu", Kind.SUBSCRIBE) == 0
@@ -245,7 +245,7 @@ def test_a_bad_snapshot_entry_is_skipped_and_the_dialler_stays_up_across_reconne
         for n in (1, 2):
             wire = await session(eu, n)
             assert link.connected and dialled.empty()
-            held = [s for s in ("s1", "s2", "s3", "s4") if eu.core.remote_home(s) == "us"]
+            held = sorted(s.id for s in eu.core.remote if eu.core.remote_home(s.key) == "us")
             assert held == ["s1", "s3", "s4"]
             assert metric(eu, PEER_MESSAGES_REJECTED, "us", Kind.SUBSCRIBE) == n
             assert metric(eu, PEER_MESSAGES_RECEIVED, "us", Kind.SUBSCRIBE) == 4 * n

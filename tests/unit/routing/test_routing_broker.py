@@ -11,7 +11,6 @@ from geofed.routing import (
     Event,
     EventMsg,
     Federation,
-    InvalidInput,
     Kind,
     NotFound,
     Send,
@@ -92,10 +91,10 @@ def test_update_location_leaving_the_area() -> None:
     moved = mid.update_location("c1", IN_EAST)
     assert moved.redirect == "east"
     assert sorted(moved.dropped, key=lambda s: s.id) == [s_local, s_far, s_world]
-    assert sorted((s.dst, s.msg.sub_id) for s in moved.sends) == [  # type: ignore[union-attr]
-        ("east", "s2"),
-        ("east", "s3"),
-        ("west", "s3"),
+    assert sorted((s.dst, s.msg.key) for s in moved.sends) == [  # type: ignore[union-attr]
+        ("east", ("c1", "s2")),
+        ("east", ("c1", "s3")),
+        ("west", ("c1", "s3")),
     ]
     assert all(isinstance(s.msg, UnsubscribeMsg) and s.msg.home == "mid" for s in moved.sends)
     assert "c1" not in mid.sessions and len(mid.local) == 0
@@ -122,12 +121,34 @@ def test_publish_from_a_location_another_broker_owns() -> None:
 def test_subscription_id_owned_by_another_client() -> None:
     mid = core("mid")
     mid.connect("c1", IN_MID)
+
+
+def test_subscription_ids_are_scoped_by_client() -> None:
+    """Two clients may use the same subscription id: two subscriptions, here and at the
+    peers, each withdrawn and delivered on its own."""
+    mid = core("mid", "flooding-subscriptions")
+    mid.connect("c1", IN_MID)
     mid.connect("c2", IN_MID)
-    mid.subscribe(Subscription("s1", "c1", "a"))
-    with pytest.raises(InvalidInput) as info:
-        mid.subscribe(Subscription("s1", "c2", "b"))
-    assert info.value.field == "subscription.id"
-    assert mid.local.get("s1").client == "c1"  # type: ignore[union-attr]
+    first = mid.subscribe(Subscription("s1", "c1", "a"))
+    second = mid.subscribe(Subscription("s1", "c2", "b"))
+    assert mid.local.get(("c1", "s1")).topic_filter == "a"  # type: ignore[union-attr]
+    assert mid.local.get(("c2", "s1")).topic_filter == "b"  # type: ignore[union-attr]
+    east = core("east", "flooding-subscriptions")
+    for send in first + second:
+        if send.dst == "east":
+            east.on_message("mid", send.msg)
+    assert len(east.remote) == 2
+    east.connect("pub", IN_EAST)
+    (delivery,) = [s.msg for s in east.publish(Event("e1", "b", IN_EAST)).sends]
+    assert delivery.subs == (("c2", "s1"),)  # type: ignore[union-attr]
+    assert [(d.client, d.subscription) for d in mid.on_message("east", delivery).deliveries] == [
+        ("c2", "s1")
+    ]
+    for send in mid.unsubscribe("c1", "s1"):
+        if send.dst == "east":
+            east.on_message("mid", send.msg)
+    assert [s.key for s in east.remote] == [("c2", "s1")]
+    assert mid.local.get(("c1", "s1")) is None and ("c2", "s1") in mid.local
 
 
 def test_changing_a_geofence_follows_the_new_path_and_withdraws_the_old() -> None:
@@ -143,7 +164,7 @@ def test_changing_a_geofence_follows_the_new_path_and_withdraws_the_old() -> Non
         ("east", Kind.SUBSCRIBE),
         ("west", Kind.UNSUBSCRIBE),
     ]
-    assert mid.unsubscribe("c1", "s1") == [Send("east", UnsubscribeMsg("s1", "mid"))]
+    assert mid.unsubscribe("c1", "s1") == [Send("east", UnsubscribeMsg(("c1", "s1"), "mid"))]
     with pytest.raises(NotFound):
         mid.unsubscribe("c1", "s1")
 
@@ -154,12 +175,12 @@ def test_stale_unsubscribe_does_not_remove_a_newer_version() -> None:
     east.on_message("mid", SubscribeMsg(sub, "mid"))
     # The subscriber moved to west and renewed there before mid's withdrawal arrived.
     east.on_message("west", SubscribeMsg(sub, "west"))
-    east.on_message("mid", UnsubscribeMsg("s1", "mid"))
-    assert east.remote_home("s1") == "west" and "s1" in east.remote
-    east.on_message("west", UnsubscribeMsg("s1", "west"))
-    assert east.remote_home("s1") is None and "s1" not in east.remote
+    east.on_message("mid", UnsubscribeMsg(sub.key, "mid"))
+    assert east.remote_home(sub.key) == "west" and sub.key in east.remote
+    east.on_message("west", UnsubscribeMsg(sub.key, "west"))
+    assert east.remote_home(sub.key) is None and sub.key not in east.remote
     # An unknown withdrawal is harmless.
-    east.on_message("west", UnsubscribeMsg("nope", "west"))
+    east.on_message("west", UnsubscribeMsg(("c1", "nope"), "west"))
 
 
 def test_matching_at_the_publisher_sends_one_delivery_per_subscriber_broker() -> None:
@@ -171,9 +192,9 @@ def test_matching_at_the_publisher_sends_one_delivery_per_subscriber_broker() ->
     east.connect("pub", IN_EAST)
     out = east.publish(Event("e1", "a/b", IN_EAST))
     assert out.deliveries == []
-    assert [(s.dst, s.msg.sub_ids) for s in out.sends] == [  # type: ignore[union-attr]
-        ("mid", ("s1", "s2")),
-        ("west", ("s3",)),
+    assert [(s.dst, s.msg.subs) for s in out.sends] == [  # type: ignore[union-attr]
+        ("mid", (("c1", "s1"), ("c2", "s2"))),
+        ("west", (("c3", "s3"),)),
     ]
     # An event geofence that only meets mid keeps west out.
     out = east.publish(Event("e2", "a/b", IN_EAST, MID_AND_EAST))
@@ -185,10 +206,10 @@ def test_subscriber_broker_applies_the_event_geocheck_with_the_live_location() -
     mid.connect("c1", IN_MID)
     mid.subscribe(Subscription("s1", "c1", "a", None))
     near = Event("e1", "a", IN_EAST, MID_ONLY)
-    out = mid.on_message("east", DeliveryMsg(near, ("s1", "gone")))
+    out = mid.on_message("east", DeliveryMsg(near, (("c1", "s1"), ("c1", "gone"))))
     assert [(d.event.id, d.subscription, d.client) for d in out.deliveries] == [("e1", "s1", "c1")]
     mid.update_location("c1", latlon(0, 0))  # still mid, outside MID_ONLY
-    assert mid.on_message("east", DeliveryMsg(near, ("s1",))).deliveries == []
+    assert mid.on_message("east", DeliveryMsg(near, (("c1", "s1"),))).deliveries == []
 
 
 def test_event_forwarding_matches_local_subscriptions() -> None:
@@ -223,7 +244,7 @@ def test_snapshot_for_and_replace_remote() -> None:
     east.on_message("west", SubscribeMsg(Subscription("w1", "c8", "a"), "west"))
     east.replace_remote("mid", mid.snapshot_for("east"))
     assert sorted(s.id for s in east.remote) == ["s2", "s3", "w1"]
-    assert east.remote_home("s2") == "mid" and east.remote_home("w1") == "west"
+    assert east.remote_home(("c1", "s2")) == "mid" and east.remote_home(("c8", "w1")) == "west"
     east.replace_remote("mid", [])
     assert sorted(s.id for s in east.remote) == ["w1"]
 

@@ -112,7 +112,8 @@ def test_index_basics() -> None:
     s3 = Subscription("s3", "c", "a/b", parse_wkt("POLYGON((100 0, 101 0, 101 1, 100 1, 100 0))"))
     for s in (s1, s2, s3):
         assert idx.add(s) is None
-    assert len(idx) == 3 and "s1" in idx and idx.get("s3") is s3
+    assert len(idx) == 3 and ("c", "s1") in idx and idx.get(("c", "s3")) is s3
+    assert ("other", "s1") not in idx  # ids are scoped by client
     assert sorted(s.id for s in idx.match("a/b", paris)) == ["s1", "s2"]
     assert sorted(s.id for s in idx.match("a/b", latlon(0.5, 100.5))) == ["s2", "s3"]
     assert [s.id for s in idx.match("$SYS/a", paris)] == []
@@ -120,7 +121,7 @@ def test_index_basics() -> None:
     s1b = Subscription("s1", "c", "x", None)
     assert idx.add(s1b) is s1
     assert sorted(s.id for s in idx.match("a/b", paris)) == ["s2"]
-    assert idx.remove("s1") is s1b and idx.remove("s1") is None
+    assert idx.remove(("c", "s1")) is s1b and idx.remove(("c", "s1")) is None
     assert sorted(s.id for s in idx) == ["s2", "s3"]
 
 
@@ -139,7 +140,7 @@ def test_index_lists_each_subscription_once_even_for_wildcard_topics() -> None:
 def test_index_prunes_empty_branches() -> None:
     idx = SubscriptionIndex()
     idx.add(Subscription("s", "c", "a/b/c/d", parse_wkt("POLYGON((0 0, 1 0, 1 1, 0 1, 0 0))")))
-    idx.remove("s")
+    idx.remove(("c", "s"))
     assert idx._root.children == {} and not idx._root.bucket
 
 
@@ -192,11 +193,11 @@ class IndexMachine(RuleBasedStateMachine):
         # Adding an indexed id is an update (new filter and geofence).
         old = self.index.add(Subscription(sub_id, "c", topic_filter, fence))
         assert old is self.model.get(sub_id)
-        self.model[sub_id] = self.index.get(sub_id)  # type: ignore[assignment]
+        self.model[sub_id] = self.index.get(("c", sub_id))  # type: ignore[assignment]
 
     @rule(sub_id=consumes(ids))
     def remove(self, sub_id: str) -> None:
-        assert self.index.remove(sub_id) is self.model.pop(sub_id, None)
+        assert self.index.remove(("c", sub_id)) is self.model.pop(sub_id, None)
 
     @rule(topic=topics(), where=_probe_points)
     def match(self, topic: str, where: LatLon) -> None:
