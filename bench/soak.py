@@ -283,7 +283,7 @@ class _Load:
                 if name == PEER_QUEUE_LENGTH
             )
 
-        await until(queues_empty, "every peer queue is empty", wait_s)
+        await until(queues_empty, "every peer queue is empty", wait_s, scrapes=True)
 
     async def close(self) -> None:
         """Stop publishing and close every client."""
