@@ -20,11 +20,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from geofed.client import health_status
+from geofed.client import TLSConfig, health_status
+from geofed.node import CA, TLSFiles, issue_client, issue_federation
 from geofed.routing import Federation, GeofedError
 from geofed.wire import FEDERATION_SERVICE
 
@@ -69,6 +71,12 @@ class LocalFederation:
         durable: give each broker the data directory ``workdir/<id>/data``
             (``GEOFED_DATA_DIR``), kept across restarts.
         links: put a fault proxy on every peer link (see `link`).
+        tls: issue certificates from a throw-away CA in ``workdir/certs``
+            (`geofed.node.issue_federation`) and run every broker with mutual
+            TLS between brokers and TLS on its client port; clients get their
+            settings from `client_tls`.
+        client_auth: how brokers authenticate clients with `tls`: ``none``
+            or ``cert`` (each client's certificate from `client_tls`).
     """
 
     def __init__(
@@ -81,6 +89,8 @@ class LocalFederation:
         extra_env: dict[str, str] | None = None,
         durable: bool = False,
         links: bool = False,
+        tls: bool = False,
+        client_auth: str = "none",
     ) -> None:
         self.source = Federation.load(federation)
         self.strategy = strategy
@@ -94,6 +104,10 @@ class LocalFederation:
         self.federation: Federation = self.source
         self.durable = durable
         self._proxies = ProxyHost() if links else None
+        self.tls = tls
+        self.client_auth = client_auth
+        self.certs_dir = self.workdir / "certs"
+        self._health_tls: TLSConfig | None = None
         self._node_federation: dict[str, Path] = {}  # a broker's own copy, dialling via proxies
 
     def start(self, timeout: float = 60.0) -> LocalFederation:
@@ -106,6 +120,10 @@ class LocalFederation:
         }
         self.federation = self.source.with_endpoints(endpoints)
         self.federation_path.write_text(json.dumps(self.federation.to_geojson()), encoding="utf-8")
+        if self.tls:
+            issue_federation(self.federation_path, self.certs_dir)
+            # A broker's certificate serves as a client one too: health checks use the first.
+            self._health_tls = self._tls_in(self.certs_dir / "brokers" / ids[0])
         if self._proxies is not None:
             self._route_links_through(self._proxies)
         for i, bid in enumerate(ids):
@@ -132,6 +150,26 @@ class LocalFederation:
         if self._proxies is None:
             raise GeofedError("this federation runs without link proxies (links=False)")
         return self._proxies.proxies["->".join(sorted((a, b)))]
+
+    def client_tls(self, identity: str | None = None) -> TLSConfig | None:
+        """TLS settings for a client of this federation (None without ``tls``).
+
+        With an `identity`, a client certificate naming it is issued (once) in
+        ``workdir/certs/clients/``; without, the client only verifies brokers.
+        """
+        if not self.tls:
+            return None
+        if identity is None:
+            return TLSConfig(ca_file=str(self.certs_dir / "ca.pem"))
+        folder = self.certs_dir / "clients" / urllib.parse.quote(identity, safe="")
+        if not (folder / "cert.pem").exists():
+            issue_client(CA.load(self.certs_dir), identity, folder)
+        return self._tls_in(folder)
+
+    @staticmethod
+    def _tls_in(folder: Path) -> TLSConfig:
+        files = TLSFiles.in_dir(folder)
+        return TLSConfig(ca_file=str(files.ca), cert_file=str(files.cert), key_file=str(files.key))
 
     def data_dir(self, broker_id: str) -> Path:
         """Where a durable broker keeps its state: ``workdir/<broker id>/data``."""
@@ -160,6 +198,9 @@ class LocalFederation:
                 "GEOFED_RECONNECT_MAX_S": "1.0",
             }
         )
+        if self.tls:
+            env["GEOFED_TLS_DIR"] = str(self.certs_dir / "brokers" / broker_id)
+            env["GEOFED_CLIENT_AUTH"] = self.client_auth
         if self.durable:
             self.data_dir(broker_id).mkdir(parents=True, exist_ok=True)
             env["GEOFED_DATA_DIR"] = str(self.data_dir(broker_id))
@@ -200,7 +241,7 @@ class LocalFederation:
                         f"log: {node.log_path}\n"
                         + node.log_path.read_text(errors="replace")[-2000:]
                     )
-                if health_status(node.peer, FEDERATION_SERVICE) == "SERVING":
+                if health_status(node.peer, FEDERATION_SERVICE, tls=self._health_tls) == "SERVING":
                     break
                 if time.monotonic() > deadline:
                     raise GeofedError(

@@ -135,19 +135,47 @@ class RetryConfig:
 
 @dataclass(frozen=True)
 class TLSConfig:
-    """TLS towards the broker (reserved: brokers speak plaintext gRPC for now).
-
-    Setting `ClientConfig.tls` raises `InvalidInput` until brokers serve TLS.
-    """
+    """TLS towards brokers that serve it (node setting ``tls_dir``)."""
 
     ca_file: str = ""
-    """PEM file of the authority that signed the broker certificates."""
+    """PEM file of the authority that signed the broker certificates (default: the system's)."""
     cert_file: str = ""
     """PEM client certificate, for brokers that authenticate clients by certificate."""
     key_file: str = ""
     """PEM private key of `cert_file`."""
     server_name: str = ""
     """Name to verify in the broker certificate (default: the endpoint's host)."""
+
+    def __post_init__(self) -> None:
+        if bool(self.cert_file) != bool(self.key_file):
+            raise InvalidInput("tls.key_file", "give both cert_file and key_file, or neither")
+
+    def credentials(self, token: str = "") -> grpc.ChannelCredentials:
+        """Channel credentials from the files as they are now (and a bearer token).
+
+        Raises:
+            InvalidInput: naming the file that cannot be read.
+        """
+        ca, cert, key = (
+            _read_pem(path, f"tls.{name}") if path else None
+            for name, path in (
+                ("ca_file", self.ca_file),
+                ("cert_file", self.cert_file),
+                ("key_file", self.key_file),
+            )
+        )
+        creds = grpc.ssl_channel_credentials(
+            root_certificates=ca, private_key=key, certificate_chain=cert
+        )
+        if token:
+            creds = grpc.composite_channel_credentials(
+                creds, grpc.access_token_call_credentials(token)
+            )
+        return creds
+
+    def options(self) -> list[tuple[str, Any]]:
+        """Channel options (the name to verify, when given)."""
+        return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
 
 
 @dataclass(frozen=True)
@@ -173,7 +201,9 @@ class ClientConfig:
     max_redirects: int = 8
     """Redirects followed while opening a session before giving up."""
     tls: TLSConfig | None = None
-    """TLS settings (reserved; see `TLSConfig`)."""
+    """TLS towards the brokers (None: plaintext)."""
+    token: str = ""
+    """Bearer token (a JWT) for brokers that authenticate clients by token; needs `tls`."""
     session_expiry_s: float = 0.0
     """> 0: a persistent session, kept this long by the broker while no stream is open (see
     the module docs); the broker may grant less. 0: subscriptions end with their streams."""
@@ -193,8 +223,8 @@ class ClientConfig:
         for name in ("pending_limit", "max_redirects"):
             if getattr(self, name) < 1:
                 raise InvalidInput(name, f"must be >= 1, got {getattr(self, name)!r}")
-        if self.tls is not None:
-            raise InvalidInput("tls", "not supported yet: brokers serve plaintext gRPC")
+        if self.token and self.tls is None:
+            raise InvalidInput("token", "a token is only sent over TLS: set tls too")
 
 
 class Channels:
@@ -202,17 +232,20 @@ class Channels:
 
     A `Client` makes its own unless it is given one; a load generator or a
     trace replay running thousands of clients shares one, so that each broker
-    is one connection, and closes it when they are all done.
+    is one connection, and closes it when they are all done. Every channel
+    uses the same TLS settings and token (those of the clients sharing it).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, tls: TLSConfig | None = None, token: str = "") -> None:
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._tls = tls
+        self._token = token
 
     def get(self, endpoint: str) -> grpc.aio.Channel:
         """The channel to `endpoint` (opened on first use)."""
         channel = self._channels.get(endpoint)
         if channel is None:
-            channel = grpc.aio.insecure_channel(endpoint, options=_CHANNEL_OPTIONS)
+            channel = open_channel(endpoint, self._tls, self._token)
             self._channels[endpoint] = channel
         return channel
 
@@ -262,7 +295,7 @@ class Client:
         self._broker_id = ""
         self._endpoint = ""
         self._own_channels = channels is None
-        self._channels = Channels() if channels is None else channels
+        self._channels = Channels(config.tls, config.token) if channels is None else channels
         self._subs: dict[str, Subscription] = {}
         self._lock = asyncio.Lock()  # session changes (open, move) and subscription renewals
         self._closed = False
@@ -850,13 +883,38 @@ def _bytes(payload: bytes | str) -> bytes:
     raise InvalidInput("payload", f"must be bytes or str, got {type(payload).__name__}")
 
 
-def health_status(endpoint: str, service: str = "", timeout: float = 1.0) -> str:
+def open_channel(endpoint: str, tls: TLSConfig | None = None, token: str = "") -> grpc.aio.Channel:
+    """An asyncio channel to a broker port: TLS with `tls`, plaintext without."""
+    if tls is None:
+        return grpc.aio.insecure_channel(endpoint, options=_CHANNEL_OPTIONS)
+    return grpc.aio.secure_channel(
+        endpoint, tls.credentials(token), options=[*_CHANNEL_OPTIONS, *tls.options()]
+    )
+
+
+def _read_pem(path: str, field: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise InvalidInput(field, f"cannot read {path}: {exc.strerror}") from None
+
+
+def health_status(
+    endpoint: str, service: str = "", timeout: float = 1.0, tls: TLSConfig | None = None
+) -> str:
     """The gRPC health status name of `service` at `endpoint` ("UNREACHABLE" if none answers).
 
     `service` is "" (the broker), `geofed.wire.CLIENT_SERVICE` or
     `geofed.wire.FEDERATION_SERVICE` (SERVING only while every peer link is up).
+    With `tls`, the port is reached over TLS (a broker's peer port needs a
+    certificate from the federation's CA).
     """
-    with grpc.insecure_channel(endpoint) as channel:
+    channel = (
+        grpc.insecure_channel(endpoint)
+        if tls is None
+        else grpc.secure_channel(endpoint, tls.credentials(), options=tls.options())
+    )
+    with channel:
         stub = health_pb2_grpc.HealthStub(channel)
         with contextlib.suppress(grpc.RpcError):
             resp = stub.Check(health_check_request(service), timeout=timeout)
@@ -877,4 +935,5 @@ __all__ = [
     "TLSConfig",
     "connect",
     "health_status",
+    "open_channel",
 ]

@@ -7,6 +7,16 @@ runs one, configured by a `NodeConfig` from flags, ``GEOFED_*`` environment
 variables or a JSON file.
 """
 
+from ._certs import (
+    CA,
+    CA_VALID,
+    LEAF_VALID,
+    LOOPBACK_HOSTS,
+    create_ca,
+    issue_broker,
+    issue_client,
+    issue_federation,
+)
 from ._config import (
     CLIENT_PORT,
     ENV_PREFIX,
@@ -18,6 +28,7 @@ from ._config import (
 )
 from ._links import LinkHost, PeerLink, Transport
 from ._metrics import (
+    AUTH_REFUSED,
     DELIVERIES,
     EVENTS_PUBLISHED,
     MATCH_SECONDS,
@@ -29,6 +40,7 @@ from ._metrics import (
     PEER_MESSAGES_SENT,
     PEER_QUEUE_DROPPED,
     PEER_QUEUE_LENGTH,
+    PEER_REFUSED,
     PUBLISH_DUPLICATES,
     REDIRECTS,
     REQUESTS_REJECTED,
@@ -58,6 +70,17 @@ from ._tls import (
 from ._tokens import ALGORITHMS, TokenClaims, TokenVerifier, bearer_token
 
 __all__ = [
+    # certificates (a federation's own CA)
+    "CA",
+    "CA_VALID",
+    "LEAF_VALID",
+    "LOOPBACK_HOSTS",
+    "create_ca",
+    "issue_broker",
+    "issue_client",
+    "issue_federation",
+    "AUTH_REFUSED",
+    "PEER_REFUSED",
     # the node
     "BrokerServer",
     "LinkHost",

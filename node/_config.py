@@ -29,6 +29,7 @@ REQUIRED = ("broker_id", "federation")
 """Settings without a default: flag, environment or file must give them."""
 LOG_LEVELS = ("debug", "info", "warning", "error")
 SYNC_MODES = ("normal", "full", "off")
+CLIENT_AUTH = ("none", "cert", "token")
 """`store_sync` values: SQLite's ``synchronous`` pragma in WAL mode."""
 
 
@@ -128,6 +129,26 @@ class NodeConfig:
         " dropped (a persistent subscription reads them back from the store instead)",
         default=16 << 20,
     )
+    tls_dir: str = _doc(
+        "folder with ca.pem, cert.pem and key.pem (as `geofed certs` writes per broker): the"
+        " peer port requires mutual TLS, the client port serves TLS; empty = plaintext",
+        default="",
+    )
+    client_auth: str = _doc(
+        "how clients authenticate: 'none', 'cert' (a client certificate from the CA) or"
+        " 'token' (a JWT as 'authorization: Bearer'); cert and token need tls_dir",
+        default="none",
+    )
+    token_key: str = _doc("PEM public key (or certificate) that signs client tokens", default="")
+    token_jwks: str = _doc("JWKS file with the keys that sign client tokens", default="")
+    token_audience: str = _doc("when set, client tokens must name it in 'aud'", default="")
+    token_issuer: str = _doc("when set, client tokens must have this 'iss'", default="")
+    policy_file: str = _doc(
+        "authorization policy (TOML; docs/security.md), reloaded when it changes; empty ="
+        " every client may publish and subscribe anything",
+        default="",
+    )
+    reflection: str = _doc("gRPC server reflection on both ports: 'on' or 'off'", default="on")
     client_keepalive_s: float = _doc(
         "ping idle client connections this often; one that does not answer within the same"
         " time is closed, ending its streams (0 = off)",
@@ -177,6 +198,18 @@ class NodeConfig:
         ):
             if getattr(self, name) < 0:
                 raise InvalidInput(name, f"must be >= 0, got {getattr(self, name)!r}")
+        if self.client_auth not in CLIENT_AUTH:
+            raise InvalidInput(
+                "client_auth", f"one of {', '.join(CLIENT_AUTH)}, got {self.client_auth!r}"
+            )
+        if self.client_auth != "none" and not self.tls_dir:
+            raise InvalidInput("client_auth", f"{self.client_auth!r} needs tls_dir")
+        if self.client_auth == "token" and bool(self.token_key) == bool(self.token_jwks):
+            raise InvalidInput(
+                "token_key", "client_auth 'token' needs one of token_key, token_jwks"
+            )
+        if self.reflection not in ("on", "off"):
+            raise InvalidInput("reflection", f"'on' or 'off', got {self.reflection!r}")
         if self.store_sync not in SYNC_MODES:
             raise InvalidInput(
                 "store_sync", f"one of {', '.join(SYNC_MODES)}, got {self.store_sync!r}"

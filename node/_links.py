@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import re
 import time
 from collections import OrderedDict, deque
 from typing import Any, Protocol
@@ -67,6 +68,7 @@ _UNACKED_FRAMES = 4096
 _ACK_DELAY_S = 0.02
 _RESENDABLE = (Kind.EVENT, Kind.DELIVERY)
 _PAGE = 2048  # outbox messages read back at a time
+_TLS_FAILURE = re.compile(r"handshake|ssl|certificate|tls", re.IGNORECASE)
 _OVERHEAD = 128  # bytes counted per queued message besides its payload and geofence
 FRAME_SOFT_LIMIT = 4 << 20
 """A frame is closed once its messages reach this many bytes."""
@@ -129,6 +131,9 @@ class LinkHost(Protocol):
 
     def hello(self) -> fpb.Frame:
         """This broker's hello frame."""
+
+    def dial(self, peer: BrokerInfo) -> grpc.aio.Channel:
+        """A channel to `peer`'s federation port (TLS when configured)."""
 
     def check_hello(self, hello: fpb.Hello, expect: str | None = None) -> str:
         """Why a peer's hello is refused ("" if accepted)."""
@@ -332,7 +337,7 @@ class PeerLink:
         cfg = self.node.config
         backoff = cfg.reconnect_initial_s
         while not self._stopping:
-            channel = grpc.aio.insecure_channel(self.peer.endpoint, options=CHANNEL_OPTIONS)
+            channel = self.node.dial(self.peer)
             established = False
             try:
                 call = fpb_grpc.FederationServiceStub(channel).Link()
@@ -351,7 +356,12 @@ class PeerLink:
                 log.error("link %s refused: %s", self.peer.id, exc)
             except (grpc.aio.AioRpcError, ConnectionError) as exc:
                 level = logging.INFO if not established else logging.WARNING
-                log.log(level, "link %s down: %s", self.peer.id, _reason(exc))
+                reason = _reason(exc)
+                if not established and _TLS_FAILURE.search(reason):
+                    # The peer's certificate (or ours, to it) did not pass: say so loudly.
+                    level = logging.ERROR
+                    self.node.metrics.peer_refused.labels(reason="tls").inc()
+                log.log(level, "link %s down: %s", self.peer.id, reason)
             except Exception:
                 # Whatever broke this session (a write on a dying call, a frame
                 # that does not parse), the dialler must live on: redial.

@@ -27,6 +27,8 @@ PUBLISH_DUPLICATES = "geofed_publish_duplicates_total"
 STORE_FAILURES = "geofed_store_failures_total"
 SESSION_QUEUE_DROPPED = "geofed_session_queue_dropped_total"
 SESSIONS_EXPIRED = "geofed_sessions_expired_total"
+AUTH_REFUSED = "geofed_auth_refused_total"
+PEER_REFUSED = "geofed_peer_refused_total"
 
 log = logging.getLogger("geofed.node.links")
 
@@ -114,6 +116,21 @@ class NodeMetrics:
             registry=registry,
         )
         self._durability(registry)
+        self.auth_refused = Counter(
+            AUTH_REFUSED,
+            "Client requests refused by authentication or the policy, by reason"
+            " (unauthenticated, identity, publish, subscribe, location).",
+            ["reason"],
+            registry=registry,
+        )
+        self.peer_refused = Counter(
+            PEER_REFUSED,
+            "Peer links refused because of who the peer is, by reason (unauthenticated: no"
+            " certificate; identity: its certificate names another broker; tls: this broker's"
+            " dial failed the TLS handshake).",
+            ["reason"],
+            registry=registry,
+        )
 
     def _durability(self, registry: CollectorRegistry) -> None:
         self.publish_duplicates = Counter(

@@ -22,6 +22,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
 
 from geofed.errors import status_for
 from geofed.routing import (
+    BrokerInfo,
     BrokerState,
     Delivery,
     DeliveryMsg,
@@ -78,6 +79,7 @@ from geofed.wire import (
     unsubscribe_response,
 )
 
+from ._auth import Principal, Security
 from ._config import NodeConfig
 from ._errors import Guarded, abort, streaming, unary
 from ._links import PROTOCOL_VERSION, SERVER_OPTIONS, ContextTransport, PeerLink
@@ -169,6 +171,7 @@ class _Session:
     """A client session's persistence and liveness."""
 
     expiry_s: float  # > 0: persistent
+    owner: str = ""  # the identity that opened it (with client authentication)
     streams: int = 0  # open Subscribe calls
     idle_since: float = field(default_factory=time.monotonic)  # since when it has none
 
@@ -201,6 +204,7 @@ class BrokerServer(Guarded):
         self.strategy = strategy_for(config.strategy, self.federation)
         self.core = BrokerState(me.id, self.federation, self.strategy)
         self.metrics = NodeMetrics(registry)
+        self.security = Security(config, self.metrics)
         self.geofences = GeofenceCache(
             config.max_geofence_vertices, max_bytes=config.max_geofence_bytes
         )
@@ -273,11 +277,15 @@ class BrokerServer(Guarded):
             (self._peer_server, FEDERATION_SERVICE),
         ):
             health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-            reflection.enable_server_reflection(
-                (service, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-            )
-        self.client_port = _bind(self._client_server, self.config.client_listen, "client_listen")
-        self.peer_port = _bind(self._peer_server, self.config.peer_listen, "peer_listen")
+            if self.config.reflection == "on":
+                reflection.enable_server_reflection(
+                    (service, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+                )
+        bind = self.security.bind
+        self.client_port = bind(
+            self._client_server, self.config.client_listen, "client_listen", peer=False
+        )
+        self.peer_port = bind(self._peer_server, self.config.peer_listen, "peer_listen", peer=True)
         host, _, port = self.config.metrics_listen.rpartition(":")
         try:
             self._metrics_server, _ = start_http_server(
@@ -357,6 +365,10 @@ class BrokerServer(Guarded):
             asyncio.get_running_loop().create_task(self.health.set(FEDERATION_SERVICE, status))
 
     # -- federation protocol -----------------------------------------------
+
+    def dial(self, peer: BrokerInfo) -> grpc.aio.Channel:
+        """A channel to `peer`'s federation port (mutual TLS when configured)."""
+        return self.security.dial(peer)
 
     def hello(self) -> fpb.Frame:
         """Our side of the link handshake."""
@@ -667,9 +679,9 @@ class BrokerServer(Guarded):
 
     def _restore(self, loaded: Loaded) -> None:
         """Rebuild the state a store kept (nothing to do for a new or in-memory one)."""
-        for client, lat, lon, expiry_s in loaded.sessions:
+        for client, lat, lon, expiry_s, owner in loaded.sessions:
             self.core.sessions[client] = LatLon(lat, lon)
-            self._sessions[client] = _Session(expiry_s)
+            self._sessions[client] = _Session(expiry_s, owner)
         for stored, _client, data in loaded.subscriptions:
             msg = message_from_bytes(data, self.peer_geofences)
             assert isinstance(msg, SubscribeMsg)
@@ -701,13 +713,15 @@ class BrokerServer(Guarded):
 
     # -- sessions ----------------------------------------------------------
 
-    async def open_session(self, client: str, where: LatLon, expiry_s: float) -> tuple[bool, float]:
+    async def open_session(
+        self, client: str, where: LatLon, expiry_s: float, owner: str = ""
+    ) -> tuple[bool, float]:
         """Open or refresh a session here; returns (a persistent one existed, expiry granted)."""
         expiry_s = min(expiry_s, self.config.max_session_expiry_s)
         session = self._sessions.get(client)
         present = session is not None and session.expiry_s > 0
         if session is None:
-            session = self._sessions[client] = _Session(expiry_s)
+            session = self._sessions[client] = _Session(expiry_s, owner)
         elif present and not expiry_s:
             # Asked for a clean session: what the persistent one kept goes.
             for sub in self.core.subscriptions_of(client):
@@ -719,12 +733,17 @@ class BrokerServer(Guarded):
         session.idle_since = time.monotonic()
         if expiry_s:
             if self.durable:
-                self.store.put_session(client, where.lat, where.lon, expiry_s)
+                self.store.put_session(client, where.lat, where.lon, expiry_s, session.owner)
             for sub in self.core.subscriptions_of(client):
                 self.persist_subscription(sub)
         if self.store.dirty:
             await self.store.commit()
         return present, expiry_s
+
+    def check_owner(self, who: Principal, client: str) -> None:
+        """Refuse an identity other than the one that opened the client's session."""
+        session = self._sessions.get(client)
+        self.security.deny_other_owner(who, client, None if session is None else session.owner)
 
     def persistent(self, client: str) -> bool:
         """The client's session is persistent."""
@@ -809,16 +828,6 @@ class BrokerServer(Guarded):
 
     def on_reject(self, code: grpc.StatusCode) -> None:
         self.metrics.rejected.labels(code=code.name).inc()
-
-
-def _bind(server: grpc.aio.Server, listen: str, field: str) -> int:
-    try:
-        port = int(server.add_insecure_port(listen))
-    except RuntimeError as exc:
-        raise InvalidInput(field, f"cannot listen on {listen}: {exc}") from None
-    if port == 0:
-        raise InvalidInput(field, f"cannot listen on {listen}")
-    return port
 
 
 def _trace_fields(msg: PeerMessage) -> tuple[list[str], str | None]:
@@ -974,10 +983,13 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
         expiry = request.session_expiry_s
         if not (math.isfinite(expiry) and expiry >= 0):
             raise InvalidInput("session_expiry_s", f"must be a number >= 0, got {expiry!r}")
+        who = node.security.principal(context)
+        node.check_owner(who, client)
+        node.security.may_be_at(who, where)
         redirect = node.core.connect(client, where)
         if redirect is not None:
             return self._redirect(redirect)
-        present, granted = await node.open_session(client, where, expiry)
+        present, granted = await node.open_session(client, where, expiry, who.identity)
         node._update_sub_gauges()
         return accepted_response(node.broker_id, present, granted)
 
@@ -989,11 +1001,15 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
         _decoded(request, "request")
         client = validate_id(request.client, "client")
         where = location_from_pb(request, "location", "location")
+        who = node.security.principal(context)
+        node.check_owner(who, client)
+        node.security.may_be_at(who, where)
         moved = node.core.update_location(client, where)
         if moved.redirect is None:
             if node.durable and node.persistent(client):
+                session = node._sessions[client]
                 node.store.put_session(
-                    client, where.lat, where.lon, node._sessions[client].expiry_s
+                    client, where.lat, where.lon, session.expiry_s, session.owner
                 )
             return accepted_response(node.broker_id)
         node.dispatch(moved.sends)
@@ -1019,6 +1035,9 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
         client = validate_id(request.client, "client")
         if not request.HasField("subscription"):
             raise InvalidInput("subscription", "is required")
+        who = node.security.principal(context)
+        node.check_owner(who, client)
+        node.security.may_subscribe(who, client, request.subscription.topic_filter)
         await self._parse_ahead(request.subscription.geofence, "subscription.geofence")
         sub = subscription_from_pb(request.subscription, node.geofences, client=client)
         old = node.core.local.get(sub.key)
@@ -1088,6 +1107,7 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
         _decoded(request, "request")
         client = validate_id(request.client, "client")
         sub_id = validate_id(request.subscription_id, "subscription_id")
+        node.check_owner(node.security.principal(context), client)
         node.dispatch(node.core.unsubscribe(client, sub_id))
         node.forget_queue((client, sub_id))
         stream = node._streams.pop((client, sub_id), None)
@@ -1101,11 +1121,12 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
         _decoded(request, "request")
         client = validate_id(request.client, "client")
         sub_id = validate_id(request.subscription_id, "subscription_id")
+        self.node.check_owner(self.node.security.principal(context), client)
         await self.node.ack(client, sub_id, request.offset)
         return ack_response()
 
-    async def _event(self, pb: gpb.Event, field: str) -> Event:
-        """Validate and convert one event (the node's state is not touched)."""
+    async def _event(self, pb: gpb.Event, field: str, who: Principal, client: str) -> Event:
+        """Validate, authorize and convert one event (the node's state is not touched)."""
         node = self.node
         if len(pb.payload) > node.config.max_payload_bytes:
             raise TooLarge(f"{field}.payload", len(pb.payload), node.config.max_payload_bytes)
@@ -1114,16 +1135,19 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
             pb.id = uuid.uuid4().hex
         pb.publish_time = time.time()
         event = event_from_pb(pb, node.geofences, field=field)
+        node.security.may_publish(who, client, event.topic, event.location)
         node.core.check_publisher(event, f"{field}.publisher")
         return event
 
     @unary
     async def Publish(self, request: cpb.PublishRequest, context: Any) -> cpb.PublishResponse:
         _decoded(request, "request")
-        validate_id(request.client, "request.client")
+        client = validate_id(request.client, "request.client")
         if not request.HasField("event"):
             raise InvalidInput("request.event", "is required")
-        event = await self._event(request.event, "request.event")
+        who = self.node.security.principal(context)
+        self.node.check_owner(who, client)
+        event = await self._event(request.event, "request.event", who, client)
         await self.node.publish([event])
         return publish_response(event.id)
 
@@ -1132,15 +1156,19 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
     ) -> cpb.PublishBatchResponse:
         ids: list[str] = []
         limit = self.node.config.max_publish_batch
+        who: Principal | None = None
         async for batch in request_iterator:
             try:
+                if who is None:
+                    who = self.node.security.principal(context)
                 _decoded(batch, "batch")
-                validate_id(batch.client, "batch.client")
+                client = validate_id(batch.client, "batch.client")
+                self.node.check_owner(who, client)
                 if len(ids) + len(batch.events) > limit:
                     raise TooLarge("batch.events", len(ids) + len(batch.events), limit)
                 # A batch is published whole or not at all: validate it first.
                 events = [
-                    await self._event(pb, f"batch.events[{len(ids) + i}]")
+                    await self._event(pb, f"batch.events[{len(ids) + i}]", who, client)
                     for i, pb in enumerate(batch.events)
                 ]
                 await self.node.publish(events)
@@ -1169,6 +1197,12 @@ class _FederationServicer(fpb_grpc.FederationServiceServicer):
             log.error("refusing link from %s: %s", first.hello.broker_id or "?", problem)
             await context.write(refuse_frame(problem))
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, problem)
+        try:
+            node.security.check_peer(context, first.hello.broker_id)
+        except GeofedError as exc:
+            log.error("refusing link from %s: %s", first.hello.broker_id, exc)
+            await context.write(refuse_frame(str(exc)))
+            await abort(context, exc)
         await node.links[first.hello.broker_id].accept(ContextTransport(context))
 
 

@@ -55,7 +55,8 @@ CREATE TABLE IF NOT EXISTS outbox (
 CREATE UNIQUE INDEX IF NOT EXISTS outbox_key ON outbox (peer, kind, event_id);
 CREATE INDEX IF NOT EXISTS outbox_peer ON outbox (peer, oid);
 CREATE TABLE IF NOT EXISTS sessions (
-    client TEXT PRIMARY KEY, lat REAL NOT NULL, lon REAL NOT NULL, expiry_s REAL NOT NULL);
+    client TEXT PRIMARY KEY, lat REAL NOT NULL, lon REAL NOT NULL, expiry_s REAL NOT NULL,
+    owner TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS subscriptions (
     key TEXT PRIMARY KEY, client TEXT NOT NULL, data BLOB NOT NULL, acked INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS pending (
@@ -86,7 +87,7 @@ class PendingInfo:
 class Loaded:
     """A store's content at start, for the node to rebuild its state from."""
 
-    sessions: list[tuple[str, float, float, float]] = field(default_factory=list)
+    sessions: list[tuple[str, float, float, float, str]] = field(default_factory=list)
     subscriptions: list[tuple[str, str, bytes]] = field(default_factory=list)  # key, client, pb
     pending: dict[str, PendingInfo] = field(default_factory=dict)
     remote: list[tuple[str, bytes]] = field(default_factory=list)  # home, RemoteSubscription pb
@@ -166,7 +167,9 @@ class Store:
                     " use another data_dir (or delete this one to start empty)",
                 )
         out = Loaded()
-        out.sessions = db.execute("SELECT client, lat, lon, expiry_s FROM sessions").fetchall()
+        out.sessions = db.execute(
+            "SELECT client, lat, lon, expiry_s, owner FROM sessions"
+        ).fetchall()
         out.subscriptions = db.execute("SELECT key, client, data FROM subscriptions").fetchall()
         for key, acked in db.execute("SELECT key, acked FROM subscriptions"):
             out.pending[key] = PendingInfo(acked=acked, last=acked)
@@ -208,9 +211,10 @@ class Store:
                 (peer, kind, event_id),
             )
 
-    def put_session(self, client: str, lat: float, lon: float, expiry_s: float) -> None:
+    def put_session(self, client: str, lat: float, lon: float, expiry_s: float, owner: str) -> None:
         self._write(
-            "INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?)", (client, lat, lon, expiry_s)
+            "INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?)",
+            (client, lat, lon, expiry_s, owner),
         )
 
     def delete_session(self, client: str) -> None:

@@ -16,8 +16,7 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from geofed import cli
-from geofed.cli.certs import CA, create_ca, issue_broker, issue_client, issue_federation
-from geofed.node import TLSFiles
+from geofed.node import CA, TLSFiles, create_ca, issue_broker, issue_client, issue_federation
 from geofed.routing import InvalidInput, federation_path
 
 

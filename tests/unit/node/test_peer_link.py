@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 
+import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -125,6 +126,9 @@ class FakeHost:
         return gw.hello_frame(
             self.broker_id, "event-geofence", "digest", _links.PROTOCOL_VERSION, 1
         )
+
+    def dial(self, peer: BrokerInfo) -> grpc.aio.Channel:
+        return grpc.aio.insecure_channel(peer.endpoint, options=[])
 
     def check_hello(self, hello: fpb.Hello, expect: str | None = None) -> str:
         return "" if expect in (None, hello.broker_id) else f"expected {expect}"

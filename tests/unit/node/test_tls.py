@@ -1,7 +1,7 @@
 """TLS credentials and certificate identities against a real gRPC server on loopback.
 
 Every certificate is made at run time by the project's own CA helper
-(`geofed.cli.certs`); no key is committed. A real ``grpc.aio`` server on
+(`geofed.node.create_ca` and friends); no key is committed. A real ``grpc.aio`` server on
 ``127.0.0.1:0`` serves the standard health service and a small "who am I"
 method whose handler does what the node's link servicer will do: read the
 caller's certificate names and hold them against the broker id it claims.
@@ -25,9 +25,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from geofed.cli.certs import CA, create_ca, issue_broker, issue_client
 from geofed.errors import from_rpc_error
 from geofed.node import (
+    CA,
     TLSFiles,
     _tls,
     broker_dns_name,
@@ -36,7 +36,10 @@ from geofed.node import (
     check_broker,
     client_identity,
     client_uri,
+    create_ca,
     dial_options,
+    issue_broker,
+    issue_client,
     peer_identities,
     server_credentials,
 )

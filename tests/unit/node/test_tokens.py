@@ -18,8 +18,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed25519, rsa
 
-from geofed.cli.certs import create_ca
-from geofed.node import TokenClaims, TokenVerifier, bearer_token
+from geofed.node import TokenClaims, TokenVerifier, bearer_token, create_ca
 from geofed.routing import InvalidInput, Unauthenticated
 
 RSA = rsa.generate_private_key(public_exponent=65537, key_size=2048)

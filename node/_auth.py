@@ -1,0 +1,192 @@
+"""Who may talk to a broker, and what they may do: TLS, identities and the policy.
+
+One object per node (`Security`) built from its config: it binds the two gRPC
+ports (mutual TLS on the peer port, TLS on the client port, or plaintext
+without ``tls_dir``), dials peers, holds a peer's hello against its
+certificate, tells who a client is (its certificate or its bearer token) and
+asks the policy whether that identity may publish, subscribe or claim a
+location. Every refusal raises the typed error the client sees
+(`Unauthenticated`, `PermissionDenied` naming the rule) and is counted.
+
+The building blocks are `_tls` (credentials, names), `_tokens` (JWT) and
+`_policy` (the authorization file); docs/security.md is the user's guide.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from geofed.routing import (
+    BrokerInfo,
+    InvalidInput,
+    LatLon,
+    PermissionDenied,
+    Unauthenticated,
+)
+
+from ._config import NodeConfig
+from ._links import CHANNEL_OPTIONS
+from ._metrics import NodeMetrics
+from ._policy import PolicyFile
+from ._tls import (
+    TLSFiles,
+    channel_credentials,
+    check_broker,
+    client_identity,
+    dial_options,
+    peer_identities,
+    server_credentials,
+)
+from ._tokens import TokenVerifier, bearer_token
+
+log = logging.getLogger("geofed.node.auth")
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a client is: its authenticated identity ("" without authentication) and groups."""
+
+    identity: str
+    groups: tuple[str, ...] = ()
+
+
+ANONYMOUS = Principal("")
+
+
+class Security:
+    """TLS, authentication and authorization of one node (see the module docstring).
+
+    Raises:
+        InvalidInput: a TLS file, token key or policy file cannot be used
+            (named): a broker does not start half secured.
+    """
+
+    def __init__(self, config: NodeConfig, metrics: NodeMetrics) -> None:
+        self.metrics = metrics
+        self.files = TLSFiles.in_dir(config.tls_dir) if config.tls_dir else None
+        if self.files is not None:
+            self.files.read()  # fail at start, naming the file, not at the first handshake
+        self.client_auth = config.client_auth
+        self.verifier = (
+            TokenVerifier(
+                public_key=config.token_key or None,
+                jwks=config.token_jwks or None,
+                audience=config.token_audience or None,
+                issuer=config.token_issuer or None,
+            )
+            if config.client_auth == "token"
+            else None
+        )
+        self.policy = PolicyFile(config.policy_file) if config.policy_file else None
+
+    @property
+    def authenticating(self) -> bool:
+        """Clients prove who they are (and a session belongs to that identity)."""
+        return self.client_auth != "none"
+
+    # -- ports and peers ---------------------------------------------------
+
+    def bind(self, server: grpc.aio.Server, listen: str, field: str, *, peer: bool) -> int:
+        """Listen on `listen`: TLS (mutual on the peer port) with ``tls_dir``, else plaintext."""
+        try:
+            if self.files is None:
+                port = int(server.add_insecure_port(listen))
+            else:
+                mutual = peer or self.client_auth == "cert"
+                creds = server_credentials(self.files, require_client_auth=mutual)
+                port = int(server.add_secure_port(listen, creds))
+        except RuntimeError as exc:
+            raise InvalidInput(field, f"cannot listen on {listen}: {exc}") from None
+        if port == 0:
+            raise InvalidInput(field, f"cannot listen on {listen}")
+        return port
+
+    def dial(self, peer: BrokerInfo) -> grpc.aio.Channel:
+        """A channel to `peer`'s federation port; with TLS, only `peer` itself may answer."""
+        if self.files is None:
+            return grpc.aio.insecure_channel(peer.endpoint, options=CHANNEL_OPTIONS)
+        return grpc.aio.secure_channel(
+            peer.endpoint,
+            channel_credentials(self.files),  # read now: a rotated certificate is used
+            options=[*CHANNEL_OPTIONS, *dial_options(peer.id)],
+        )
+
+    def check_peer(self, context: Any, claimed: str) -> None:
+        """With TLS, the caller's certificate must name the broker its hello claims.
+
+        Raises:
+            Unauthenticated: no certificate.
+            PermissionDenied: a certificate for another broker (or a client).
+        """
+        if self.files is None:
+            return
+        try:
+            check_broker(peer_identities(context), claimed)
+        except Unauthenticated:
+            self.metrics.peer_refused.labels(reason="unauthenticated").inc()
+            raise
+        except PermissionDenied:
+            self.metrics.peer_refused.labels(reason="identity").inc()
+            raise
+
+    # -- clients -------------------------------------------------------------
+
+    def principal(self, context: Any) -> Principal:
+        """Who is calling (`ANONYMOUS` without client authentication).
+
+        Raises:
+            Unauthenticated: no (valid) certificate or token.
+        """
+        if self.client_auth == "none":
+            return ANONYMOUS
+        try:
+            if self.verifier is not None:
+                token = bearer_token(context.invocation_metadata())
+                if token is None:
+                    raise Unauthenticated("no 'authorization: Bearer <token>' metadata")
+                claims = self.verifier.verify(token)
+                return Principal(claims.identity, claims.groups)
+            identity = client_identity(peer_identities(context))
+            if identity is None:
+                raise Unauthenticated("no client certificate naming a geofed client identity")
+            return Principal(identity)
+        except Unauthenticated:
+            self.metrics.auth_refused.labels(reason="unauthenticated").inc()
+            raise
+
+    def may_publish(self, who: Principal, client: str, topic: str, where: LatLon) -> None:
+        """Raise `PermissionDenied` unless the policy lets `who` publish there, from there."""
+        if self.policy is not None:
+            self._counted(self.policy.check_publish, who.identity, who.groups, client, topic)
+            self.may_be_at(who, where)
+
+    def may_subscribe(self, who: Principal, client: str, topic_filter: str) -> None:
+        """Raise `PermissionDenied` unless the policy lets `who` subscribe to the filter."""
+        if self.policy is not None:
+            self._counted(
+                self.policy.check_subscribe, who.identity, who.groups, client, topic_filter
+            )
+
+    def may_be_at(self, who: Principal, where: LatLon) -> None:
+        """Raise `PermissionDenied` if `where` is outside the area the policy gives `who`."""
+        if self.policy is not None:
+            self._counted(self.policy.check_location, who.identity, who.groups, where)
+
+    def _counted(self, check: Any, *args: Any) -> None:
+        try:
+            check(*args)
+        except PermissionDenied as exc:
+            self.metrics.auth_refused.labels(reason=exc.rule).inc()
+            raise
+
+    def deny_other_owner(self, who: Principal, client: str, owner: str | None) -> None:
+        """A client id belongs to the identity that opened its session."""
+        if self.authenticating and owner is not None and owner != who.identity:
+            self.metrics.auth_refused.labels(reason="identity").inc()
+            raise PermissionDenied(
+                "identity", f"client id {client!r} belongs to another identity's session"
+            )
