@@ -13,6 +13,7 @@ import asyncio
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -41,9 +42,7 @@ def durable(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalFed
         yield fed
 
 
-async def client(
-    fed: LocalFederation, cid: str, where: geofed.LatLon, **kw: object
-) -> geofed.Client:
+async def client(fed: LocalFederation, cid: str, where: geofed.LatLon, **kw: Any) -> geofed.Client:
     return await geofed.connect(
         client_id=cid, location=where, federation=fed.federation_path, retry=RETRY, **kw
     )

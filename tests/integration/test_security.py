@@ -1,0 +1,349 @@
+"""Security with real node processes: mutual TLS between brokers, authenticated clients,
+the policy (docs/security.md).
+
+Certificates come from a throw-away CA made at test time (`LocalFederation(tls=True)`,
+`geofed.node.create_ca`); no key is committed. Waits are on state (a call's answer, a
+delivery, a metric); `next` timeouts only turn a hang into a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import socket
+import ssl
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import jwt
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+import geofed
+from geofed import wire as gw
+from geofed.bench import LocalFederation, metric
+from geofed.node import (
+    AUTH_REFUSED,
+    CA,
+    PEER_MESSAGES_RECEIVED,
+    PEER_REFUSED,
+    TLSFiles,
+    create_ca,
+    issue_broker,
+    issue_client,
+    issue_federation,
+)
+from geofed.node._links import PROTOCOL_VERSION
+from geofed.v1 import federation_pb2_grpc as fpb_grpc
+
+pytestmark = pytest.mark.integration
+
+THREE = Path(__file__).resolve().parents[2] / "deploy" / "federations" / "three.geojson"
+PARIS = geofed.LatLon(48.85, 2.35)  # eu
+SINGAPORE = geofed.LatLon(1.29, 103.85)  # ap
+NEW_YORK = geofed.LatLon(40.71, -74.0)  # us
+HANG_S = 60.0
+POLICY = """
+[everyone]
+subscribe = ["clients/%c/#"]
+
+[identities.alice]
+publish = ["sensors/%u/+"]
+subscribe = ["alerts/#", "sensors/+/+"]
+
+[identities.bob]
+publish = ["alerts/%u"]
+area = "POLYGON((95 -5, 110 -5, 110 10, 95 10, 95 -5))"
+"""
+
+
+@pytest.fixture(scope="module")
+def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFederation]:
+    """mTLS between brokers, client certificates, the policy above."""
+    workdir = tmp_path_factory.mktemp("secure")
+    policy = workdir / "policy.toml"
+    policy.write_text(POLICY, encoding="utf-8")
+    env = {"GEOFED_POLICY_FILE": str(policy)}
+    with LocalFederation(
+        THREE, "event-geofence", workdir, tls=True, client_auth="cert", extra_env=env
+    ) as running:
+        yield running
+
+
+async def connect(
+    fed: LocalFederation, identity: str, client_id: str, where: geofed.LatLon, **kw: Any
+) -> geofed.Client:
+    return await geofed.connect(
+        client_id=client_id,
+        location=where,
+        federation=fed.federation_path,
+        tls=fed.client_tls(identity),
+        **kw,
+    )
+
+
+def refused(fed: LocalFederation, broker: str, reason: str) -> float:
+    return metric(fed.nodes[broker].metrics_url, PEER_REFUSED, reason=reason)
+
+
+def received_from(fed: LocalFederation, broker: str, peer: str) -> float:
+    url = fed.nodes[broker].metrics_url
+    return sum(
+        metric(url, PEER_MESSAGES_RECEIVED, peer=peer, kind=k)
+        for k in ("event", "subscribe", "unsubscribe", "delivery", "control")
+    )
+
+
+async def rogue_link(
+    endpoint: str, credentials: grpc.ChannelCredentials | None, claims: str
+) -> list[object]:
+    """Dial a broker's peer port as `claims` would; return what it answered (frames, or the
+    error that ended the call)."""
+    fed_digest = geofed.Federation.load(THREE).digest
+    hello = gw.hello_frame(claims, "event-geofence", fed_digest, PROTOCOL_VERSION, 1)
+    channel = (
+        grpc.aio.insecure_channel(endpoint)
+        if credentials is None
+        else grpc.aio.secure_channel(endpoint, credentials)
+    )
+    got: list[object] = []
+    async with channel:
+        call = fpb_grpc.FederationServiceStub(channel).Link()
+        try:
+            await call.write(hello)
+            async for frame in call:
+                got.append(frame)
+        except grpc.aio.AioRpcError as exc:
+            got.append(exc.code())
+        except asyncio.InvalidStateError:  # the call ended before our write
+            got.append(await call.code())
+    return got
+
+
+def creds(files: TLSFiles) -> grpc.ChannelCredentials:
+    return grpc.ssl_channel_credentials(
+        files.ca.read_bytes(), files.key.read_bytes(), files.cert.read_bytes()
+    )
+
+
+def test_a_rogue_broker_gets_nothing_and_injects_nothing(
+    fed: LocalFederation, tmp_path: Path
+) -> None:
+    """A process with the public federation file but no valid certificate dials eu's peer
+    port as broker ap: plaintext, a certificate from another CA, an expired one, a client's
+    and another broker's are all refused before any snapshot or delivery; the identity
+    refusals are counted and logged; the real links stay up and carry traffic."""
+    eu = fed.nodes["eu"]
+    ca = CA.load(fed.certs_dir)
+    before = received_from(fed, "eu", "ap")
+    # Refused in the TLS handshake (the dialler only sees the connection fail).
+    rogue_ca = create_ca(tmp_path / "rogue-ca")
+    other_ca = issue_broker(rogue_ca, "ap", ["127.0.0.1"], tmp_path / "rogue")
+    past = dt.datetime.now(dt.UTC) - dt.timedelta(days=1)
+    expired = issue_broker(ca, "ap", ["127.0.0.1"], tmp_path / "expired", not_after=past)
+    for credentials in (None, creds(other_ca), creds(expired)):
+        got = asyncio.run(rogue_link(eu.peer, credentials, "ap"))
+        assert got == [grpc.StatusCode.UNAVAILABLE], got
+    # A valid certificate that is not ap's: refused after the handshake, by the hello check.
+    client = issue_client(ca, "ap", tmp_path / "client-ap")
+    us = TLSFiles.in_dir(fed.certs_dir / "brokers" / "us")
+    for files in (client, us):
+        got = asyncio.run(rogue_link(eu.peer, creds(files), "ap"))
+        assert len(got) == 2 and got[-1] == grpc.StatusCode.PERMISSION_DENIED, got
+        assert got[0].refuse_reason and "ap" in got[0].refuse_reason  # type: ignore[attr-defined]
+        assert not got[0].HasField("snapshot") and not got[0].events  # type: ignore[attr-defined]
+    assert refused(fed, "eu", "identity") == 2
+    assert "refusing link from ap" in eu.log_path.read_text()
+    assert received_from(fed, "eu", "ap") == before  # nothing counted, nothing applied
+
+    async def traffic() -> None:
+        sub = await connect(fed, "alice", "alice-r", SINGAPORE)
+        pub = await connect(fed, "alice", "alice-p", PARIS)
+        s = await sub.subscribe("sensors/+/+")
+        await pub.publish("sensors/alice/t", b"1")
+        assert (await s.next(timeout=HANG_S)).origin == "eu"
+        await sub.close()
+        await pub.close()
+
+    asyncio.run(traffic())
+    fed.wait_ready(HANG_S)
+
+
+def test_clients_must_prove_who_they_are_and_cannot_take_over_another_id(
+    fed: LocalFederation,
+) -> None:
+    async def run() -> None:
+        # No client certificate: the TLS handshake fails.
+        with pytest.raises(geofed.Unavailable):
+            await geofed.connect(
+                client_id="anon",
+                location=PARIS,
+                federation=fed.federation_path,
+                tls=fed.client_tls(),
+                retry=geofed.RetryConfig(attempts=1),
+            )
+        alice = await connect(fed, "alice", "alice-1", PARIS)
+        sub = await alice.subscribe("alerts/#", subscription_id="a-alerts")
+        # mallory holds a valid certificate, but alice-1 is alice's.
+        with pytest.raises(geofed.PermissionDenied) as info:
+            await connect(fed, "mallory", "alice-1", PARIS)
+        assert info.value.rule == "identity"
+        mallory = await connect(fed, "mallory", "mallory-1", PARIS)
+        with pytest.raises(geofed.PermissionDenied):
+            await mallory._call(  # the raw RPC with alice's client id
+                "unsubscribe",
+                lambda stub, timeout: stub.Unsubscribe(
+                    gw.unsubscribe_request("alice-1", "a-alerts"), timeout=timeout
+                ),
+            )
+        bob = await connect(fed, "bob", "bob-1", SINGAPORE)
+        await bob.publish("alerts/bob", b"still subscribed")
+        assert (await sub.next(timeout=HANG_S)).payload == b"still subscribed"
+        for c in (alice, mallory, bob):
+            await c.close()
+
+    asyncio.run(run())
+    url = fed.nodes["eu"].metrics_url
+    assert metric(url, AUTH_REFUSED, reason="identity") >= 2
+
+
+def test_the_policy_grants_topics_with_substitutions_and_areas(fed: LocalFederation) -> None:
+    async def run() -> None:
+        alice = await connect(fed, "alice", "alice-2", PARIS)
+        await alice.publish("sensors/alice/temp", b"1")  # %u
+        for topic in ("sensors/bob/temp", "alerts/x", "$SYS/x"):
+            with pytest.raises(geofed.PermissionDenied) as info:
+                await alice.publish(topic, b"1")
+            assert info.value.rule == "publish"
+        await alice.subscribe("clients/alice-2/#")  # %c, from [everyone]
+        await alice.subscribe("alerts/+/fire")  # covered by alerts/#
+        for topic_filter in ("#", "sensors/#", "clients/other/#", "$SYS/#"):
+            with pytest.raises(geofed.PermissionDenied) as info:
+                await alice.subscribe(topic_filter)
+            assert info.value.rule == "subscribe"
+        # bob may only be around Singapore: connecting from Paris or moving there is refused.
+        with pytest.raises(geofed.PermissionDenied) as info:
+            await connect(fed, "bob", "bob-2", PARIS)
+        assert info.value.rule == "location"
+        bob = await connect(fed, "bob", "bob-3", SINGAPORE)
+        with pytest.raises(geofed.PermissionDenied):
+            await bob.move(PARIS)
+        for c in (alice, bob):
+            await c.close()
+
+    asyncio.run(run())
+    urls = [n.metrics_url for n in fed.nodes.values()]
+    assert sum(metric(u, AUTH_REFUSED, reason="publish") for u in urls) == 3
+    assert sum(metric(u, AUTH_REFUSED, reason="subscribe") for u in urls) == 4
+    assert sum(metric(u, AUTH_REFUSED, reason="location") for u in urls) == 2
+
+
+def test_certificates_rotate_without_dropping_deliveries(fed: LocalFederation) -> None:
+    """Re-issuing every broker certificate under the same CA while events flow: nothing is
+    lost; new connections get the new certificate, and a restarted broker links again."""
+
+    async def run() -> None:
+        sub_client = await connect(fed, "alice", "rot-sub", SINGAPORE)
+        pub = await connect(fed, "alice", "rot-pub", PARIS)
+        sub = await sub_client.subscribe("sensors/+/+")
+        old = (fed.certs_dir / "brokers" / "eu" / "cert.pem").read_bytes()
+        sent: list[str] = []
+        for i in range(60):
+            sent.append(await pub.publish("sensors/alice/r", b"%d" % i))
+            if i == 20:
+                issue_federation(fed.federation_path, fed.certs_dir)  # rotation
+        new = (fed.certs_dir / "brokers" / "eu" / "cert.pem").read_bytes()
+        assert new != old
+        got = [(await sub.next(timeout=HANG_S)).event_id for _ in sent]
+        assert got == sent
+        host, port = fed.nodes["eu"].client.rsplit(":", 1)
+        served = await asyncio.to_thread(_served_certificate, host, int(port), fed)
+        assert served == _pem_der(new)
+        await sub_client.close()
+        await pub.close()
+
+    asyncio.run(run())
+    fed.stop_node("us")
+    fed.start_node("us")
+    fed.wait_ready(HANG_S)  # us and its peers handshake with the new certificates
+
+
+def _served_certificate(host: str, port: int, fed: LocalFederation) -> bytes:
+    """The certificate a broker's client port presents to a new connection (DER)."""
+    ctx = ssl.create_default_context(cafile=str(fed.certs_dir / "ca.pem"))
+    files = TLSFiles.in_dir(fed.certs_dir / "clients" / "alice")
+    ctx.load_cert_chain(str(files.cert), str(files.key))
+    ctx.set_alpn_protocols(["h2"])
+    with (
+        socket.create_connection((host, port)) as raw,
+        ctx.wrap_socket(raw, server_hostname=host) as tls,
+    ):
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return der
+
+
+def _pem_der(pem: bytes) -> bytes:
+    return x509.load_pem_x509_certificate(pem).public_bytes(serialization.Encoding.DER)
+
+
+def test_token_authentication(tmp_path: Path) -> None:
+    """client_auth=token: a signed JWT names the identity; none, a forged one or an expired
+    one is refused with Unauthenticated."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    public = tmp_path / "token.pub"
+    public.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    forger = ec.generate_private_key(ec.SECP256R1())
+
+    def token(sub: str, signer: ec.EllipticCurvePrivateKey = key, ttl: float = 600) -> str:
+        claims = {"sub": sub, "exp": int(time.time() + ttl), "iat": int(time.time()) - 1}
+        return jwt.encode(claims, signer, algorithm="ES256")
+
+    env = {"GEOFED_TOKEN_KEY": str(public)}
+    with LocalFederation(
+        THREE, "event-geofence", tmp_path, tls=True, client_auth="token", extra_env=env
+    ) as fed:
+
+        async def run() -> None:
+            tls = fed.client_tls()
+            ok = await geofed.connect(
+                client_id="t1",
+                location=PARIS,
+                federation=fed.federation_path,
+                tls=tls,
+                token=token("carol"),
+            )
+            await ok.publish("any/topic", b"1")  # no policy: an authenticated client may
+            await ok.close()
+            no = geofed.RetryConfig(attempts=1)
+            for bad in ("", token("carol", forger), token("carol", ttl=-60)):
+                with pytest.raises(geofed.Unauthenticated):
+                    await geofed.connect(
+                        client_id="t2",
+                        location=PARIS,
+                        federation=fed.federation_path,
+                        tls=tls,
+                        token=bad,
+                        retry=no,
+                    )
+
+        asyncio.run(run())
+        url = fed.nodes["eu"].metrics_url
+        assert metric(url, AUTH_REFUSED, reason="unauthenticated") == 3
+
+
+def test_a_bad_security_setting_stops_the_node_naming_it(tmp_path: Path) -> None:
+    env = {"GEOFED_TLS_DIR": str(tmp_path / "none")}
+    fed = LocalFederation(THREE, "event-geofence", tmp_path, extra_env=env)
+    with pytest.raises(geofed.GeofedError, match=r"tls\.ca"):
+        fed.start(timeout=HANG_S)
+    fed.stop()
