@@ -6,13 +6,17 @@
     OUT/base/                       one broker: Deployment, two Services, PDB, NetworkPolicy
     OUT/components/podmonitor/      optional Prometheus-operator PodMonitor
     OUT/overlays/<broker>/          one per broker: its id, name suffix, federation file
+                                    (and with cert-manager, its Certificate)
 
 The base is the same for every federation (``k8s/base`` in the repository is
 this package's output). Each overlay names its objects ``<base name>-<broker>``,
 selects only its own broker's pod, and carries the federation file in a
 generated ConfigMap, with peer endpoints that are either the in-cluster DNS
 names of the peer Services (all brokers in one cluster) or the external
-addresses given with ``--endpoints`` (one cluster per region).
+addresses given with ``--endpoints`` (one cluster per region). The peer
+port admits only the pods labelled with this render's release
+(`release_labels`); with ``--tls`` every broker mounts its own Secret at
+`TLS_DIR` and peers authenticate each other by certificate.
 
 The package is split by job:
 
@@ -32,23 +36,37 @@ from .endpoints import Endpoints, in_cluster_endpoints, parse_endpoints
 from .manifests import (
     BROKER_ID_ANNOTATION,
     BROKER_LABEL,
+    CERT_MANAGER_KEYS,
+    CERTIFICATE,
     CLIENT_SVC,
     CONFIGMAP,
+    DEFAULT_RELEASE,
+    DEFAULT_TLS_SECRET,
     DEPLOYMENT,
     FEDERATION_DIR,
     FEDERATION_FILE,
+    HEALTH_PORT,
     IMAGE_NAME,
     LABELS,
     PEER_SVC,
     PODMONITOR,
     PORTS,
+    RELEASE_LABEL,
+    ROLE_LABEL,
     RUN_AS,
     SCRAPER_LABEL,
     SELECTOR,
+    TLS_DIR,
+    TLS_FILES,
+    PodOptions,
     base_manifests,
+    certificate,
     container_env,
+    parse_issuer,
     podmonitor_component,
+    release_labels,
     slug,
+    tls_secret_name,
 )
 from .tree import OUTPUTS, RenderResult, render
 from .yamlout import dump_yaml
@@ -63,26 +81,40 @@ __all__ = [
     "in_cluster_endpoints",
     "parse_endpoints",
     # the objects
+    "PodOptions",
     "base_manifests",
+    "certificate",
     "container_env",
+    "parse_issuer",
     "podmonitor_component",
+    "release_labels",
     "slug",
+    "tls_secret_name",
     # names, labels and paths in the manifests
     "BROKER_ID_ANNOTATION",
     "BROKER_LABEL",
+    "CERT_MANAGER_KEYS",
+    "CERTIFICATE",
     "CLIENT_SVC",
     "CONFIGMAP",
+    "DEFAULT_RELEASE",
+    "DEFAULT_TLS_SECRET",
     "DEPLOYMENT",
     "FEDERATION_DIR",
     "FEDERATION_FILE",
+    "HEALTH_PORT",
     "IMAGE_NAME",
     "LABELS",
     "PEER_SVC",
     "PODMONITOR",
     "PORTS",
+    "RELEASE_LABEL",
+    "ROLE_LABEL",
     "RUN_AS",
     "SCRAPER_LABEL",
     "SELECTOR",
+    "TLS_DIR",
+    "TLS_FILES",
     # YAML
     "dump_yaml",
 ]

@@ -12,9 +12,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from geofed.node import METRICS_PORT
 from geofed.routing import Federation, InvalidInput, federation_path
 
 from .endpoints import parse_endpoints
+from .manifests import DEFAULT_RELEASE, DEFAULT_TLS_SECRET
 from .tree import RenderResult, render
 
 
@@ -55,6 +57,38 @@ def register(sub: Any, name: str) -> None:
     r.add_argument(
         "--podmonitor", action="store_true", help="include a Prometheus-operator PodMonitor"
     )
+    r.add_argument(
+        "--metrics-listen",
+        default=f"0.0.0.0:{METRICS_PORT}",
+        metavar="HOST:PORT",
+        help="where brokers serve /metrics: 0.0.0.0:PORT (scraped) or 127.0.0.1:PORT "
+        f"(inside the pod only); default 0.0.0.0:{METRICS_PORT}",
+    )
+    r.add_argument(
+        "--release",
+        default=DEFAULT_RELEASE,
+        help="name of this render, in the label (geofed.io/release) that admits a pod to "
+        f"the peer port (default: {DEFAULT_RELEASE})",
+    )
+    r.add_argument(
+        "--tls",
+        action="store_true",
+        help="mutual TLS between brokers, TLS for clients, from a Secret per broker; "
+        "reflection off",
+    )
+    r.add_argument(
+        "--tls-secret",
+        default=DEFAULT_TLS_SECRET,
+        metavar="TEMPLATE",
+        help="the brokers' Secret names, {broker} standing for the broker "
+        f"(default: {DEFAULT_TLS_SECRET})",
+    )
+    r.add_argument(
+        "--cert-manager",
+        metavar="ISSUER",
+        help="a cert-manager Certificate per broker fills its Secret: NAME of an Issuer "
+        "or ClusterIssuer/NAME (with --tls)",
+    )
     r.add_argument("--force", action="store_true", help="replace a previous render in OUT")
     r.set_defaults(func=_cmd_render)
 
@@ -84,6 +118,11 @@ def _cmd_render(args: argparse.Namespace) -> int:
         peer_cidrs=args.peer_cidr,
         monitoring_namespace=args.monitoring_namespace,
         podmonitor=args.podmonitor,
+        release=args.release,
+        tls=args.tls,
+        tls_secret=args.tls_secret,
+        cert_manager=args.cert_manager,
+        metrics_listen=args.metrics_listen,
         force=args.force,
     )
     for warning in result.warnings:

@@ -17,18 +17,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from geofed.node import METRICS_PORT, broker_dns_name
 from geofed.routing import STRATEGIES, Federation, InvalidInput
 
 from .endpoints import Endpoints, in_cluster_endpoints
 from .manifests import (
+    CLIENT_SVC,
+    DEFAULT_RELEASE,
+    DEFAULT_TLS_SECRET,
     DNS_LABEL,
     FEDERATION_FILE,
+    PEER_SVC,
+    PodOptions,
     base_manifests,
+    certificate,
     image_entry,
     overlay_kustomization,
     overlay_patches,
+    parse_issuer,
     podmonitor_component,
     slug,
+    tls_secret_name,
     top_kustomization,
 )
 from .yamlout import dump_yaml
@@ -71,6 +80,11 @@ def render(
     peer_cidrs: Sequence[str] = (),
     monitoring_namespace: str = "monitoring",
     podmonitor: bool = False,
+    release: str = DEFAULT_RELEASE,
+    tls: bool = False,
+    tls_secret: str = DEFAULT_TLS_SECRET,
+    cert_manager: str | None = None,
+    metrics_listen: str = f"0.0.0.0:{METRICS_PORT}",
     force: bool = False,
 ) -> RenderResult:
     """Write the kustomize tree for `federation` into `out`.
@@ -90,10 +104,23 @@ def render(
         peer_cidrs: networks other clusters' brokers connect from (NetworkPolicy).
         monitoring_namespace: the namespace whose pods may scrape /metrics.
         podmonitor: also deploy a Prometheus-operator PodMonitor.
+        release: this render's name, carried by its broker pods in the label
+            that admits them to each other's peer port.
+        tls: mutual TLS between brokers and TLS for clients, from one Secret
+            per broker (``ca.pem``, ``cert.pem``, ``key.pem``); reflection off.
+            Every broker id must then be a lowercase DNS name.
+        tls_secret: the Secrets' names, ``{broker}`` standing for the broker's
+            Kubernetes name (`slug`).
+        cert_manager: ``NAME`` of an Issuer or ``ClusterIssuer/NAME``: a
+            cert-manager Certificate per broker fills its Secret (needs `tls`).
+        metrics_listen: where the node serves /metrics: ``0.0.0.0:PORT`` (a
+            scrape target) or ``127.0.0.1:PORT`` (inside the pod only).
         force: replace a previous render's files in `out`.
 
     Raises:
-        InvalidInput: for a bad argument, naming it.
+        InvalidInput: for a bad argument, naming it; when peers reach each
+            other from outside the cluster without `peer_cidrs` or `tls`
+            (field ``peer_cidr``).
     """
     source: dict[str, Any] | None = None
     if not isinstance(federation, Federation):
@@ -107,9 +134,30 @@ def render(
     image_ref = image_entry(image)
     for cidr in peer_cidrs:
         _check_cidr(cidr)
+    if (tls_secret != DEFAULT_TLS_SECRET) and not tls:
+        raise InvalidInput("tls_secret", "TLS Secrets need --tls")
+    options = PodOptions(
+        release=release,
+        tls=tls,
+        cert_manager=cert_manager is not None,
+        metrics_listen=metrics_listen,
+        monitoring_namespace=monitoring_namespace,
+    )
+    if podmonitor and not options.metrics_exposed:
+        raise InvalidInput(
+            "podmonitor", f"metrics listen on the pod's loopback ({metrics_listen}): no scraping"
+        )
+    issuer = parse_issuer(cert_manager) if cert_manager is not None else None
     slugs = [slug(b.id) for b in federation]
     if len(set(slugs)) != len(slugs):
         raise InvalidInput("federation", "two broker ids map to the same Kubernetes name")
+    secrets: dict[str, str] = {}
+    if tls:
+        for b in federation:
+            _check_tls_id(b.id)
+        secrets = {b.id: tls_secret_name(tls_secret, b.id) for b in federation}
+        if len(set(secrets.values())) != len(secrets):
+            raise InvalidInput("tls_secret", f"{tls_secret!r} gives two brokers one Secret")
 
     defaults = in_cluster_endpoints(federation, namespace, cluster_domain)
     given = dict(endpoints or {})
@@ -132,21 +180,29 @@ def render(
         )
     cidrs = list(peer_cidrs)
     if external_peer and not cidrs:
+        if not tls:
+            raise InvalidInput(
+                "peer_cidr",
+                "the peers reach each other from outside the cluster: give the networks the "
+                "other clusters' brokers connect from (--peer-cidr), or turn on mutual TLS "
+                "(--tls) to expose the peer port to any address",
+            )
+        # Mutual TLS only: any address may try, only the federation's brokers get in.
         cidrs = ["0.0.0.0/0", "::/0"]
-        warnings.append(
-            "peers reach each other from outside the cluster and no --peer-cidr was given: "
-            "the NetworkPolicy admits the federation port from any address"
-        )
     fed_text = _federation_text(federation, source, resolved)
     root = Path(out)
     _prepare(root, force)
-    _write_tree(root / "base", base_manifests(monitoring_namespace))
-    _write_tree(root / "components" / "podmonitor", podmonitor_component())
+    _write_tree(root / "base", base_manifests(options))
+    _write_tree(root / "components" / "podmonitor", podmonitor_component(options))
     overlays: dict[str, Path] = {}
     for b in federation:
         # One cluster: the PodMonitor is added once, at the top.
         kustomization = overlay_kustomization(
-            b.id, namespace, image_ref, podmonitor=podmonitor and not single_cluster
+            b.id,
+            namespace,
+            image_ref,
+            podmonitor=podmonitor and not single_cluster,
+            certificate=issuer is not None,
         )
         patches = overlay_patches(
             b.id,
@@ -154,10 +210,17 @@ def render(
             external_peer=b.id in external_peer,
             external_client=b.id in external_client,
             peer_cidrs=cidrs if b.id in external_peer else (),
-            monitoring_namespace=monitoring_namespace,
+            options=options,
+            tls_secret=secrets.get(b.id, ""),
         )
+        files: dict[str, Any] = {"kustomization.yaml": kustomization, "broker-patch.yaml": patches}
+        if issuer is not None:
+            hosts = _service_names(b.id, namespace, cluster_domain) + [
+                _host(e) for e in (resolved[b.id].peer, resolved[b.id].client)
+            ]
+            files["certificate.yaml"] = certificate(b.id, secrets[b.id], hosts, issuer)
         d = root / "overlays" / slug(b.id)
-        _write_tree(d, {"kustomization.yaml": kustomization, "broker-patch.yaml": patches})
+        _write_tree(d, files)
         (d / FEDERATION_FILE).write_text(fed_text + "\n", encoding="utf-8")
         overlays[b.id] = d
     if single_cluster:
@@ -190,6 +253,27 @@ def _federation_text(
     if source is not None and rendered.digest != federation.digest:
         raise AssertionError("the rendered federation file changed the broker areas")
     return text
+
+
+def _check_tls_id(broker_id: str) -> None:
+    try:
+        broker_dns_name(broker_id)
+    except InvalidInput as exc:
+        raise InvalidInput(f"federation broker {broker_id!r}", exc.reason) from None
+
+
+def _service_names(broker_id: str, namespace: str, cluster_domain: str) -> list[str]:
+    """Every name a pod of the cluster may use for the broker's Services."""
+    names = []
+    for svc in (CLIENT_SVC, PEER_SVC):
+        short = f"{svc}-{slug(broker_id)}"
+        svc_ns = f"{short}.{namespace}.svc"
+        names += [short, f"{short}.{namespace}", svc_ns, f"{svc_ns}.{cluster_domain}"]
+    return names
+
+
+def _host(endpoint: str) -> str:
+    return endpoint.rpartition(":")[0].strip("[]")
 
 
 def _check_cidr(cidr: str) -> None:

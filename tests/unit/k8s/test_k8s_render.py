@@ -9,24 +9,28 @@ rendered objects themselves, not from the renderer's constants.
 from __future__ import annotations
 
 import argparse
+import base64
 import filecmp
 import functools
 import json
 import re
 import shutil
 import subprocess
-from pathlib import Path
+import tempfile
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import kubernetes_validate
 import pytest
 import yaml
+from cryptography import x509
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import geofed.k8s
+from geofed.cli.certs import issue_federation
 from geofed.k8s.cli import register
-from geofed.node import CLIENT_PORT, NodeConfig
+from geofed.node import CLIENT_PORT, NodeConfig, TLSFiles, broker_dns_name
 from geofed.routing import Federation, GeofedError, InvalidInput
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -79,10 +83,17 @@ def kustomize(directory: Path) -> Objects:
     return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
 
 
+def valid_objects(directory: Path) -> Objects:
+    """`kustomize` of `directory`, every object validated."""
+    objects = kustomize(directory)
+    validate(objects)
+    return objects
+
+
 def validate(objects: Objects) -> None:
     for obj in objects:
-        if obj["apiVersion"].startswith("monitoring.coreos.com/"):
-            continue  # a CRD: no schema in the Kubernetes OpenAPI set
+        if obj["apiVersion"].startswith(("monitoring.coreos.com/", "cert-manager.io/")):
+            continue  # CRDs: no schema in the Kubernetes OpenAPI set
         for version in K8S_VERSIONS:
             try:
                 kubernetes_validate.validate(obj, version, strict=True)
@@ -123,6 +134,50 @@ def pod_labels(deployment: dict[str, Any]) -> dict[str, str]:
     return labels
 
 
+def assert_release_only(selector: dict[str, str], release: str) -> None:
+    """`selector` admits this release's pods by geofed's own labels, not generic ones."""
+    assert selector and all(k.startswith("geofed.io/") for k in selector), selector
+    assert release in selector.values(), selector
+    # A pod of another release, otherwise labelled alike, is not selected.
+    for key, value in selector.items():
+        if value == release:
+            assert not selects(selector, {**selector, key: f"{release}-other"})
+
+
+def volume_files(pod: dict[str, Any], mount_path: str, secrets: dict[str, dict[str, Any]]) -> Path:
+    """The files the kubelet would put at `mount_path`, written under a temporary folder.
+
+    `secrets` holds the Secret objects by name (``kubectl create secret ...
+    -o json``); items map keys to paths as the kubelet does.
+    """
+    (c,) = pod["containers"]
+    (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == mount_path]
+    assert mount.get("readOnly") is True
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    secret = volume["secret"]
+    data = secrets[secret["secretName"]]["data"]
+    items = secret.get("items") or [{"key": k, "path": k} for k in data]
+    folder = Path(tempfile.mkdtemp(prefix="geofed-mounted-"))
+    for item in items:
+        (folder / item["path"]).write_bytes(base64.b64decode(data[item["key"]]))
+    return folder
+
+
+def kubectl_secret(name: str, *from_files: str) -> dict[str, Any]:
+    """`kubectl create secret generic NAME --from-file=...` (client dry run) as an object."""
+    args = [f"--from-file={f}" for f in from_files]
+    proc = subprocess.run(
+        [_kubectl(), "create", "secret", "generic", name, *args, "--dry-run=client", "-o", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    secret: dict[str, Any] = json.loads(proc.stdout)
+    return secret
+
+
 def render_cli(out: Path, *extra: str, image: str = "geofed:dev") -> int:
     """`geofed k8s render` of the 3-broker federation into `out`."""
     return run_cli(
@@ -161,9 +216,7 @@ def single(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def single_objects(single: Path) -> Objects:
-    objects = kustomize(single)
-    validate(objects)
-    return objects
+    return valid_objects(single)
 
 
 @pytest.fixture(scope="module")
@@ -191,8 +244,7 @@ def test_every_overlay_renders_and_validates(single: Path, three: Federation) ->
     overlays = sorted(p.name for p in (single / "overlays").iterdir())
     assert overlays == sorted(three.ids)
     for name in overlays:
-        objects = kustomize(single / "overlays" / name)
-        validate(objects)
+        objects = valid_objects(single / "overlays" / name)
         assert sorted(o["kind"] for o in objects) == [
             "ConfigMap",
             "Deployment",
@@ -324,6 +376,7 @@ def test_network_policy_and_disruption_budget(single_objects: Objects) -> None:
         assert "from" not in rules[client]  # clients come from anywhere
         (peer_from,) = rules[peer]["from"]  # only brokers, every broker
         assert all(selects(peer_from["podSelector"]["matchLabels"], p) for p in all_pods)
+        assert_release_only(peer_from["podSelector"]["matchLabels"], "geofed")
         scrapers = rules[metrics]["from"]
         assert {
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
@@ -349,8 +402,7 @@ def test_image_is_set_everywhere(single_objects: Objects) -> None:
 def test_external_endpoints_one_cluster_per_region(external: Path, three: Federation) -> None:
     assert not (external / "kustomization.yaml").exists()  # no "apply everything" here
     for b in three:
-        objects = kustomize(external / "overlays" / b.id)
-        validate(objects)
+        objects = valid_objects(external / "overlays" / b.id)
         (cm,) = of_kind(objects, "ConfigMap")
         fed = Federation.from_geojson(json.loads(cm["data"]["federation.geojson"]))
         assert {x.id: (x.endpoint, x.client_endpoint) for x in fed} == {
@@ -367,22 +419,28 @@ def test_external_endpoints_one_cluster_per_region(external: Path, three: Federa
         assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} <= port_names
 
 
-def test_external_peers_without_cidr_warn(
+def test_external_peers_need_cidrs_or_tls(
     tmp_path: Path, three: Federation, capsys: pytest.CaptureFixture[str]
 ) -> None:
     spec = tmp_path / "e.json"
     spec.write_text(json.dumps({b.id: {"endpoint": f"{b.id}.example:7401"} for b in three}))
-    assert render_cli(tmp_path / "out", "--endpoints", str(spec)) == 0
-    assert "no --peer-cidr" in capsys.readouterr().err
+    # Peers in other clusters and neither their networks nor mutual TLS: refused.
+    assert render_cli(tmp_path / "out", "--endpoints", str(spec)) == 2
+    out = capsys.readouterr().out
+    assert "peer_cidr" in out and "--peer-cidr" in out and "--tls" in out
+    assert not (tmp_path / "out").exists()
+    # Mutual TLS only: the peer port is open to any address, and only
+    # certificates of the federation's CA get in.
+    assert render_cli(tmp_path / "out", "--endpoints", str(spec), "--tls") == 0
     (policy,) = of_kind(kustomize(tmp_path / "out" / "overlays" / "eu"), "NetworkPolicy")
     peer_rule = next(r for r in policy["spec"]["ingress"] if r["ports"][0]["port"] == 7401)
     assert {"ipBlock": {"cidr": "0.0.0.0/0"}} in peer_rule["from"]
+    assert {"ipBlock": {"cidr": "::/0"}} in peer_rule["from"]
 
 
 def test_podmonitor_once_per_cluster(tmp_path: Path) -> None:
     assert render_cli(tmp_path, "--podmonitor") == 0
-    objects = kustomize(tmp_path)
-    validate(objects)
+    objects = valid_objects(tmp_path)
     assert len(of_kind(objects, "PodMonitor")) == 1
     assert len(of_kind(objects, "Deployment")) == 3
 
@@ -390,8 +448,7 @@ def test_podmonitor_once_per_cluster(tmp_path: Path) -> None:
 def test_twenty_one_regions(tmp_path: Path) -> None:
     aws = Federation.load(AWS)
     result = geofed.k8s.render(AWS, "geofed:dev", tmp_path)
-    objects = kustomize(tmp_path)
-    validate(objects)
+    objects = valid_objects(tmp_path)
     assert sorted(env_of(d)["GEOFED_BROKER_ID"] for d in of_kind(objects, "Deployment")) == sorted(
         aws.ids
     )
@@ -399,6 +456,189 @@ def test_twenty_one_regions(tmp_path: Path) -> None:
         # A ConfigMap holds at most 1 MiB.
         assert len(cm["data"]["federation.geojson"].encode()) < 1024 * 1024
     assert result.single_cluster
+
+
+# --- TLS -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The 3-broker federation rendered for one cluster with TLS from Secrets."""
+    out = tmp_path_factory.mktemp("tls")
+    args = ["--namespace", NAMESPACE, "--tls", "--release", "blue", "--podmonitor"]
+    assert render_cli(out, *args, image=IMAGE) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def tls_objects(tls: Path) -> Objects:
+    return valid_objects(tls)
+
+
+@pytest.fixture(scope="module")
+def pki(tls: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`geofed certs` of the rendered federation file (DEPLOY.md's first step)."""
+    out = tmp_path_factory.mktemp("pki")
+    issue_federation(tls / "overlays" / "eu" / "federation.geojson", out)
+    return out
+
+
+def test_tls_secrets_from_geofed_certs_are_what_the_node_reads(
+    tls_objects: Objects, pki: Path, three: Federation
+) -> None:
+    """The kubectl flow of DEPLOY.md: one Secret per broker from its `geofed certs` folder."""
+    deployments = of_kind(tls_objects, "Deployment")
+    assert len(deployments) == len(three)
+    secret_names = set()
+    for d in deployments:
+        cfg = node_config(d)
+        assert cfg.tls_dir and cfg.reflection == "off"
+        pod = d["spec"]["template"]["spec"]
+        (volume,) = [v for v in pod["volumes"] if "secret" in v]
+        name = volume["secret"]["secretName"]
+        secret_names.add(name)
+        assert volume["secret"]["defaultMode"] & 0o007 == 0  # the key is not world-readable
+        secret = kubectl_secret(name, str(pki / "brokers" / cfg.broker_id))
+        mounted = volume_files(pod, cfg.tls_dir, {name: secret})
+        # The node's own loader takes the files (and checks the key fits the certificate).
+        TLSFiles.in_dir(mounted).read()
+        cert = x509.load_pem_x509_certificate((mounted / "cert.pem").read_bytes())
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert broker_dns_name(cfg.broker_id) in sans.get_values_for_type(x509.DNSName)
+    assert len(secret_names) == len(three)  # one Secret per broker
+    assert {f"geofed-tls-{b.id}" for b in three} == secret_names  # the default names
+
+
+def test_tls_mounts_are_read_only_and_not_nested(tls_objects: Objects) -> None:
+    for d in of_kind(tls_objects, "Deployment"):
+        mounts = container(d)["volumeMounts"]
+        paths = [PurePosixPath(m["mountPath"]) for m in mounts]
+        for a in paths:
+            for b in paths:
+                assert a == b or not b.is_relative_to(a), f"{b} is mounted inside {a}"
+        cfg = node_config(d)
+        (tls_mount,) = [m for m in mounts if m["mountPath"] == cfg.tls_dir]
+        assert tls_mount["readOnly"] is True and "subPath" not in tls_mount  # rotation
+
+
+def test_tls_probes_use_the_plaintext_health_port(tls_objects: Objects) -> None:
+    """kubelet's gRPC probes cannot speak TLS: they ask the node's health-only port."""
+    for d in of_kind(tls_objects, "Deployment"):
+        env = env_of(d)
+        c = container(d)
+        health = port_of(env["GEOFED_HEALTH_LISTEN"])
+        cfg = node_config(d)
+        assert health not in (port_of(cfg.client_listen), port_of(cfg.peer_listen))
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            assert c[probe]["grpc"]["port"] == health, probe
+        assert c["readinessProbe"]["grpc"]["service"] == "geofed.v1.ClientService"
+        assert health in {p["containerPort"] for p in c["ports"]}
+
+
+def test_tls_peer_port_admits_only_this_release(tls_objects: Objects) -> None:
+    deployments = of_kind(tls_objects, "Deployment")
+    for policy in of_kind(tls_objects, "NetworkPolicy"):
+        peer = port_of(node_config(deployments[0]).peer_listen)
+        (rule,) = [r for r in policy["spec"]["ingress"] if r["ports"][0]["port"] == peer]
+        (source,) = rule["from"]
+        assert set(source) == {"podSelector"}  # this namespace only, no ipBlock
+        selector = source["podSelector"]["matchLabels"]
+        assert_release_only(selector, "blue")
+        assert all(selects(selector, pod_labels(d)) for d in deployments)
+    (monitor,) = of_kind(tls_objects, "PodMonitor")
+    assert_release_only(monitor["spec"]["selector"]["matchLabels"], "blue")
+
+
+def test_cert_manager_certificates(tmp_path: Path, three: Federation, pki: Path) -> None:
+    spec = tmp_path / "e.json"
+    spec.write_text(
+        json.dumps(
+            {
+                "eu": {"endpoint": "peer.eu.example:443", "client_endpoint": "192.0.2.7:7400"},
+                "us": {"endpoint": "peer.us.example:443", "client_endpoint": "[2001:db8::1]:7400"},
+                "ap": {"endpoint": "peer.ap.example:443"},
+            }
+        )
+    )
+    args = ["--tls", "--cert-manager", "ClusterIssuer/geofed-ca", "--endpoints", str(spec)]
+    args += ["--tls-secret", "broker-{broker}-tls", "--namespace", NAMESPACE]
+    assert render_cli(tmp_path / "out", *args) == 0
+    for b in three:
+        objects = valid_objects(tmp_path / "out" / "overlays" / b.id)
+        (cert,) = of_kind(objects, "Certificate")
+        (d,) = of_kind(objects, "Deployment")
+        cfg = node_config(d)
+        pod = d["spec"]["template"]["spec"]
+        (volume,) = [v for v in pod["volumes"] if "secret" in v]
+        assert cert["spec"]["secretName"] == volume["secret"]["secretName"] == f"broker-{b.id}-tls"
+        assert cert["metadata"]["namespace"] == NAMESPACE
+        assert cert["spec"]["issuerRef"] == {
+            "group": "cert-manager.io",
+            "kind": "ClusterIssuer",
+            "name": "geofed-ca",
+        }
+        assert {"server auth", "client auth"} <= set(cert["spec"]["usages"])
+        # Named as peers verify a broker, and as clients and peers dial it.
+        (cm,) = of_kind(objects, "ConfigMap")
+        fed = Federation.from_geojson(json.loads(cm["data"]["federation.geojson"]))
+        names = set(cert["spec"]["dnsNames"]) | set(cert["spec"].get("ipAddresses", []))
+        assert broker_dns_name(b.id) in names
+        for endpoint in (fed.broker(b.id).endpoint, fed.broker(b.id).client_endpoint):
+            assert endpoint.rpartition(":")[0].strip("[]") in names
+        for s in of_kind(objects, "Service"):
+            assert f"{s['metadata']['name']}.{NAMESPACE}.svc" in names
+        # cert-manager's Secret keys, mapped to the files the node reads: a
+        # Secret as cert-manager writes it, made from `geofed certs` output.
+        folder = pki / "brokers" / b.id
+        secret = kubectl_secret(
+            "cm",
+            f"tls.crt={folder / 'cert.pem'}",
+            f"tls.key={folder / 'key.pem'}",
+            f"ca.crt={folder / 'ca.pem'}",
+        )
+        mounted = volume_files(pod, cfg.tls_dir, {volume["secret"]["secretName"]: secret})
+        TLSFiles.in_dir(mounted).read()
+
+
+def test_tls_needs_dns_broker_ids(tmp_path: Path) -> None:
+    raw = json.loads(THREE.read_text())
+    raw["features"][0]["properties"]["id"] = "EU_West"
+    (tmp_path / "fed.geojson").write_text(json.dumps(raw))
+    geofed.k8s.render(tmp_path / "fed.geojson", "geofed:dev", tmp_path / "plain")
+    with pytest.raises(InvalidInput) as err:
+        geofed.k8s.render(tmp_path / "fed.geojson", "geofed:dev", tmp_path / "tls", tls=True)
+    assert "EU_West" in err.value.field
+
+
+# --- metrics --------------------------------------------------------------------------
+
+
+def test_metrics_on_the_pod_loopback_are_not_exposed(tmp_path: Path) -> None:
+    assert render_cli(tmp_path, "--metrics-listen", "127.0.0.1:9400") == 0
+    objects = valid_objects(tmp_path)
+    for d in of_kind(objects, "Deployment"):
+        assert node_config(d).metrics_listen == "127.0.0.1:9400"
+        assert 9400 not in {p["containerPort"] for p in container(d)["ports"]}
+        annotations = d["spec"]["template"]["metadata"].get("annotations", {})
+        assert not any(k.startswith("prometheus.io/") for k in annotations)
+    for policy in of_kind(objects, "NetworkPolicy"):
+        assert 9400 not in {r["ports"][0]["port"] for r in policy["spec"]["ingress"]}
+
+
+def test_metrics_port_follows_the_setting(tmp_path: Path) -> None:
+    assert render_cli(tmp_path, "--metrics-listen", "0.0.0.0:9500", "--podmonitor") == 0
+    objects = valid_objects(tmp_path)
+    for d in of_kind(objects, "Deployment"):
+        metrics = port_of(node_config(d).metrics_listen)
+        assert metrics == 9500
+        ports = {p["name"]: p["containerPort"] for p in container(d)["ports"]}
+        assert ports["metrics"] == metrics
+        annotations = d["spec"]["template"]["metadata"]["annotations"]
+        assert int(annotations["prometheus.io/port"]) == metrics
+    for policy in of_kind(objects, "NetworkPolicy"):
+        assert 9500 in {r["ports"][0]["port"] for r in policy["spec"]["ingress"]}
+    (monitor,) = of_kind(objects, "PodMonitor")
+    assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["metrics"]
 
 
 # --- the repository's k8s/ tree -----------------------------------------------------
@@ -435,6 +675,19 @@ def test_repository_tree_is_the_render_of_three(tmp_path: Path) -> None:
         ({"strategy": "gossip"}, "strategy"),
         ({"peer_cidrs": ["10.0.0.0/33"]}, "peer_cidr"),
         ({"cluster_domain": "-bad-"}, "cluster_domain"),
+        ({"release": "Blue_1"}, "release"),
+        ({"release": "r" * 64}, "release"),
+        ({"cert_manager": "ca"}, "cert_manager"),  # without tls
+        ({"tls_secret": "tls-{broker}"}, "tls_secret"),  # without tls
+        ({"tls": True, "tls_secret": "shared"}, "tls_secret"),  # one Secret for three
+        ({"tls": True, "tls_secret": "tls-{id}-{broker}"}, "tls_secret"),
+        ({"tls": True, "tls_secret": "TLS-{broker}"}, "tls_secret"),
+        ({"tls": True, "cert_manager": "Vault/ca"}, "cert_manager"),
+        ({"tls": True, "cert_manager": "ClusterIssuer/"}, "cert_manager"),
+        ({"metrics_listen": "10.0.0.1:9400"}, "metrics_listen"),
+        ({"metrics_listen": "0.0.0.0:7401"}, "metrics_listen"),
+        ({"metrics_listen": "9400"}, "metrics_listen"),
+        ({"metrics_listen": "127.0.0.1:9400", "podmonitor": True}, "podmonitor"),
     ],
 )
 def test_bad_arguments_name_the_field(
@@ -594,3 +847,12 @@ def test_container_env_is_a_valid_node_config() -> None:
     cfg = NodeConfig.load(env=geofed.k8s.container_env("eu", strategy="subscription-geofence"))
     assert (cfg.broker_id, cfg.strategy) == ("eu", "subscription-geofence")
     assert port_of(cfg.client_listen) == CLIENT_PORT
+    assert not cfg.tls_dir
+
+
+def test_container_env_with_tls() -> None:
+    env = geofed.k8s.container_env("eu", tls=True)
+    cfg = NodeConfig.load(env=env)
+    assert cfg.tls_dir == geofed.k8s.TLS_DIR
+    assert cfg.reflection == "off"
+    assert port_of(env["GEOFED_HEALTH_LISTEN"]) == geofed.k8s.HEALTH_PORT
