@@ -84,6 +84,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "analysis": False,
         "plots": False,
         "summary": True,
+        "tls": True,
         "output_root": "out/demo",
     },
 }
@@ -121,6 +122,13 @@ def register(subparsers: Any, name: str) -> argparse.ArgumentParser:
         "--wan-ms-per-km",
         type=float,
         help="one-way delay per km for --wan model (node default 0.021)",
+    )
+    p.add_argument(
+        "--tls",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="mutual TLS between the brokers and TLS to their clients, on a throw-away CA"
+        + (" (default: on)" if PRESETS[name].get("tls") else " (default: off)"),
     )
     w = p.add_argument_group("workload (a trace file, or generated)")
     w.add_argument(
@@ -290,7 +298,7 @@ def _run(args: argparse.Namespace) -> int:
     rows = []
     for name in strategies:
         row = _run_strategy(
-            name, fed_file, ops, workdir / name, wan_env, speed, args.barrier, progress
+            name, fed_file, ops, workdir / name, wan_env, speed, args.barrier, progress, args.tls
         )
         model = models[name]
         kinds = model.by_kind()
@@ -578,12 +586,13 @@ def _run_strategy(
     speed: float,
     barrier: bool,
     progress: _Progress,
+    tls: bool = False,
 ) -> dict[str, Any]:
 
     _clean(workdir)
     t0 = time.monotonic()
-    progress.say(f"{name}: starting the federation ...")
-    fed = LocalFederation(fed_file, name, workdir, trace=True, extra_env=wan_env)
+    progress.say(f"{name}: starting the federation{' (TLS)' if tls else ''} ...")
+    fed = LocalFederation(fed_file, name, workdir, trace=True, extra_env=wan_env, tls=tls)
     try:
         # Many brokers on few cores start slowly: a generous readiness timeout.
         fed.start(timeout=60.0 + 10.0 * len(fed.source))
@@ -697,6 +706,7 @@ async def _replay(
             fed.federation,
             log,
             barrier=(lambda: wait_quiescent(urls, timeout=_BARRIER_TIMEOUT_S)) if barrier else None,
+            tls=fed.client_tls(),
         )
 
         async def heartbeat() -> None:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import IO
 
-from geofed.client import Channels, Client, ClientConfig, Subscription, connect
+from geofed.client import Channels, Client, ClientConfig, Subscription, TLSConfig, connect
 from geofed.routing import Federation, GeofedError, LatLon, TraceOp
 
 from .scrape import delivered
@@ -30,6 +30,8 @@ class Replayer:
         delivery_log: open text file for delivery records (or None).
         barrier: awaited after each action (e.g. wait until no inter-broker
             message is in flight), or None.
+        tls: TLS towards brokers that serve it (their clients are not
+            authenticated by certificate: one connection serves every client).
     """
 
     def __init__(
@@ -37,11 +39,13 @@ class Replayer:
         federation: Federation,
         delivery_log: IO[str] | None = None,
         barrier: Callable[[], Awaitable[object]] | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
         self.federation = federation
         self._log = delivery_log
         self._barrier = barrier
-        self._channels = Channels()  # one connection per broker for every client
+        self._tls = tls
+        self._channels = Channels(tls)  # one connection per broker for every client
         self._clients: dict[str, Client] = {}
         self._subs: dict[tuple[str, str], Subscription] = {}
         self._readers: list[asyncio.Task[None]] = []
@@ -145,7 +149,7 @@ class Replayer:
         client = self._clients.get(client_id)
         if client is None:
             client = await connect(
-                ClientConfig(client_id, where, federation=self.federation),
+                ClientConfig(client_id, where, federation=self.federation, tls=self._tls),
                 channels=self._channels,
             )
             self._clients[client_id] = client

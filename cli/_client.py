@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from geofed.client import ClientConfig, connect
+from geofed.client import ClientConfig, TLSConfig, connect
 from geofed.routing import InvalidInput
 
 from ._args import GEOFENCE_HELP, LOCATION_HELP, geofence_arg, location_arg
@@ -37,6 +37,7 @@ def register(sub: Any, name: str) -> None:
             " (default: the whole world)",
         )
         p.add_argument("--id", default="", help="event / subscription id (default: generated)")
+        _tls_arguments(p)
         if name == "publish":
             p.add_argument("--payload", default="", help="payload text")
             p.set_defaults(func=_publish)
@@ -70,7 +71,43 @@ def register(sub: Any, name: str) -> None:
             default=0.5,
             help="without --metrics: seconds to wait for late deliveries at the end",
         )
+        _tls_arguments(p, client_auth=False)
         p.set_defaults(func=_replay)
+
+
+def _tls_arguments(p: argparse.ArgumentParser, client_auth: bool = True) -> None:
+    t = p.add_argument_group("TLS (brokers run with tls_dir)")
+    t.add_argument("--ca", metavar="FILE", help="PEM CA that signed the broker certificates")
+    t.add_argument(
+        "--server-name", help="name to verify in the broker certificate (default: its host)"
+    )
+    if client_auth:
+        t.add_argument("--cert", metavar="FILE", help="PEM client certificate (client_auth cert)")
+        t.add_argument("--key", metavar="FILE", help="PEM key of --cert")
+        t.add_argument(
+            "--token-file", metavar="FILE", help="file holding a bearer token (client_auth token)"
+        )
+
+
+def _tls(args: argparse.Namespace) -> TLSConfig | None:
+    cert, key = getattr(args, "cert", None), getattr(args, "key", None)
+    if not (args.ca or args.server_name or cert or key):
+        return None
+    return TLSConfig(
+        ca_file=args.ca or "",
+        cert_file=cert or "",
+        key_file=key or "",
+        server_name=args.server_name or "",
+    )
+
+
+def _token(args: argparse.Namespace) -> str:
+    if not args.token_file:
+        return ""
+    try:
+        return Path(args.token_file).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise InvalidInput("token-file", f"cannot read {args.token_file}: {exc.strerror}") from None
 
 
 def _config(args: argparse.Namespace) -> ClientConfig:
@@ -79,6 +116,8 @@ def _config(args: argparse.Namespace) -> ClientConfig:
         location=location_arg(args.location),
         federation=args.federation,
         endpoint=args.endpoint,
+        tls=_tls(args),
+        token=_token(args),
     )
 
 
@@ -148,7 +187,7 @@ def _replay(args: argparse.Namespace) -> int:
     async def run() -> int:
         urls = {str(i): u for i, u in enumerate(args.metrics)}
         barrier = (lambda: wait_quiescent(urls)) if urls else None
-        r = Replayer(fed, log, barrier)
+        r = Replayer(fed, log, barrier, tls=_tls(args))
         started = time.monotonic()
         try:
             await r.run(track(ops, "replay", unit="action"), speed=args.speed)

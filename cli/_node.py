@@ -25,6 +25,12 @@ def register(sub: Any, name: str) -> None:
         p.add_argument("--workdir", help="where to keep logs and traces (default: a temp dir)")
         p.add_argument("--trace", action="store_true", help="write node message traces")
         p.add_argument(
+            "--tls",
+            action="store_true",
+            help="mutual TLS between the brokers and TLS to clients, on a throw-away CA whose"
+            " certificates go to WORKDIR/certs (clients: --ca WORKDIR/certs/ca.pem)",
+        )
+        p.add_argument(
             "--durable",
             action="store_true",
             help="give each broker a store in WORKDIR/<id>/data (kept across runs with --workdir)",
@@ -42,7 +48,12 @@ def _up(args: argparse.Namespace) -> int:
     from geofed.bench.local import LocalFederation
 
     fed = LocalFederation(
-        args.federation, args.strategy, args.workdir, trace=args.trace, durable=args.durable
+        args.federation,
+        args.strategy,
+        args.workdir,
+        trace=args.trace,
+        durable=args.durable,
+        tls=args.tls,
     )
     stop = False
 
@@ -59,6 +70,8 @@ def _up(args: argparse.Namespace) -> int:
         for n in fed.nodes.values():
             print(f"{n.broker_id:<16} {n.client:<22} {n.peer:<22} {n.metrics_url}")
         print(f"federation file: {fed.federation_path}")
+        if args.tls:
+            print(f"TLS: CA {fed.certs_dir / 'ca.pem'}, certificates in {fed.certs_dir}")
         print("all brokers healthy and linked; Ctrl-C stops them", flush=True)
         while not stop:
             for n in fed.nodes.values():

@@ -60,6 +60,63 @@ def test_up_starts_a_federation_and_stops_cleanly_on_sigterm(tmp_path: Path) -> 
         assert "stopped" in (tmp_path / f"node-{broker}.log").read_text()
 
 
+def test_up_tls_runs_a_secured_federation_that_the_cli_clients_reach(tmp_path: Path) -> None:
+    """`geofed up --tls`: brokers on a throw-away CA; publish and subscribe with --ca."""
+    with subprocess.Popen(
+        [*GEOFED, "up", str(THREE), "--tls", "--workdir", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    ) as proc:
+        assert proc.stdout is not None
+        lines = []
+        while True:
+            line = proc.stdout.readline()
+            lines.append(line)
+            if "all brokers healthy" in line or not line:
+                break
+        assert any(line.startswith("TLS: CA ") for line in lines), lines
+        ca = str(tmp_path / "certs" / "ca.pem")
+        fed_file = str(tmp_path / "federation.geojson")
+        common = ["--federation", fed_file, "--ca", ca]
+        with subprocess.Popen(
+            [
+                *GEOFED,
+                "subscribe",
+                *common,
+                *("--client", "s", "--location", "1.3,103.8", "--topic", "news/#"),
+                *("--id", "sub1", "--count", "1"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        ) as sub:
+            assert sub.stderr is not None
+            assert "subscribed sub1 at broker ap" in sub.stderr.readline()
+            out = run(
+                "publish", *common, "--client", "p", "--location", "50.1,8.7", "--topic", "news/eu"
+            )
+            assert out.returncode == 0, out.stderr
+            stdout, _ = sub.communicate(timeout=30)
+        assert json.loads(stdout.splitlines()[0])["topic"] == "news/eu"
+        # Without the CA the broker's certificate is not trusted: a clear failure, exit 3.
+        plain = run(
+            "publish",
+            "--federation",
+            fed_file,
+            "--client",
+            "p",
+            "--location",
+            "50.1,8.7",
+            "--topic",
+            "news/eu",
+        )
+        assert plain.returncode == 3, plain.stderr
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+
+
 def test_publish_and_subscribe_commands_follow_redirects(tmp_path: Path) -> None:
     with LocalFederation(THREE, "event-geofence", tmp_path) as fed:
         fed_file = str(fed.federation_path)
