@@ -27,6 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 import geofed
 from geofed import wire as gw
 from geofed.bench import LocalFederation, metric
+from geofed.bench.faults import until
 from geofed.node import (
     AUTH_REFUSED,
     CA,
@@ -347,3 +348,19 @@ def test_a_bad_security_setting_stops_the_node_naming_it(tmp_path: Path) -> None
     with pytest.raises(geofed.GeofedError, match=r"tls\.ca"):
         fed.start(timeout=HANG_S)
     fed.stop()
+
+
+def test_a_broker_with_a_certificate_from_another_ca_is_refused_in_the_handshake(
+    fed: LocalFederation, tmp_path: Path
+) -> None:
+    """us comes back with a certificate from another CA: its peers' dials fail the TLS
+    handshake, which they log as an error and count; back with its own, it links again."""
+    rogue = issue_broker(create_ca(tmp_path / "rogue-ca"), "us", ["127.0.0.1"], tmp_path / "us")
+    before = refused(fed, "ap", "tls")
+    fed.stop_node("us")
+    fed.start_node("us", env={"GEOFED_TLS_DIR": str(rogue.cert.parent)})
+    asyncio.run(until(lambda: refused(fed, "ap", "tls") > before, "ap refused us", HANG_S))
+    assert "handshake" in fed.nodes["ap"].log_path.read_text().lower()
+    fed.stop_node("us")
+    fed.start_node("us")
+    fed.wait_ready(HANG_S)
