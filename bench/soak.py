@@ -321,6 +321,7 @@ async def run_soak(
     workdir: str | Path | None = None,
     wait_s: float = 120.0,
     command: str = "",
+    node_env: dict[str, str] | None = None,
 ) -> SoakResult:
     """Run a soak until `minutes` passed or `events` were acknowledged (whichever first).
 
@@ -329,7 +330,8 @@ async def run_soak(
     """
     if minutes is None and events is None:
         raise GeofedError("give minutes or events (or both)")
-    fed = LocalFederation(federation, strategy, workdir, extra_env=SOAK_ENV, durable=True)
+    env = SOAK_ENV | (node_env or {})
+    fed = LocalFederation(federation, strategy, workdir, extra_env=env, durable=True)
     await asyncio.to_thread(fed.start, wait_s)
     history = History()
     load = _Load(fed, history, rate, payload_bytes)
@@ -480,6 +482,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--sample-s", type=float, default=5.0, help="seconds between RSS samples")
     p.add_argument("--strategy", default="event-geofence", help="routing strategy")
+    p.add_argument(
+        "--dedup-window",
+        type=int,
+        help="the nodes' dedup_window (default 100,000 ids per link: at 30 events/s the"
+        " windows fill for hours, so memory levels off only after that)",
+    )
     p.add_argument("--out", type=Path, default=Path("bench/results/soak.md"))
     p.add_argument("--workdir", type=Path, help="node logs and data (default: a temporary folder)")
     args = p.parse_args(argv)
@@ -502,6 +510,9 @@ def main(argv: list[str] | None = None) -> int:
                 strategy=args.strategy,
                 workdir=args.workdir or Path(tmp),
                 command=command.strip(),
+                node_env=(
+                    {"GEOFED_DEDUP_WINDOW": str(args.dedup_window)} if args.dedup_window else None
+                ),
             )
         )
     args.out.parent.mkdir(parents=True, exist_ok=True)
