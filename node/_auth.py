@@ -57,6 +57,25 @@ class Principal:
 ANONYMOUS = Principal("")
 
 
+def add_port(
+    server: grpc.aio.Server,
+    listen: str,
+    field: str,
+    credentials: grpc.ServerCredentials | None = None,
+) -> int:
+    """Bind `listen` (TLS with `credentials`); the port, or `InvalidInput` naming `field`."""
+    try:
+        if credentials is None:
+            port = int(server.add_insecure_port(listen))
+        else:
+            port = int(server.add_secure_port(listen, credentials))
+    except RuntimeError as exc:
+        raise InvalidInput(field, f"cannot listen on {listen}: {exc}") from None
+    if port == 0:
+        raise InvalidInput(field, f"cannot listen on {listen}")
+    return port
+
+
 class Security:
     """TLS, authentication and authorization of one node (see the module docstring).
 
@@ -92,18 +111,12 @@ class Security:
 
     def bind(self, server: grpc.aio.Server, listen: str, field: str, *, peer: bool) -> int:
         """Listen on `listen`: TLS (mutual on the peer port) with ``tls_dir``, else plaintext."""
-        try:
-            if self.files is None:
-                port = int(server.add_insecure_port(listen))
-            else:
-                mutual = peer or self.client_auth == "cert"
-                creds = server_credentials(self.files, require_client_auth=mutual)
-                port = int(server.add_secure_port(listen, creds))
-        except RuntimeError as exc:
-            raise InvalidInput(field, f"cannot listen on {listen}: {exc}") from None
-        if port == 0:
-            raise InvalidInput(field, f"cannot listen on {listen}")
-        return port
+        if self.files is None:
+            return add_port(server, listen, field)
+        mutual = peer or self.client_auth == "cert"
+        return add_port(
+            server, listen, field, server_credentials(self.files, require_client_auth=mutual)
+        )
 
     def dial(self, peer: BrokerInfo) -> grpc.aio.Channel:
         """A channel to `peer`'s federation port; with TLS, only `peer` itself may answer."""

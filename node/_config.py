@@ -149,6 +149,11 @@ class NodeConfig:
         default="",
     )
     reflection: str = _doc("gRPC server reflection on both ports: 'on' or 'off'", default="on")
+    health_listen: str = _doc(
+        "host:port of a plaintext port serving only gRPC health (probes of a TLS node, e.g."
+        " the kubelet's); empty = off",
+        default="",
+    )
     client_keepalive_s: float = _doc(
         "ping idle client connections this often; one that does not answer within the same"
         " time is closed, ending its streams (0 = off)",
@@ -166,6 +171,8 @@ class NodeConfig:
             )
         for name in ("client_listen", "peer_listen", "metrics_listen"):
             _check_listen(name, getattr(self, name))
+        if self.health_listen:
+            _check_listen("health_listen", self.health_listen)
         if self.log_level not in LOG_LEVELS:
             raise InvalidInput(
                 "log_level", f"one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}"

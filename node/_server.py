@@ -79,7 +79,7 @@ from geofed.wire import (
     unsubscribe_response,
 )
 
-from ._auth import Principal, Security
+from ._auth import Principal, Security, add_port
 from ._config import NodeConfig
 from ._errors import Guarded, abort, streaming, unary
 from ._links import PROTOCOL_VERSION, SERVER_OPTIONS, ContextTransport, PeerLink
@@ -236,6 +236,8 @@ class BrokerServer(Guarded):
         self.health = health.aio.HealthServicer()
         self._client_server: grpc.aio.Server | None = None
         self._peer_server: grpc.aio.Server | None = None
+        self._health_server: grpc.aio.Server | None = None
+        self.health_port = 0
         self._metrics_server: Any = None
         self.client_port = 0
         self.peer_port = 0
@@ -286,6 +288,13 @@ class BrokerServer(Guarded):
             self._client_server, self.config.client_listen, "client_listen", peer=False
         )
         self.peer_port = bind(self._peer_server, self.config.peer_listen, "peer_listen", peer=True)
+        if self.config.health_listen:
+            # Health only, plaintext: probes that cannot present a certificate.
+            self._health_server = grpc.aio.server()
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, self._health_server)
+            self.health_port = add_port(
+                self._health_server, self.config.health_listen, "health_listen"
+            )
         host, _, port = self.config.metrics_listen.rpartition(":")
         try:
             self._metrics_server, _ = start_http_server(
@@ -298,6 +307,8 @@ class BrokerServer(Guarded):
         self.metrics_port = self._metrics_server.server_port
         await self._client_server.start()
         await self._peer_server.start()
+        if self._health_server is not None:
+            await self._health_server.start()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self.health.set(CLIENT_SERVICE, health_pb2.HealthCheckResponse.SERVING)
         self.link_state_changed()
@@ -330,7 +341,7 @@ class BrokerServer(Guarded):
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
-        for server in (self._client_server, self._peer_server):
+        for server in (self._client_server, self._peer_server, self._health_server):
             if server is not None:
                 await server.stop(grace)
         await self.store.close()

@@ -23,16 +23,20 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from prometheus_client import CollectorRegistry
 
 import geofed
 from geofed import wire as gw
 from geofed.bench import LocalFederation, metric
 from geofed.bench.faults import until
+from geofed.client import TLSConfig, health_status
 from geofed.node import (
     AUTH_REFUSED,
     CA,
     PEER_MESSAGES_RECEIVED,
     PEER_REFUSED,
+    BrokerServer,
+    NodeConfig,
     TLSFiles,
     create_ca,
     issue_broker,
@@ -364,3 +368,30 @@ def test_a_broker_with_a_certificate_from_another_ca_is_refused_in_the_handshake
     fed.stop_node("us")
     fed.start_node("us")
     fed.wait_ready(HANG_S)
+
+
+def test_a_plaintext_health_port_answers_the_probes_of_a_tls_node(tmp_path: Path) -> None:
+    """health_listen: a TLS broker answers plaintext health checks there (a kubelet's
+    probes), and nothing else; its client port answers only over TLS."""
+    issue_federation("three", tmp_path / "certs")
+    config = NodeConfig(
+        broker_id="eu",
+        federation="three",
+        client_listen="127.0.0.1:0",
+        peer_listen="127.0.0.1:0",
+        metrics_listen="127.0.0.1:0",
+        tls_dir=str(tmp_path / "certs" / "brokers" / "eu"),
+        health_listen="127.0.0.1:0",
+        peer_timeout_s=0,
+    )
+
+    async def run() -> None:
+        async with BrokerServer(config, CollectorRegistry()) as node:
+            probe = f"127.0.0.1:{node.health_port}"
+            client = f"127.0.0.1:{node.client_port}"
+            tls = TLSConfig(ca_file=str(tmp_path / "certs" / "ca.pem"))
+            assert await asyncio.to_thread(health_status, probe) == "SERVING"
+            assert await asyncio.to_thread(health_status, client) == "UNREACHABLE"
+            assert await asyncio.to_thread(health_status, client, "", 5.0, tls) == "SERVING"
+
+    asyncio.run(run())
