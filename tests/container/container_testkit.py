@@ -1,11 +1,14 @@
 """Running the broker image as a federation of containers (used by the container tests).
 
 `ContainerFederation` runs one container per broker on a Docker network of its
-own, with the environment the Kubernetes manifests give the pods
+own, with the environment the Kubernetes manifests give the pods with TLS
 (`geofed.k8s.container_env`), a read-only root filesystem, no
-capabilities, and ports published on 127.0.0.1 only. Tests wait on the
-brokers' state, never for a while: gRPC health (`wait_linked`), and the
-brokers' metrics (`quiescent`, `deliveries_counted`).
+capabilities, and ports published on 127.0.0.1 only. Brokers talk mutual
+TLS to each other and TLS to clients, with certificates issued when the
+federation is made (`geofed.node.issue_federation`, as `geofed certs` does)
+and each broker's folder mounted where the pods mount their Secret. Tests
+wait on the brokers' state, never for a while: gRPC health (`wait_linked`),
+and the brokers' metrics (`quiescent`, `deliveries_counted`).
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ from testcontainers.core.container import DockerContainer
 from testcontainers.core.network import Network
 
 from geofed.bench import free_ports, metric, peer_message_counts
-from geofed.client import health_status
-from geofed.k8s import FEDERATION_DIR, FEDERATION_FILE, container_env, slug
+from geofed.client import TLSConfig, health_status
+from geofed.k8s import FEDERATION_DIR, FEDERATION_FILE, TLS_DIR, container_env, slug
 from geofed.node import (
     CLIENT_PORT,
     DELIVERIES,
@@ -34,11 +37,14 @@ from geofed.node import (
     PEER_CONNECTED,
     PEER_PORT,
     PEER_QUEUE_LENGTH,
+    TLSFiles,
+    issue_federation,
 )
 from geofed.routing import Federation
 from geofed.wire import FEDERATION_SERVICE
 
 TEST_LABEL = "org.geofed.test"
+PORT_ATTEMPTS = 3
 FEDERATION_PATH = f"{FEDERATION_DIR}/{FEDERATION_FILE}"  # where the pods have it too
 
 Link = tuple[str, str, str]
@@ -51,7 +57,8 @@ class ContainerFederation:
     Inside the network a broker is ``geofed-<slug>:7401`` (peer endpoint in
     the federation file); from the host its client and metrics ports are on
     127.0.0.1, and the client endpoint in the federation file is that
-    address, so redirects point where a test client can connect.
+    address, so redirects point where a test client can connect. Clients
+    verify the brokers with `client_tls` (the CA of ``workdir/pki``).
     """
 
     def __init__(
@@ -74,6 +81,16 @@ class ContainerFederation:
         self.federation_file = workdir / "federation.geojson"
         self.federation_file.write_text(json.dumps(self.federation.to_geojson()), encoding="utf-8")
         self.federation_file.chmod(0o644)  # read by the container's non-root user
+        # A CA and a certificate per broker, made for this run (never kept).
+        self.pki = workdir / "pki"
+        issue_federation(self.federation_file, self.pki)
+        for folder in (self.pki / "brokers").iterdir():
+            # The container's user (uid 10001) reads its broker's key: this
+            # run's throw-away key, in the test's own temporary folder.
+            folder.chmod(0o755)
+            for f in folder.iterdir():
+                f.chmod(0o644)
+        self.client_tls = TLSConfig(ca_file=str(TLSFiles.in_dir(self.pki).ca))
         self.network = Network(docker_network_kw={"labels": {TEST_LABEL: self.run_id}})
         self.containers: dict[str, DockerContainer] = {}
         self.down: set[str] = set()
@@ -94,7 +111,7 @@ class ContainerFederation:
         return self
 
     def _container(self, broker_id: str) -> DockerContainer:
-        env = container_env(broker_id, strategy=self.strategy, federation=FEDERATION_PATH)
+        env = container_env(broker_id, strategy=self.strategy, federation=FEDERATION_PATH, tls=True)
         c = (
             DockerContainer(self.image)
             .with_name(f"geofed-{slug(broker_id)}-{self.run_id}")
@@ -102,6 +119,8 @@ class ContainerFederation:
             .with_network_aliases(f"geofed-{slug(broker_id)}")
             .with_envs(**env)
             .with_volume_mapping(str(self.federation_file), FEDERATION_PATH, "ro")
+            # Where the pods mount their broker's Secret.
+            .with_volume_mapping(str(self.pki / "brokers" / broker_id), TLS_DIR, "ro")
             # Docker wants tmpfs options, not a bare size.
             .with_tmpfs_mount("/tmp", "size=64m")
             # The pod's securityContext: read-only root, no privileges.
@@ -130,6 +149,10 @@ class ContainerFederation:
 
     def client(self, broker_id: str) -> str:
         return f"127.0.0.1:{self.client_ports[broker_id]}"
+
+    def health(self, broker_id: str, service: str = "") -> str:
+        """The gRPC health status of `service` at the broker's client port (over TLS)."""
+        return health_status(self.client(broker_id), service, tls=self.client_tls)
 
     def metrics_url(self, broker_id: str) -> str:
         return f"http://127.0.0.1:{self.metrics_ports[broker_id]}/metrics"
@@ -249,7 +272,7 @@ class ContainerFederation:
         """Until every broker (or `ids`) is SERVING and all its peer links are up."""
         deadline = time.monotonic() + timeout
         for bid in ids or self.live:
-            while health_status(self.client(bid), FEDERATION_SERVICE) != "SERVING":
+            while self.health(bid, FEDERATION_SERVICE) != "SERVING":
                 c = self.wrapped(bid)
                 c.reload()
                 if c.status == "exited":
@@ -257,7 +280,7 @@ class ContainerFederation:
                 if time.monotonic() > deadline:
                     raise AssertionError(
                         f"broker {bid} not linked after {timeout}s "
-                        f"(client health {health_status(self.client(bid))}):\n{self.logs(bid)}"
+                        f"(client health {self.health(bid)}):\n{self.logs(bid)}"
                     )
                 time.sleep(0.2)
 
@@ -269,10 +292,24 @@ def start_federation(
     workdir: Path,
     docker_client: Any,
 ) -> Iterator[ContainerFederation]:
-    """Start a container federation, yield it, always remove it (logs go to stdout)."""
+    """Start a container federation, yield it, always remove it (logs go to stdout).
+
+    The host ports are picked free before the containers start; when another
+    process takes one meanwhile (Docker: "address already in use"), the
+    federation is made again on other ports, up to `PORT_ATTEMPTS` times.
+    """
     fed = ContainerFederation(image, source, strategy, workdir, docker_client)
     try:
-        fed.start()
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                fed.start()
+                break
+            except docker.errors.APIError as exc:
+                if "address already in use" not in str(exc) or attempt == PORT_ATTEMPTS:
+                    raise
+                print(f"a published port was taken ({exc}); new ports, attempt {attempt + 1}")
+                fed.close()
+                fed = ContainerFederation(image, source, strategy, workdir, docker_client)
         yield fed
     finally:
         for bid in list(fed.containers):

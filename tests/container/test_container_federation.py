@@ -1,10 +1,11 @@
 """The broker image as a 3-region federation of containers, driven from the host.
 
 Each strategy family gets its own federation: `event-geofence` (events cross
-regions) and `subscription-geofence` (subscriptions cross regions). Clients on
-the host connect at their local broker through published loopback ports, and
-replay small traces whose deliveries must equal the central oracle
-(`reference_deliveries`). Then one region's container is stopped (the others
+regions) and `subscription-geofence` (subscriptions cross regions). Brokers
+speak mutual TLS to each other, with certificates made when the test starts.
+Clients on the host connect over TLS at their local broker through published
+loopback ports, and replay small traces whose deliveries must equal the
+central oracle (`reference_deliveries`). Then one region's container is stopped (the others
 keep serving their own clients and each other) and started again (its links
 come back and cross-region delivery resumes). Every phase uses topics of its
 own, so that nothing from an earlier phase can match a later one.
@@ -28,6 +29,7 @@ from container_testkit import ContainerFederation, start_federation
 
 from geofed.bench import Replayer
 from geofed.client import health_status
+from geofed.k8s import slug
 from geofed.node import CLIENT_PORT, METRICS_PORT, PEER_PORT
 from geofed.routing import Federation, TraceOp, read_trace, reference_deliveries
 from geofed.v1 import client_pb2 as cpb
@@ -165,7 +167,7 @@ def replay(
 
     async def run() -> tuple[list[tuple[str, str]], list[str], int]:
         counted_before = await asyncio.to_thread(fed.deliveries_counted)
-        r = Replayer(fed.federation, barrier=fed.quiescent)
+        r = Replayer(fed.federation, barrier=fed.quiescent, tls=fed.client_tls)
         try:
             await r.run(ops)
             await fed.quiescent()
@@ -238,8 +240,10 @@ def test_image_runs_the_cli_as_non_root(geofed_image: str, docker_engine: Any) -
 def test_brokers_are_healthy(fed: ContainerFederation) -> None:
     for bid in fed.containers:
         for service in ("", CLIENT_SERVICE, FEDERATION_SERVICE):
-            assert health_status(fed.client(bid), service) == "SERVING"
-    # The image's own HEALTHCHECK (deploy/image/healthcheck.py) agrees.
+            assert fed.health(bid, service) == "SERVING"
+        # The client port serves TLS only.
+        assert health_status(fed.client(bid)) == "UNREACHABLE"
+    # The image's own HEALTHCHECK (deploy/image/healthcheck.py, over TLS) agrees.
     deadline = time.monotonic() + 90
     pending = set(fed.containers)
     while pending := {b for b in pending if fed.docker_health(b) != "healthy"}:
@@ -247,8 +251,24 @@ def test_brokers_are_healthy(fed: ContainerFederation) -> None:
         time.sleep(0.5)
 
 
+def test_peer_port_needs_mutual_tls(fed: ContainerFederation) -> None:
+    """Inside the network, us's peer port answers eu's certificate and nothing in plaintext.
+
+    The image's own health check runs in eu's container, asking us's peer
+    port as broker us (the name TLS must verify), with eu's certificate.
+    """
+    check = fed.wrapped("eu").attrs["Config"]["Healthcheck"]["Test"][1:]
+    target = ["--peer", "--target", f"geofed-{slug('us')}:{PEER_PORT}"]
+    as_us = {"GEOFED_BROKER_ID": "us"}
+    code, out = fed.wrapped("eu").exec_run([*check, *target], environment=as_us)
+    assert code == 0, out.decode()
+    plain = {**as_us, "GEOFED_TLS_DIR": ""}
+    code, out = fed.wrapped("eu").exec_run([*check, *target], environment=plain)
+    assert code == 1 and b"UNREACHABLE" in out, out.decode()
+
+
 def test_connect_redirects_to_the_local_broker(fed: ContainerFederation) -> None:
-    with grpc.insecure_channel(fed.client("eu")) as ch:
+    with grpc.secure_channel(fed.client("eu"), fed.client_tls.credentials()) as ch:
         resp = cpb_grpc.ClientServiceStub(ch).Connect(
             cpb.ConnectRequest(
                 client="traveller", location=gpb.LatLon(lat=SINGAPORE[0], lon=SINGAPORE[1])
@@ -257,7 +277,7 @@ def test_connect_redirects_to_the_local_broker(fed: ContainerFederation) -> None
     assert not resp.accepted
     assert resp.redirect.broker_id == "ap"
     assert resp.redirect.endpoint == fed.client("ap")  # reachable from where the client is
-    with grpc.insecure_channel(resp.redirect.endpoint) as ch:
+    with grpc.secure_channel(resp.redirect.endpoint, fed.client_tls.credentials()) as ch:
         again = cpb_grpc.ClientServiceStub(ch).Connect(
             cpb.ConnectRequest(
                 client="traveller", location=gpb.LatLon(lat=SINGAPORE[0], lon=SINGAPORE[1])
@@ -275,7 +295,7 @@ def test_region_down_then_back(fed: ContainerFederation) -> None:
     assert fed.stop_broker("ap") == 0, fed.logs("ap")
     for bid in ("eu", "us"):
         # Still serving clients (the readiness probe) though a peer link is down.
-        assert health_status(fed.client(bid), CLIENT_SERVICE) == "SERVING"
+        assert fed.health(bid, CLIENT_SERVICE) == "SERVING"
     # A closed stream is noticed at once; a peer gone silently within
     # peer_timeout_s (20 s by default) of heartbeats not arriving.
     unnoticed = wait_for_link_down(fed, ("eu", "us"), timeout=45)
@@ -295,8 +315,6 @@ def wait_for_link_down(
     deadline = time.monotonic() + timeout
     pending = set(brokers)
     while pending and time.monotonic() < deadline:
-        pending = {
-            b for b in pending if health_status(fed.client(b), FEDERATION_SERVICE) != "NOT_SERVING"
-        }
+        pending = {b for b in pending if fed.health(b, FEDERATION_SERVICE) != "NOT_SERVING"}
         time.sleep(0.2)
     return {b: fed.peer_gauges(b) for b in sorted(pending)}

@@ -28,9 +28,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import geofed.k8s
-from geofed.cli.certs import issue_federation
 from geofed.k8s.cli import register
-from geofed.node import CLIENT_PORT, NodeConfig, TLSFiles, broker_dns_name
+from geofed.node import CLIENT_PORT, NodeConfig, TLSFiles, broker_dns_name, issue_federation
 from geofed.routing import Federation, GeofedError, InvalidInput
 
 ROOT = Path(__file__).resolve().parents[3]
