@@ -279,3 +279,56 @@ def test_events_for_a_peer_that_is_down_wait_in_the_outbox_beyond_its_queue_size
             await sub_client.close()
 
         asyncio.run(run())
+
+
+def test_the_peer_queue_gauge_counts_what_a_broken_link_left_in_the_outbox(
+    tmp_path: Path,
+) -> None:
+    """Events sent to ap but not acknowledged (ap is frozen) wait in eu's outbox once eu
+    times the link out: the gauge counts them, and the events published afterwards.
+
+    Fails today: the gauge reads 0, then 10 (node/_links.py `_keep_resendable` resets the
+    outbox count to 0 at the end of a durable session and the gauge is not refreshed), while
+    all 30 wait for ap and arrive after it is resumed.
+    """
+    sent, later = 20, 10
+    with LocalFederation(THREE, "event-geofence", tmp_path, durable=True, extra_env=ENV) as fed:
+        eu = fed.nodes["eu"].metrics_url
+
+        async def run() -> None:
+            sub_client = await geofed.connect(
+                client_id="gauge-sub",
+                location=SINGAPORE,
+                federation=fed.federation_path,
+                retry=RETRY,
+                session_expiry_s=300.0,
+            )
+            sub = await sub_client.subscribe("g/#", subscription_id="gauge-s")
+            fed.pause_node("ap")
+            try:
+                async with await geofed.connect(
+                    client_id="gauge-pub", location=PARIS, federation=fed.federation_path
+                ) as pub:
+                    ids = [await pub.publish("g/x", b"", event_id=f"g{i}") for i in range(sent)]
+                    await until(
+                        lambda: metric(eu, PEER_QUEUE_LENGTH, peer="ap") == 0,
+                        "eu wrote them to the link (unacknowledged: ap is frozen)",
+                        HANG_S,
+                        scrapes=True,
+                    )
+                    await until(
+                        lambda: metric(eu, PEER_CONNECTED, peer="ap") == 0,
+                        "eu times the frozen ap out",
+                        HANG_S,
+                        scrapes=True,
+                    )
+                    assert metric(eu, PEER_QUEUE_LENGTH, peer="ap") == sent
+                    ids += [await pub.publish("g/x", b"", event_id=f"h{i}") for i in range(later)]
+                    assert metric(eu, PEER_QUEUE_LENGTH, peer="ap") == sent + later
+            finally:
+                fed.resume_node("ap")
+            got = [(await sub.next(timeout=HANG_S)).event_id for _ in range(sent + later)]
+            assert got == ids
+            await sub_client.close()
+
+        asyncio.run(run())
