@@ -251,6 +251,19 @@ def test_brokers_are_healthy(fed: ContainerFederation) -> None:
         time.sleep(0.5)
 
 
+def test_health_port_answers_in_plaintext(fed: ContainerFederation) -> None:
+    """The kubelet's probes (plaintext gRPC) reach the health-only port of a TLS broker."""
+    for bid in fed.containers:
+        c = fed.wrapped(bid)
+        env = dict(e.split("=", 1) for e in c.attrs["Config"]["Env"])
+        port = env["GEOFED_HEALTH_LISTEN"].rpartition(":")[2]
+        check = c.attrs["Config"]["Healthcheck"]["Test"][1:]
+        for service in ("", CLIENT_SERVICE):
+            args = [*check, "--target", f"127.0.0.1:{port}", "--service", service]
+            code, out = c.exec_run(args, environment={"GEOFED_TLS_DIR": ""})
+            assert code == 0, out.decode()
+
+
 def test_peer_port_needs_mutual_tls(fed: ContainerFederation) -> None:
     """Inside the network, us's peer port answers eu's certificate and nothing in plaintext.
 

@@ -523,10 +523,9 @@ def test_tls_mounts_are_read_only_and_not_nested(tls_objects: Objects) -> None:
 def test_tls_probes_use_the_plaintext_health_port(tls_objects: Objects) -> None:
     """kubelet's gRPC probes cannot speak TLS: they ask the node's health-only port."""
     for d in of_kind(tls_objects, "Deployment"):
-        env = env_of(d)
         c = container(d)
-        health = port_of(env["GEOFED_HEALTH_LISTEN"])
         cfg = node_config(d)
+        health = port_of(cfg.health_listen)
         assert health not in (port_of(cfg.client_listen), port_of(cfg.peer_listen))
         for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
             assert c[probe]["grpc"]["port"] == health, probe
@@ -846,12 +845,11 @@ def test_container_env_is_a_valid_node_config() -> None:
     cfg = NodeConfig.load(env=geofed.k8s.container_env("eu", strategy="subscription-geofence"))
     assert (cfg.broker_id, cfg.strategy) == ("eu", "subscription-geofence")
     assert port_of(cfg.client_listen) == CLIENT_PORT
-    assert not cfg.tls_dir
+    assert not cfg.tls_dir and not cfg.health_listen
 
 
 def test_container_env_with_tls() -> None:
-    env = geofed.k8s.container_env("eu", tls=True)
-    cfg = NodeConfig.load(env=env)
+    cfg = NodeConfig.load(env=geofed.k8s.container_env("eu", tls=True))
     assert cfg.tls_dir == geofed.k8s.TLS_DIR
     assert cfg.reflection == "off"
-    assert port_of(env["GEOFED_HEALTH_LISTEN"]) == geofed.k8s.HEALTH_PORT
+    assert port_of(cfg.health_listen) == geofed.k8s.HEALTH_PORT
