@@ -12,6 +12,7 @@ broker's state in ``workdir/<broker id>/data`` (``durable=True``, passed as
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -43,6 +44,7 @@ class LocalNode:
     metrics_url: str
     process: subprocess.Popen[bytes]
     log_path: Path
+    mqtt: str = ""  # host:port of its MQTT listener ("" when off)
 
 
 def free_ports(n: int) -> list[int]:
@@ -77,6 +79,8 @@ class LocalFederation:
             settings from `client_tls`.
         client_auth: how brokers authenticate clients with `tls`: ``none``
             or ``cert`` (each client's certificate from `client_tls`).
+        mqtt: give every broker an MQTT listener on a free port, written into
+            the generated federation file as its ``mqtt_endpoint`` (docs/mqtt.md).
     """
 
     def __init__(
@@ -91,6 +95,7 @@ class LocalFederation:
         links: bool = False,
         tls: bool = False,
         client_auth: str = "none",
+        mqtt: bool = True,
     ) -> None:
         self.source = Federation.load(federation)
         self.strategy = strategy
@@ -106,6 +111,7 @@ class LocalFederation:
         self._proxies = ProxyHost() if links else None
         self.tls = tls
         self.client_auth = client_auth
+        self.mqtt = mqtt
         self.certs_dir = self.workdir / "certs"
         self._health_tls: TLSConfig | None = None
         self._node_federation: dict[str, Path] = {}  # a broker's own copy, dialling via proxies
@@ -113,12 +119,20 @@ class LocalFederation:
     def start(self, timeout: float = 60.0) -> LocalFederation:
         """Start every node and wait until all are healthy and linked."""
         ids = list(self.source.ids)
-        ports = free_ports(3 * len(ids))
+        ports = free_ports(4 * len(ids))
         endpoints = {
-            bid: (f"127.0.0.1:{ports[3 * i + 1]}", f"127.0.0.1:{ports[3 * i]}")
+            bid: (f"127.0.0.1:{ports[4 * i + 1]}", f"127.0.0.1:{ports[4 * i]}")
             for i, bid in enumerate(ids)
         }
-        self.federation = self.source.with_endpoints(endpoints)
+        fed = self.source.with_endpoints(endpoints)
+        if self.mqtt:
+            fed = Federation(
+                [
+                    dataclasses.replace(b, mqtt_endpoint=f"127.0.0.1:{ports[4 * i + 3]}")
+                    for i, b in enumerate(fed.brokers)
+                ]
+            )
+        self.federation = fed
         self.federation_path.write_text(json.dumps(self.federation.to_geojson()), encoding="utf-8")
         if self.tls:
             issue_federation(self.federation_path, self.certs_dir)
@@ -127,7 +141,7 @@ class LocalFederation:
         if self._proxies is not None:
             self._route_links_through(self._proxies)
         for i, bid in enumerate(ids):
-            self.start_node(bid, metrics_port=ports[3 * i + 2])
+            self.start_node(bid, metrics_port=ports[4 * i + 2])
         self.wait_ready(timeout)
         return self
 
@@ -198,6 +212,8 @@ class LocalFederation:
                 "GEOFED_RECONNECT_MAX_S": "1.0",
             }
         )
+        if b.mqtt_endpoint:
+            env["GEOFED_MQTT_LISTEN"] = b.mqtt_endpoint
         if self.tls:
             env["GEOFED_TLS_DIR"] = str(self.certs_dir / "brokers" / broker_id)
             env["GEOFED_CLIENT_AUTH"] = self.client_auth
@@ -225,6 +241,7 @@ class LocalFederation:
             f"http://127.0.0.1:{metrics_port}/metrics",
             proc,
             log_path,
+            b.mqtt_endpoint,
         )
         self.nodes[broker_id] = node
         return node

@@ -156,14 +156,32 @@ class Security:
         """
         if self.client_auth == "none":
             return ANONYMOUS
+        if self.verifier is not None:
+            token = bearer_token(context.invocation_metadata())
+            return self.authenticate(token, [], "no 'authorization: Bearer <token>' metadata")
+        return self.authenticate(None, peer_identities(context))
+
+    def authenticate(
+        self, token: str | None, identities: list[str], no_token: str = "no token"
+    ) -> Principal:
+        """The principal a bearer token (``client_auth token``) or certificate names prove.
+
+        `identities` are the SAN names of the client's verified certificate;
+        `no_token` says what was missing when `token` is None. Every front end
+        (gRPC, MQTT) authenticates through here.
+
+        Raises:
+            Unauthenticated: no (valid) certificate or token; counted.
+        """
+        if self.client_auth == "none":
+            return ANONYMOUS
         try:
             if self.verifier is not None:
-                token = bearer_token(context.invocation_metadata())
                 if token is None:
-                    raise Unauthenticated("no 'authorization: Bearer <token>' metadata")
+                    raise Unauthenticated(no_token)
                 claims = self.verifier.verify(token)
                 return Principal(claims.identity, claims.groups)
-            identity = client_identity(peer_identities(context))
+            identity = client_identity(identities)
             if identity is None:
                 raise Unauthenticated("no client certificate naming a geofed client identity")
             return Principal(identity)

@@ -25,6 +25,8 @@ PEER_PORT = 7401
 """Default port of the federation (broker-to-broker) gRPC service."""
 METRICS_PORT = 9400
 """Default port of the Prometheus /metrics endpoint."""
+MQTT_PORT = 1883
+"""The registered MQTT port (8883 with TLS); the listener is off unless `mqtt_listen` is set."""
 REQUIRED = ("broker_id", "federation")
 """Settings without a default: flag, environment or file must give them."""
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -154,6 +156,14 @@ class NodeConfig:
         " the kubelet's); empty = off",
         default="",
     )
+    mqtt_listen: str = _doc(
+        "host:port of the MQTT 3.1.1/5.0 listener (TLS with tls_dir; docs/mqtt.md), e.g."
+        f" 0.0.0.0:{MQTT_PORT}; empty = off",
+        default="",
+    )
+    mqtt_connect_timeout_s: float = _doc(
+        "an MQTT connection that sends no CONNECT within this time is closed", default=10.0
+    )
     client_keepalive_s: float = _doc(
         "ping idle client connections this often; one that does not answer within the same"
         " time is closed, ending its streams (0 = off)",
@@ -171,8 +181,9 @@ class NodeConfig:
             )
         for name in ("client_listen", "peer_listen", "metrics_listen"):
             _check_listen(name, getattr(self, name))
-        if self.health_listen:
-            _check_listen("health_listen", self.health_listen)
+        for name in ("health_listen", "mqtt_listen"):
+            if getattr(self, name):
+                _check_listen(name, getattr(self, name))
         if self.log_level not in LOG_LEVELS:
             raise InvalidInput(
                 "log_level", f"one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}"
@@ -202,6 +213,7 @@ class NodeConfig:
             "session_idle_s",
             "store_max_bytes",
             "client_keepalive_s",
+            "mqtt_connect_timeout_s",
         ):
             if getattr(self, name) < 0:
                 raise InvalidInput(name, f"must be >= 0, got {getattr(self, name)!r}")

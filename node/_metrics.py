@@ -29,6 +29,10 @@ SESSION_QUEUE_DROPPED = "geofed_session_queue_dropped_total"
 SESSIONS_EXPIRED = "geofed_sessions_expired_total"
 AUTH_REFUSED = "geofed_auth_refused_total"
 PEER_REFUSED = "geofed_peer_refused_total"
+MQTT_CONNECTIONS = "geofed_mqtt_connections"
+MQTT_CONNECTS = "geofed_mqtt_connects_total"
+MQTT_PROTOCOL_VERSIONS = {4: "3.1.1", 5: "5.0"}
+"""The `version` label of the MQTT metrics, by CONNECT protocol level."""
 
 log = logging.getLogger("geofed.node.links")
 
@@ -129,6 +133,20 @@ class NodeMetrics:
             " certificate; identity: its certificate names another broker; tls: this broker's"
             " dial failed the TLS handshake).",
             ["reason"],
+            registry=registry,
+        )
+
+        self.mqtt_connections = Gauge(
+            MQTT_CONNECTIONS,
+            "Open MQTT connections with an accepted CONNECT, by protocol version.",
+            ["version"],
+            registry=registry,
+        )
+        self.mqtt_connects = Counter(
+            MQTT_CONNECTS,
+            "MQTT CONNECTs answered, by protocol version and result (accepted, redirected,"
+            " refused).",
+            ["version", "result"],
             registry=registry,
         )
 

@@ -120,6 +120,7 @@ class _Stream:
         self._ready = asyncio.Event()
         self._refill = refill
         self.behind: int | None = None  # read from the store after this offset
+        self.session: _Session | None = None  # the session whose streams it counts
         self.end_status: tuple[grpc.StatusCode, str] | None = None
 
     def push(self, item: cpb.Delivery) -> None:
@@ -174,6 +175,15 @@ class _Session:
     owner: str = ""  # the identity that opened it (with client authentication)
     streams: int = 0  # open Subscribe calls
     idle_since: float = field(default_factory=time.monotonic)  # since when it has none
+
+
+@dataclass(frozen=True)
+class Opened:
+    """What a client's connect got: a session (persistent or not) or a redirect."""
+
+    redirect: BrokerInfo | None = None
+    present: bool = False  # a persistent session was there already
+    expiry_s: float = 0.0  # the expiry granted (> 0: persistent)
 
 
 @dataclass
@@ -242,6 +252,8 @@ class BrokerServer(Guarded):
         self.client_port = 0
         self.peer_port = 0
         self.metrics_port = 0
+        self.mqtt: Any = None  # the MqttListener, with mqtt_listen
+        self.mqtt_port = 0
         self._started = False
         self._stopped = False
         self._ready = asyncio.Event()
@@ -305,6 +317,11 @@ class BrokerServer(Guarded):
                 "metrics_listen", f"cannot listen on {self.config.metrics_listen}: {exc.strerror}"
             ) from None
         self.metrics_port = self._metrics_server.server_port
+        if self.config.mqtt_listen:
+            from ._mqtt import MqttListener  # the module imports this one
+
+            self.mqtt = MqttListener(self)
+            self.mqtt_port = await self.mqtt.start(self.config.mqtt_listen)
         await self._client_server.start()
         await self._peer_server.start()
         if self._health_server is not None:
@@ -316,11 +333,13 @@ class BrokerServer(Guarded):
             link.start()
         self._reaper = asyncio.create_task(self._reap_sessions(), name="session-reaper")
         log.info(
-            "broker %s serving: clients :%d, peers :%d, metrics :%d, strategy %s, %d peers",
+            "broker %s serving: clients :%d, peers :%d, metrics :%d, mqtt %s, strategy %s,"
+            " %d peers",
             self.broker_id,
             self.client_port,
             self.peer_port,
             self.metrics_port,
+            f":{self.mqtt_port}" if self.mqtt is not None else "off",
             self.config.strategy,
             len(self.links),
         )
@@ -333,6 +352,8 @@ class BrokerServer(Guarded):
         self._stopped = True
         grace = self.config.shutdown_grace_s if grace is None else grace
         await self.health.enter_graceful_shutdown()
+        if self.mqtt is not None:
+            await self.mqtt.stop()
         for stream in list(self._streams.values()):
             stream.close((grpc.StatusCode.UNAVAILABLE, "broker shutting down"))
         await asyncio.gather(*(link.drain(grace) for link in self.links.values()))
@@ -830,7 +851,192 @@ class BrokerServer(Guarded):
         rows = await self.store.pending_page(_stored(key), after, _REPLAY_PAGE)
         return [(offset, delivery_from_bytes(data)) for offset, data in rows]
 
-    # -- client side -------------------------------------------------------
+    # -- client side: what every front end (gRPC, MQTT) calls ------------------
+
+    async def client_connect(
+        self, who: Principal, client: str, where: LatLon, expiry_s: float
+    ) -> Opened:
+        """A client connects at `where`: open or refresh its session, or name its broker.
+
+        Raises:
+            InvalidInput: a bad expiry.
+            PermissionDenied: another identity's client id, or a location the
+                policy does not allow.
+        """
+        if not (math.isfinite(expiry_s) and expiry_s >= 0):
+            raise InvalidInput("session_expiry_s", f"must be a number >= 0, got {expiry_s!r}")
+        self.check_owner(who, client)
+        self.security.may_be_at(who, where)
+        redirect = self.core.connect(client, where)
+        if redirect is not None:
+            self.metrics.redirects.inc()
+            return Opened(redirect=self.federation.broker(redirect))
+        present, granted = await self.open_session(client, where, expiry_s, who.identity)
+        self._update_sub_gauges()
+        return Opened(present=present, expiry_s=granted)
+
+    def client_move(self, who: Principal, client: str, where: LatLon) -> BrokerInfo | None:
+        """A client's new location; the broker it must go to if it left this area.
+
+        On a redirect its subscriptions are withdrawn, their streams ended
+        (FAILED_PRECONDITION ``client moved to broker X``) and its session closed.
+
+        Raises:
+            NotFound: the client has no session here.
+            PermissionDenied: as for `client_connect`.
+        """
+        self.check_owner(who, client)
+        self.security.may_be_at(who, where)
+        moved = self.core.update_location(client, where)
+        if moved.redirect is None:
+            if self.durable and self.persistent(client):
+                session = self._sessions[client]
+                self.store.put_session(
+                    client, where.lat, where.lon, session.expiry_s, session.owner
+                )
+            return None
+        self.dispatch(moved.sends)
+        for sub in moved.dropped:
+            stream = self._streams.pop(sub.key, None)
+            if stream is not None:
+                stream.close(
+                    (
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        f"client moved to broker {moved.redirect}",
+                    )
+                )
+        self.end_session(client, moved.dropped)
+        self._update_sub_gauges()
+        self.metrics.redirects.inc()
+        return self.federation.broker(moved.redirect)
+
+    async def client_subscribe(
+        self, who: Principal, client: str, pb: gpb.Subscription, resume_after: int = 0
+    ) -> tuple[Subscription, _Stream]:
+        """Register a client's subscription (durably in a persistent session) and its stream.
+
+        The same id again is an update and ends the older stream normally. The
+        caller reads the stream (`_Stream.get`) until `_END` and then calls
+        `client_stream_closed`.
+
+        Raises:
+            GeofedError: the subscription is invalid or not allowed, or the store
+                did not keep it (the broker then holds what it held before).
+        """
+        self.check_owner(who, client)
+        self.security.may_subscribe(who, client, pb.topic_filter)
+        await self.parse_ahead(pb.geofence, "subscription.geofence")
+        sub = subscription_from_pb(pb, self.geofences, client=client)
+        old = self.core.local.get(sub.key)
+        sends = self.core.subscribe(sub)
+        if self.persistent(client):
+            info = self.persist_subscription(sub)
+            try:
+                # Beyond the last offset: the client knew an older queue (ours was lost).
+                resume = min(resume_after, info.last)
+                if resume > info.acked:
+                    await self.ack(client, sub.id, resume)
+                if self.store.dirty:
+                    await self.store.commit()
+            except GeofedError:
+                # Not kept: the broker holds what it held before.
+                if old is not None:
+                    self.core.subscribe(old)
+                else:
+                    self.core.unsubscribe(client, sub.id)
+                    self.forget_queue(sub.key)
+                raise
+        self.dispatch(sends)
+        return sub, self.client_stream(sub.key)
+
+    def client_stream(self, key: SubKey) -> _Stream:
+        """Open the delivery stream of a subscription held here (a newer one takes over).
+
+        A persistent subscription's stream starts with what is queued after
+        the last acknowledged offset.
+        """
+        cfg = self.config
+        refill: Refill | None = None
+        if key in self.pending:
+            refill = functools.partial(self.replay, key)
+        stream = _Stream(
+            cfg.subscriber_queue_size, cfg.subscriber_queue_bytes, self.metrics, refill
+        )
+        if refill is not None:
+            stream.behind = self.pending[key].acked  # queued deliveries first
+        old_stream = self._streams.get(key)
+        if old_stream is not None:
+            old_stream.close(None)  # a newer stream of this subscription takes over
+        self._streams[key] = stream
+        stream.session = self.stream_opened(key[0])
+        self._update_sub_gauges()
+        return stream
+
+    def client_stream_closed(self, key: SubKey, stream: _Stream) -> None:
+        """A subscription's stream ended: a plain subscription goes too (if it was the last)."""
+        self.stream_closed(stream.session)
+        stream.session = None
+        if self._streams.get(key) is stream:
+            del self._streams[key]
+            # The client went away: a plain subscription goes too; a
+            # persistent one stays, its deliveries queued for the session.
+            if (
+                self.core.local.get(key) is not None
+                and not self._stopped
+                and key not in self.pending
+            ):
+                with contextlib.suppress(GeofedError):
+                    self.dispatch(self.core.unsubscribe(*key))
+            self._update_sub_gauges()
+
+    def client_unsubscribe(self, who: Principal, client: str, sub_id: str) -> None:
+        """Withdraw a subscription, end its stream and forget its queue."""
+        self.check_owner(who, client)
+        self.dispatch(self.core.unsubscribe(client, sub_id))
+        self.forget_queue((client, sub_id))
+        stream = self._streams.pop((client, sub_id), None)
+        if stream is not None:
+            stream.close(None)
+        self._update_sub_gauges()
+
+    async def client_event(self, who: Principal, client: str, pb: gpb.Event, field: str) -> Event:
+        """Validate, authorize and convert one event a client publishes (state untouched).
+
+        Sets its id (when empty) and publish time; `publish` then routes it.
+        """
+        if len(pb.payload) > self.config.max_payload_bytes:
+            raise TooLarge(f"{field}.payload", len(pb.payload), self.config.max_payload_bytes)
+        await self.parse_ahead(pb.geofence, f"{field}.geofence")
+        if not pb.id:
+            pb.id = uuid.uuid4().hex
+        pb.publish_time = time.time()
+        event = event_from_pb(pb, self.geofences, field=field)
+        self.security.may_publish(who, client, event.topic, event.location)
+        self.core.check_publisher(event, f"{field}.publisher")
+        return event
+
+    async def parse_ahead(self, pb: gpb.Geofence, field: str) -> None:
+        """Parse a long geofence text in a worker thread, into the node's cache.
+
+        The conversion that follows (`event_from_pb`, `subscription_from_pb`)
+        then finds it there; meanwhile other clients' requests are served.
+        Short text, text over the byte limit (refused before parsing) and text
+        already cached are left to the conversion.
+        """
+        shape = pb.WhichOneof("shape")
+        if shape not in ("wkt", "geojson"):
+            return
+        text: str = getattr(pb, shape)
+        cache = self.geofences
+        too_long = cache.max_bytes is not None and len(text) > cache.max_bytes
+        if len(text) < OFFLOAD_CHARS or too_long or text in cache:
+            return
+        fence = await asyncio.to_thread(_parse_and_write, cache, text, f"{field}.{shape}")
+        cache.put(text, fence)  # no await until the conversion reads it
+
+    def location_of(self, client: str) -> LatLon | None:
+        """The client's last known location (None without a session here)."""
+        return self.core.sessions.get(client)
 
     def _update_sub_gauges(self) -> None:
         self.metrics.subscriptions.labels(scope="local").set(len(self.core.local))
@@ -958,32 +1164,8 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
     def __init__(self, node: BrokerServer) -> None:
         self.node = node
 
-    async def _parse_ahead(self, pb: gpb.Geofence, field: str) -> None:
-        """Parse a long geofence text in a worker thread, into the node's cache.
-
-        The conversion that follows (`event_from_pb`, `subscription_from_pb`)
-        then finds it there; meanwhile other clients' requests are served.
-        Short text, text over the byte limit (refused before parsing) and text
-        already cached are left to the conversion.
-        """
-        shape = pb.WhichOneof("shape")
-        if shape not in ("wkt", "geojson"):
-            return
-        text: str = getattr(pb, shape)
-        cache = self.node.geofences
-        too_long = cache.max_bytes is not None and len(text) > cache.max_bytes
-        if len(text) < OFFLOAD_CHARS or too_long or text in cache:
-            return
-        fence = await asyncio.to_thread(_parse_and_write, cache, text, f"{field}.{shape}")
-        cache.put(text, fence)  # no await until the conversion reads it
-
     def on_reject(self, code: grpc.StatusCode) -> None:
         self.node.on_reject(code)
-
-    def _redirect(self, broker_id: str) -> cpb.ConnectResponse:
-        self.node.metrics.redirects.inc()
-        target = self.node.federation.broker(broker_id)
-        return redirect_response(self.node.broker_id, target)
 
     @unary
     async def Connect(self, request: cpb.ConnectRequest, context: Any) -> cpb.ConnectResponse:
@@ -991,18 +1173,11 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
         _decoded(request, "request")
         client = validate_id(request.client, "client")
         where = location_from_pb(request, "location", "location")
-        expiry = request.session_expiry_s
-        if not (math.isfinite(expiry) and expiry >= 0):
-            raise InvalidInput("session_expiry_s", f"must be a number >= 0, got {expiry!r}")
         who = node.security.principal(context)
-        node.check_owner(who, client)
-        node.security.may_be_at(who, where)
-        redirect = node.core.connect(client, where)
-        if redirect is not None:
-            return self._redirect(redirect)
-        present, granted = await node.open_session(client, where, expiry, who.identity)
-        node._update_sub_gauges()
-        return accepted_response(node.broker_id, present, granted)
+        opened = await node.client_connect(who, client, where, request.session_expiry_s)
+        if opened.redirect is not None:
+            return redirect_response(node.broker_id, opened.redirect)
+        return accepted_response(node.broker_id, opened.present, opened.expiry_s)
 
     @unary
     async def UpdateLocation(
@@ -1012,30 +1187,10 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
         _decoded(request, "request")
         client = validate_id(request.client, "client")
         where = location_from_pb(request, "location", "location")
-        who = node.security.principal(context)
-        node.check_owner(who, client)
-        node.security.may_be_at(who, where)
-        moved = node.core.update_location(client, where)
-        if moved.redirect is None:
-            if node.durable and node.persistent(client):
-                session = node._sessions[client]
-                node.store.put_session(
-                    client, where.lat, where.lon, session.expiry_s, session.owner
-                )
+        target = node.client_move(node.security.principal(context), client, where)
+        if target is None:
             return accepted_response(node.broker_id)
-        node.dispatch(moved.sends)
-        for sub in moved.dropped:
-            stream = node._streams.pop(sub.key, None)
-            if stream is not None:
-                stream.close(
-                    (
-                        grpc.StatusCode.FAILED_PRECONDITION,
-                        f"client moved to broker {moved.redirect}",
-                    )
-                )
-        node.end_session(client, moved.dropped)
-        node._update_sub_gauges()
-        return self._redirect(moved.redirect)
+        return redirect_response(node.broker_id, target)
 
     @streaming
     async def Subscribe(
@@ -1047,45 +1202,9 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
         if not request.HasField("subscription"):
             raise InvalidInput("subscription", "is required")
         who = node.security.principal(context)
-        node.check_owner(who, client)
-        node.security.may_subscribe(who, client, request.subscription.topic_filter)
-        await self._parse_ahead(request.subscription.geofence, "subscription.geofence")
-        sub = subscription_from_pb(request.subscription, node.geofences, client=client)
-        old = node.core.local.get(sub.key)
-        sends = node.core.subscribe(sub)
-        persistent = node.persistent(client)
-        refill: Refill | None = None
-        if persistent:
-            info = node.persist_subscription(sub)
-            try:
-                # Beyond the last offset: the client knew an older queue (ours was lost).
-                resume = min(request.resume_after, info.last)
-                if resume > info.acked:
-                    await node.ack(client, sub.id, resume)
-                if node.store.dirty:
-                    await node.store.commit()
-            except GeofedError:
-                # Not kept: the broker holds what it held before.
-                if old is not None:
-                    node.core.subscribe(old)
-                else:
-                    node.core.unsubscribe(client, sub.id)
-                    node.forget_queue(sub.key)
-                raise
-            refill = functools.partial(node.replay, sub.key)
-        node.dispatch(sends)
-        cfg = node.config
-        stream = _Stream(
-            cfg.subscriber_queue_size, cfg.subscriber_queue_bytes, node.metrics, refill
+        sub, stream = await node.client_subscribe(
+            who, client, request.subscription, request.resume_after
         )
-        if persistent:
-            stream.behind = node.pending[sub.key].acked  # queued deliveries first
-        old_stream = node._streams.get(sub.key)
-        if old_stream is not None:
-            old_stream.close(None)  # a newer Subscribe with this id takes over
-        node._streams[sub.key] = stream
-        session = node.stream_opened(client)
-        node._update_sub_gauges()
         try:
             await context.send_initial_metadata((("geofed-broker", node.broker_id),))
             while True:
@@ -1096,19 +1215,7 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
                     return
                 yield item
         finally:
-            node.stream_closed(session)
-            if node._streams.get(sub.key) is stream:
-                del node._streams[sub.key]
-                # The client went away: a plain subscription goes too; a
-                # persistent one stays, its deliveries queued for the session.
-                if (
-                    node.core.local.get(sub.key) is not None
-                    and not node._stopped
-                    and sub.key not in node.pending
-                ):
-                    with contextlib.suppress(GeofedError):
-                        node.dispatch(node.core.unsubscribe(client, sub.id))
-                node._update_sub_gauges()
+            node.client_stream_closed(sub.key, stream)
 
     @unary
     async def Unsubscribe(
@@ -1118,13 +1225,7 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
         _decoded(request, "request")
         client = validate_id(request.client, "client")
         sub_id = validate_id(request.subscription_id, "subscription_id")
-        node.check_owner(node.security.principal(context), client)
-        node.dispatch(node.core.unsubscribe(client, sub_id))
-        node.forget_queue((client, sub_id))
-        stream = node._streams.pop((client, sub_id), None)
-        if stream is not None:
-            stream.close(None)
-        node._update_sub_gauges()
+        node.client_unsubscribe(node.security.principal(context), client, sub_id)
         return unsubscribe_response(True)
 
     @unary
@@ -1136,20 +1237,6 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
         await self.node.ack(client, sub_id, request.offset)
         return ack_response()
 
-    async def _event(self, pb: gpb.Event, field: str, who: Principal, client: str) -> Event:
-        """Validate, authorize and convert one event (the node's state is not touched)."""
-        node = self.node
-        if len(pb.payload) > node.config.max_payload_bytes:
-            raise TooLarge(f"{field}.payload", len(pb.payload), node.config.max_payload_bytes)
-        await self._parse_ahead(pb.geofence, f"{field}.geofence")
-        if not pb.id:
-            pb.id = uuid.uuid4().hex
-        pb.publish_time = time.time()
-        event = event_from_pb(pb, node.geofences, field=field)
-        node.security.may_publish(who, client, event.topic, event.location)
-        node.core.check_publisher(event, f"{field}.publisher")
-        return event
-
     @unary
     async def Publish(self, request: cpb.PublishRequest, context: Any) -> cpb.PublishResponse:
         _decoded(request, "request")
@@ -1158,7 +1245,7 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
             raise InvalidInput("request.event", "is required")
         who = self.node.security.principal(context)
         self.node.check_owner(who, client)
-        event = await self._event(request.event, "request.event", who, client)
+        event = await self.node.client_event(who, client, request.event, "request.event")
         await self.node.publish([event])
         return publish_response(event.id)
 
@@ -1179,7 +1266,7 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
                     raise TooLarge("batch.events", len(ids) + len(batch.events), limit)
                 # A batch is published whole or not at all: validate it first.
                 events = [
-                    await self._event(pb, f"batch.events[{len(ids) + i}]", who, client)
+                    await self.node.client_event(who, client, pb, f"batch.events[{len(ids) + i}]")
                     for i, pb in enumerate(batch.events)
                 ]
                 await self.node.publish(events)

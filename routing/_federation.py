@@ -38,6 +38,8 @@ class BrokerInfo:
         client_endpoint: ``host:port`` clients connect to ("" if not given).
         site: where the broker itself is, if given.
         name: a human-readable name.
+        mqtt_endpoint: ``host:port`` of its MQTT listener ("" if not given): the Server
+            Reference of MQTT redirects.
     """
 
     id: str
@@ -46,6 +48,7 @@ class BrokerInfo:
     client_endpoint: str = ""
     site: LatLon | None = None
     name: str = ""
+    mqtt_endpoint: str = ""
 
 
 class Federation:
@@ -186,6 +189,7 @@ class Federation:
                     *endpoints.get(b.id, (b.endpoint, b.client_endpoint)),
                     b.site,
                     b.name,
+                    b.mqtt_endpoint,
                 )
                 for b in self.brokers
             ]
@@ -202,6 +206,8 @@ class Federation:
                 props["endpoint"] = b.endpoint
             if b.client_endpoint:
                 props["client_endpoint"] = b.client_endpoint
+            if b.mqtt_endpoint:
+                props["mqtt_endpoint"] = b.mqtt_endpoint
             if b.site is not None:
                 props["site"] = [b.site.lon, b.site.lat]
             features.append(
@@ -255,6 +261,9 @@ class Federation:
                     ),
                     site=site_ll,
                     name=str(props.get("name") or ""),
+                    mqtt_endpoint=_endpoint(
+                        props.get("mqtt_endpoint"), f"{where}.properties.mqtt_endpoint"
+                    ),
                 )
             )
         return cls(brokers)
