@@ -211,6 +211,7 @@ class _Connection:
         self.window = asyncio.Semaphore(_RECEIVE_MAXIMUM)
         self.next_id = 0
         self.closed = asyncio.Event()
+        self.acks: set[asyncio.Task[None]] = set()  # offsets being acknowledged to the node
         self.peer = writer.get_extra_info("peername")
 
     # -- writing ---------------------------------------------------------------
@@ -265,6 +266,8 @@ class _Connection:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self.pumps.clear()
+        if self.acks:  # what the client acknowledged is acknowledged before a reconnect
+            await asyncio.wait(set(self.acks))
         if self.connected:
             self.connected = False
             node.metrics.mqtt_connections.labels(version=MQTT_PROTOCOL_VERSIONS[self.version]).dec()
@@ -537,7 +540,10 @@ class _Connection:
                 raise _Close(mq.SERVER_UNAVAILABLE, str(exc)) from None
             if not v5 or not packet.qos:
                 log.warning(
-                    "mqtt client %s: publish to %r refused: %s", self.client, geo.topic, exc
+                    "mqtt client %s: publish to %r refused: %s: disconnected",
+                    self.client,
+                    geo.topic,
+                    exc,
                 )
                 raise _Close(_reason_for(exc), str(exc)) from None
             props = mq.Properties({mq.REASON_STRING: str(exc)[:1000]})
@@ -714,7 +720,9 @@ class _Connection:
         self.window.release()
         if done.offset:
             self.outstanding.get(done.key, set()).discard(done.offset)
-            asyncio.get_running_loop().create_task(self._ack(done.key))
+            task = asyncio.get_running_loop().create_task(self._ack(done.key))
+            self.acks.add(task)
+            task.add_done_callback(self.acks.discard)
 
     async def _ack(self, key: SubKey) -> None:
         """Acknowledge to the node what the client took: up to the first unacknowledged offset."""

@@ -1,0 +1,372 @@
+"""MQTT clients against a local federation: Debian's mosquitto clients, paho-mqtt and gRPC.
+
+One 3-broker federation (eu, us, ap; subscription-geofence, durable) with an
+MQTT listener on every broker serves the module; every test uses its own
+client ids and topics. Waiting is on state: a subscription is held once the
+node's subscription gauge says so and the quiescence barrier says it has
+been forwarded; a delivery once it arrives; subprocesses only get generous
+hang timeouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as paho
+import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+import geofed
+from geofed.bench import LocalFederation, metric, wait_quiescent
+from geofed.node import DELIVERIES, EVENTS_PUBLISHED, SUBSCRIPTIONS
+
+pytestmark = pytest.mark.integration
+
+THREE = Path(__file__).resolve().parents[2] / "deploy" / "federations" / "three.geojson"
+PARIS = "48.85,2.35"
+FRANKFURT = geofed.LatLon(50.11, 8.68)
+NEW_YORK = "40.71,-74.0"
+SINGAPORE = "1.29,103.85"
+EUROPE = "POLYGON((-10 36, 30 36, 30 71, -10 71, -10 36))"
+HANG_S = 60.0  # a client that does not finish by then is hung, not slow
+
+
+@pytest.fixture(scope="module")
+def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFederation]:
+    assert shutil.which("mosquitto_sub"), "mosquitto-clients are installed by .ci/run"
+    workdir = tmp_path_factory.mktemp("mqtt-fed")
+    with LocalFederation(THREE, "subscription-geofence", workdir, durable=True) as running:
+        yield running
+
+
+def port(fed: LocalFederation, broker: str) -> str:
+    return fed.nodes[broker].mqtt.rsplit(":", 1)[1]
+
+
+def urls(fed: LocalFederation) -> dict[str, str]:
+    return {b: n.metrics_url for b, n in fed.nodes.items()}
+
+
+def until(cond: Callable[[], bool], what: str, step: Callable[[], None] | None = None) -> None:
+    """Wait for a state (`step` drives a paho client meanwhile); HANG_S means hung."""
+    deadline = time.monotonic() + HANG_S
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"hung waiting for {what}")
+        if step is not None:
+            step()
+        else:
+            time.sleep(0.02)
+
+
+def local_subs(fed: LocalFederation, broker: str) -> float:
+    return metric(fed.nodes[broker].metrics_url, SUBSCRIPTIONS, scope="local")
+
+
+def total(fed: LocalFederation, name: str) -> float:
+    return sum(metric(url, name) for url in urls(fed).values())
+
+
+def mosquitto(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, capture_output=True, text=True, timeout=HANG_S, check=False)
+
+
+def user(packet: int, **props: str) -> Properties:
+    p = Properties(packet)
+    p.UserProperty = [(k.replace("_", "-"), v) for k, v in props.items()]
+    return p
+
+
+@dataclass
+class Paho:
+    """A paho-mqtt client driven by hand (`step`), recording what the broker answered."""
+
+    client_id: str
+    version: int = paho.MQTTv5
+    clean_session: bool = True  # 3.1.1
+    c: paho.Client = field(init=False)
+    connack: Any = None
+    connack_props: Any = None
+    session_present: bool | None = None
+    messages: list[paho.MQTTMessage] = field(default_factory=list)
+    disconnect: Any = None
+    disconnect_props: Any = None
+    acks: dict[int, tuple[Any, Any]] = field(default_factory=dict)
+    subacks: dict[int, list[Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        kw: dict[str, Any] = {}
+        if self.version == paho.MQTTv311:
+            kw["clean_session"] = self.clean_session
+        self.c = paho.Client(
+            paho.CallbackAPIVersion.VERSION2,
+            client_id=self.client_id,
+            protocol=self.version,
+            **kw,
+        )
+        self.c.on_connect = self._on_connect
+        self.c.on_message = lambda c, u, m: self.messages.append(m)
+        self.c.on_disconnect = self._on_disconnect
+        self.c.on_publish = lambda c, u, mid, rc, props: self.acks.__setitem__(mid, (rc, props))
+        self.c.on_subscribe = lambda c, u, mid, rcs, props: self.subacks.__setitem__(mid, rcs)
+
+    def _on_connect(self, c: Any, u: Any, flags: Any, rc: Any, props: Any) -> None:
+        self.connack, self.connack_props = rc, props
+        self.session_present = flags.session_present
+
+    def _on_disconnect(self, c: Any, u: Any, flags: Any, rc: Any, props: Any) -> None:
+        self.disconnect, self.disconnect_props = rc, props
+
+    def step(self) -> None:
+        self.c.loop(timeout=0.05)
+
+    def connect(self, endpoint: str, props: Properties | None = None, clean: bool = True) -> Any:
+        host, _, p = endpoint.rpartition(":")
+        self.connack = self.disconnect = None
+        if self.version == paho.MQTTv5:
+            self.c.connect(host, int(p), keepalive=30, clean_start=clean, properties=props)
+        else:
+            self.c.connect(host, int(p), keepalive=30)
+        until(lambda: self.connack is not None, f"{self.client_id}: CONNACK", self.step)
+        return self.connack
+
+    def subscribe(self, topic: str, qos: int = 1, props: Properties | None = None) -> list[Any]:
+        _, mid = self.c.subscribe(topic, qos, properties=props)
+        until(lambda: mid in self.subacks, f"{self.client_id}: SUBACK", self.step)
+        return self.subacks[mid]
+
+    def publish(self, topic: str, payload: bytes, props: Properties | None = None) -> Any:
+        info = self.c.publish(topic, payload, qos=1, properties=props)
+        until(lambda: info.mid in self.acks, f"{self.client_id}: PUBACK", self.step)
+        return self.acks[info.mid]
+
+    def receive(self, n: int) -> list[tuple[str, bytes]]:
+        until(lambda: len(self.messages) >= n, f"{self.client_id}: {n} messages", self.step)
+        return [(m.topic, m.payload) for m in self.messages]
+
+    def close(self) -> None:
+        self.c.disconnect()
+        self.step()
+
+
+def test_mqtt_and_grpc_clients_see_each_others_events_across_regions(
+    fed: LocalFederation,
+) -> None:
+    """Publishers in eu (mosquitto_pub 5.0 and 3.1.1, a gRPC client), subscribers everywhere.
+
+    Hand-computed expectation (docs/design.md §1: topic, subscription
+    geofence over the publisher, event geofence over the subscriber):
+    e1 from Paris to sensors/fr/temp, no geofence; e2 from Paris with an
+    event geofence of 500 km around New York; e3 from Frankfurt (gRPC) to
+    sensors/de/temp.
+    """
+    before = {b: local_subs(fed, b) for b in fed.nodes}
+    delivered = total(fed, DELIVERIES)
+    # A: mosquitto_sub 3.1.1 in New York, location and filter in the $geofed/ prefix.
+    a = subprocess.Popen(
+        [
+            "mosquitto_sub", "-p", port(fed, "us"), "-V", "mqttv311", "-i", "x-a", "-v",
+            "-C", "3", "-W", str(int(HANG_S)), "-t", f"$geofed/loc={NEW_YORK}/sensors/#",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    # B: paho 5.0 in Singapore, location on CONNECT, a geofence over Europe on SUBSCRIBE.
+    b = Paho("x-b")
+    assert (
+        b.connect(fed.nodes["ap"].mqtt, user(PacketTypes.CONNECT, geofed_location=SINGAPORE)) == 0
+    )
+    assert b.subscribe(
+        "sensors/+/temp", 1, user(PacketTypes.SUBSCRIBE, geofed_geofence=EUROPE)
+    ) == [1]
+    # E: paho 3.1.1 in Frankfurt; a 100 km circle around Paris in the prefix.
+    e = Paho("x-e", paho.MQTTv311)
+    assert e.connect(fed.nodes["eu"].mqtt) == 0
+    fence = "circle:48.85,2.35,100000"
+    assert e.subscribe(f"$geofed/loc=50.11,8.68/fence={fence}/sensors/#", 0) == [0]
+
+    async def run() -> dict[str, list[str]]:
+        # C: gRPC in New York, publishers must be near Tokyo; D: gRPC in Frankfurt.
+        c_client = await geofed.connect(
+            client_id="x-c", location=geofed.LatLon(40.71, -74.0), federation=fed.federation_path
+        )
+        d_client = await geofed.connect(
+            client_id="x-d", location=FRANKFURT, federation=fed.federation_path
+        )
+        async with c_client, d_client:
+            c = await c_client.subscribe(
+                "sensors/#", geofence={"circle": {"lat": 35.68, "lon": 139.77, "radius_m": 300000}}
+            )
+            d = await d_client.subscribe("sensors/fr/#")
+            await asyncio.to_thread(
+                until,
+                lambda: [local_subs(fed, x) - before[x] for x in ("eu", "us", "ap")] == [2, 2, 1],
+                "every subscription held",
+            )
+            await wait_quiescent(urls(fed), timeout=HANG_S)  # forwarded where they go
+            e1 = await asyncio.to_thread(
+                mosquitto,
+                "mosquitto_pub", "-p", port(fed, "eu"), "-V", "mqttv5", "-q", "1", "-d",
+                "-t", "sensors/fr/temp", "-m", "e1",
+                "-D", "publish", "user-property", "geofed-location", PARIS,
+            )  # fmt: skip
+            assert e1.returncode == 0, e1.stderr
+            assert "received PUBACK" in e1.stdout  # QoS 1 acknowledged
+            e2 = await asyncio.to_thread(
+                mosquitto,
+                "mosquitto_pub", "-p", port(fed, "eu"), "-V", "mqttv311", "-q", "1", "-d",
+                "-t", f"$geofed/loc={PARIS}/fence=circle:40.71,-74.0,500000/sensors/fr/temp",
+                "-m", "e2",
+            )  # fmt: skip
+            assert e2.returncode == 0 and "received PUBACK" in e2.stdout, e2
+            async with await geofed.connect(
+                client_id="x-pub", location=FRANKFURT, federation=fed.federation_path
+            ) as pub:
+                await pub.publish("sensors/de/temp", b"e3")
+            d_got = [(await d.next(HANG_S)).payload.decode()]
+            await asyncio.to_thread(until, lambda: total(fed, DELIVERIES) - delivered >= 7, "7")
+            await wait_quiescent(urls(fed), timeout=HANG_S)
+            del c  # it gets nothing: the delivery count below holds every delivery made
+            return {"c": [], "d": d_got}
+
+    grpc_got = asyncio.run(run())
+    out, err = a.communicate(timeout=HANG_S)
+    assert a.returncode == 0, err
+    got = {
+        "a": [line.split(" ", 1)[1] for line in out.splitlines()],
+        "b": [p.decode() for _, p in b.receive(2)],
+        "e": [p.decode() for _, p in e.receive(1)],
+        **grpc_got,
+    }
+    expected = {"a": ["e1", "e2", "e3"], "b": ["e1", "e3"], "c": [], "d": ["e1"], "e": ["e1"]}
+    assert {k: sorted(v) for k, v in got.items()} == expected
+    assert total(fed, DELIVERIES) - delivered == 7
+    b.close()
+    e.close()
+
+
+def test_redirects_name_the_responsible_brokers_mqtt_endpoint(fed: LocalFederation) -> None:
+    # 5.0: CONNACK "Use another server" with Server Reference; paho connects there itself.
+    r = Paho("x-redirect")
+    rc = r.connect(fed.nodes["eu"].mqtt, user(PacketTypes.CONNECT, geofed_location=NEW_YORK))
+    assert rc.value == 0x9C
+    reference = r.connack_props.ServerReference
+    assert reference == fed.nodes["us"].mqtt
+    r = Paho("x-redirect")
+    assert r.connect(reference, user(PacketTypes.CONNECT, geofed_location=NEW_YORK)) == 0
+    # Moving out of the area: DISCONNECT "Server moved", the new broker named.
+    r.c.publish(
+        "any/topic", b"x", 0, properties=user(PacketTypes.PUBLISH, geofed_location=SINGAPORE)
+    )
+    until(lambda: r.disconnect is not None, "DISCONNECT", r.step)
+    assert r.disconnect.value == 0x9D
+    assert r.disconnect_props.ServerReference == fed.nodes["ap"].mqtt
+    # 3.1.1: the new endpoint as a message on $geofed/redirect, then the connection closes.
+    old = Paho("x-redirect-311", paho.MQTTv311)
+    assert old.connect(fed.nodes["eu"].mqtt) == 0
+    old.c.publish(f"$geofed/loc={SINGAPORE}", b"", 0)
+    until(lambda: old.disconnect is not None, "the connection to close", old.step)
+    assert [(t, p.decode()) for t, p in old.receive(1)] == [
+        ("$geofed/redirect", fed.nodes["ap"].mqtt)
+    ]
+
+
+def test_bad_geo_context_is_answered_and_the_node_keeps_serving(fed: LocalFederation) -> None:
+    eu = fed.nodes["eu"]
+    bad = Paho("x-bad-connect")
+    rc = bad.connect(eu.mqtt, user(PacketTypes.CONNECT, geofed_location="95,2"))
+    assert rc.value == 0x83 and "geofed-location" in rc_reason(bad.connack_props)
+    p = Paho("x-bad")
+    assert p.connect(eu.mqtt, user(PacketTypes.CONNECT, geofed_location=PARIS)) == 0
+    rc, props = p.publish(
+        "x/bad", b"1", user(PacketTypes.PUBLISH, geofed_geofence="POLYGON((0 0, 1 1, 0 0))")
+    )
+    assert rc.value == 0x83 and "geofed-geofence" in props.ReasonString
+    rc, props = p.publish("x/bad", b"2", user(PacketTypes.PUBLISH, geofed_geofence="circle:1,2"))
+    assert rc.value == 0x83 and "geofed-geofence" in props.ReasonString
+    codes = p.subscribe("x/#", 1, user(PacketTypes.SUBSCRIBE, geofed_geofence="POLYGON((1 1))"))
+    assert [c.value for c in codes] == [0x83]
+    rc, _ = p.publish("x/good", b"3")  # the connection goes on
+    assert rc == 0
+    # 3.1.1: no reason codes; the client is disconnected and the log names the topic level.
+    topic = "$geofed/fence=POLYGON((0 0, 1 1, 0 0))/x/bad"
+    done = mosquitto("mosquitto_pub", "-p", eu.mqtt.rsplit(":")[1], "-V", "mqttv311", "-q", "1",
+                     "-i", "x-bad-311", "-t", topic, "-m", "4")  # fmt: skip
+    assert done.returncode != 0  # no PUBACK: the broker closed the connection
+    until(lambda: "$geofed/fence=" in eu.log_path.read_text(), "the log line")
+    line = next(x for x in eu.log_path.read_text().splitlines() if "x-bad-311" in x)
+    assert "$geofed/fence=" in line and "disconnected" in line
+    published = metric(eu.metrics_url, EVENTS_PUBLISHED)
+    ok = mosquitto("mosquitto_pub", "-p", eu.mqtt.rsplit(":")[1], "-V", "mqttv311", "-q", "1",
+                   "-t", f"$geofed/loc={PARIS}/x/good", "-m", "5", "-d")  # fmt: skip
+    assert ok.returncode == 0 and "received PUBACK" in ok.stdout
+    assert metric(eu.metrics_url, EVENTS_PUBLISHED) == published + 1
+    p.close()
+
+
+def rc_reason(props: Any) -> str:
+    return str(getattr(props, "ReasonString", ""))
+
+
+def test_a_persistent_session_keeps_qos1_deliveries_across_a_disconnect(
+    fed: LocalFederation,
+) -> None:
+    us = fed.nodes["us"]
+    connect = Properties(PacketTypes.CONNECT)
+    connect.SessionExpiryInterval = 300
+    connect.UserProperty = [("geofed-location", NEW_YORK)]
+    s = Paho("x-persistent")
+    assert s.connect(us.mqtt, connect) == 0 and s.session_present is False
+    assert s.subscribe("alerts/#", 1) == [1]
+    s.close()
+    until(lambda: s.disconnect is not None, "the disconnect", s.step)
+    asyncio.run(wait_quiescent(urls(fed), timeout=HANG_S))  # the subscription is everywhere
+
+    def publish(payload: str) -> None:
+        delivered = metric(us.metrics_url, DELIVERIES)
+        done = mosquitto("mosquitto_pub", "-p", port(fed, "eu"), "-V", "mqttv5", "-q", "1",
+                         "-t", "alerts/flood", "-m", payload,
+                         "-D", "publish", "user-property", "geofed-location", PARIS)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        until(lambda: metric(us.metrics_url, DELIVERIES) > delivered, "queued at us")
+
+    publish("while away")
+    s = Paho("x-persistent")
+    assert s.connect(us.mqtt, connect, clean=False) == 0 and s.session_present is True
+    [(topic, payload)] = s.receive(1)
+    assert (topic, payload, s.messages[0].qos) == ("alerts/flood", b"while away", 1)
+    s.close()  # paho acknowledged it (PUBACK) before: the broker forgets it
+    until(lambda: s.disconnect is not None, "the disconnect", s.step)
+    publish("second")
+    s = Paho("x-persistent")
+    assert s.connect(us.mqtt, connect, clean=False) == 0 and s.session_present is True
+    assert [p for _, p in s.receive(1)] == [b"second"]  # not "while away" again
+    s.close()
+
+
+def test_the_will_is_published_when_a_client_vanishes(fed: LocalFederation) -> None:
+    w = Paho("x-will-watch")
+    assert w.connect(fed.nodes["eu"].mqtt, user(PacketTypes.CONNECT, geofed_location=PARIS)) == 0
+    assert w.subscribe("status/#", 1) == [1]
+    held = local_subs(fed, "eu")
+    sub = subprocess.Popen(
+        ["mosquitto_sub", "-p", port(fed, "eu"), "-V", "mqttv5", "-i", "x-will", "-t", "x/will",
+         "--will-topic", "status/x-will", "--will-payload", "gone"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    until(lambda: local_subs(fed, "eu") == held + 1, "the subscription")
+    sub.send_signal(signal.SIGKILL)  # no DISCONNECT
+    sub.wait(HANG_S)
+    assert w.receive(1) == [("status/x-will", b"gone")]
+    w.close()
