@@ -370,3 +370,31 @@ def test_the_will_is_published_when_a_client_vanishes(fed: LocalFederation) -> N
     sub.wait(HANG_S)
     assert w.receive(1) == [("status/x-will", b"gone")]
     w.close()
+
+
+def test_tls_with_client_certificates(tmp_path: Path) -> None:
+    """With tls_dir the listener serves TLS; with client_auth cert a certificate is the identity."""
+    with LocalFederation(THREE, "event-geofence", tmp_path, tls=True, client_auth="cert") as sec:
+        eu = sec.nodes["eu"]
+        alice = sec.client_tls("alice")
+        assert alice is not None and alice.cert_file and alice.key_file
+        clients = []
+        for cid in ("alice-sub", "alice-pub"):
+            c = Paho(cid)
+            c.c.tls_set(ca_certs=alice.ca_file, certfile=alice.cert_file, keyfile=alice.key_file)
+            assert c.connect(eu.mqtt, user(PacketTypes.CONNECT, geofed_location=PARIS)) == 0
+            clients.append(c)
+        sub, pub = clients
+        assert sub.subscribe("t/#", 1) == [1]
+        rc, _ = pub.publish("t/1", b"over TLS")
+        assert rc == 0
+        assert sub.receive(1) == [("t/1", b"over TLS")]
+        # Without a client certificate the handshake fails; without TLS nothing is read.
+        refused = metric(eu.metrics_url, "geofed_mqtt_connects_total")
+        for extra in (["--cafile", alice.ca_file], []):
+            done = mosquitto("mosquitto_pub", "-p", eu.mqtt.rsplit(":")[1], "-t", "t/2",
+                             "-m", "x", *extra)  # fmt: skip
+            assert done.returncode != 0
+        assert metric(eu.metrics_url, "geofed_mqtt_connects_total") == refused
+        for c in clients:
+            c.close()
