@@ -267,17 +267,25 @@ class PeerLink:
         self._queued_bytes -= _size(msg)
         return msg
 
-    def _keep_resendable(self) -> None:
+    def _keep_resendable(self, unacked: int = 0) -> None:
         """Drop queued subscription changes (the snapshot supersedes them).
 
         In durable mode the events and deliveries go too: the next session
-        reads them back from the outbox, with everything not acknowledged.
+        reads them back from the outbox, with everything not acknowledged
+        (`unacked` messages written to the link that ended), and the queue
+        gauge goes on counting them there.
         """
-        keep = () if self.durable else _RESENDABLE
-        self._queue = deque(e for e in self._queue if e[0].kind in keep)
+        if not self.durable:
+            self._queue = deque(e for e in self._queue if e[0].kind in _RESENDABLE)
+        else:
+            left = sum(1 for m, _ in self._queue if m.kind in _RESENDABLE) + unacked
+            self._queue = deque()
+            if self._behind is None:
+                self._skipped = 0
+            self._behind = 0
+            self._skipped += left
         self._queued_bytes = sum(_size(m) for m, _ in self._queue)
-        if self.durable:
-            self._behind, self._skipped = 0, 0
+        self._count_queued()
 
     async def _refill(self) -> None:
         """Durable mode: queue the next page of the outbox (or catch up with it)."""
@@ -469,11 +477,12 @@ class PeerLink:
         self.connected = False
         # What the peer may not have received is sent again after reconnecting
         # (in durable mode it is all in the outbox, read back from the start).
+        unacked = sum(len(msgs) for _, msgs in self._unacked)
         if not self.durable:
             for _, msgs in self._unacked:
                 self._resend.extend((m, 0) for m in msgs)
         self._unacked.clear()
-        self._keep_resendable()
+        self._keep_resendable(unacked)
         self.node.metrics.peer_connected.labels(peer=self.peer.id).set(0)
         self.node.link_state_changed()
         if not self._stopping:

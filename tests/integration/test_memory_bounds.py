@@ -285,11 +285,8 @@ def test_the_peer_queue_gauge_counts_what_a_broken_link_left_in_the_outbox(
     tmp_path: Path,
 ) -> None:
     """Events sent to ap but not acknowledged (ap is frozen) wait in eu's outbox once eu
-    times the link out: the gauge counts them, and the events published afterwards.
-
-    Fails today: the gauge reads 0, then 10 (node/_links.py `_keep_resendable` resets the
-    outbox count to 0 at the end of a durable session and the gauge is not refreshed), while
-    all 30 wait for ap and arrive after it is resumed.
+    times the link out: the gauge counts them, and the events published afterwards; all
+    of them arrive once ap is resumed.
     """
     sent, later = 20, 10
     with LocalFederation(THREE, "event-geofence", tmp_path, durable=True, extra_env=ENV) as fed:
