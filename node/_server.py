@@ -274,6 +274,8 @@ class BrokerServer(Guarded):
                 # A frozen or vanished subscriber does not answer: its streams end.
                 ("grpc.keepalive_time_ms", keepalive_ms),
                 ("grpc.keepalive_timeout_ms", keepalive_ms),
+                # Without it gRPC waits its default minute for the ping's answer.
+                ("grpc.http2.ping_timeout_ms", keepalive_ms),
                 ("grpc.http2.max_pings_without_data", 0),
                 ("grpc.keepalive_permit_without_calls", 1),
             ]
