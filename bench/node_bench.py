@@ -52,8 +52,15 @@ from typing import Any
 
 import grpc
 
-from geofed.client import Publication, connect, health_status
-from geofed.node import PEER_MESSAGES_SENT, PEER_QUEUE_LENGTH, SUBSCRIPTIONS
+from geofed.client import Publication, TLSConfig, connect, health_status
+from geofed.node import (
+    PEER_MESSAGES_SENT,
+    PEER_QUEUE_LENGTH,
+    SUBSCRIPTIONS,
+    TLSFiles,
+    issue_federation,
+    server_credentials,
+)
 from geofed.routing import Federation, LatLon, SubscribeMsg, Subscription
 from geofed.v1 import federation_pb2_grpc as fpb_grpc
 from geofed.wire import (
@@ -188,18 +195,37 @@ async def _run(
     seconds: float,
     workdir: Path,
     durability: str,
+    tls: bool = False,
 ) -> dict[str, Any]:
-    """One configuration; `subs` and `events` are emptied (the latency run needs the memory)."""
+    """One configuration; `subs` and `events` are emptied (the latency run needs the memory).
+
+    With `tls` the node runs with mutual TLS to the peer and TLS to its clients
+    (certificates from a throw-away CA).
+    """
     client_port, peer_listen, metrics_port, fake_port = free_ports(4)
     metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     fed = federation_file(workdir / "federation.geojson", (client_port, peer_listen), fake_port)
     n_subs = len(subs)
     n_loaded, n_sent = len(subs), len(events)
-    tag = f"[{n_subs} subs, persistence {durability}]"
+    tag = f"[{n_subs} subs, persistence {durability}, TLS {'on' if tls else 'off'}]"
     peer = FakePeer(fed, subs)
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])
     fpb_grpc.add_FederationServiceServicer_to_server(peer, server)
-    server.add_insecure_port(f"127.0.0.1:{fake_port}")
+    certs = workdir / "certs"
+    client_tls: TLSConfig | None = None
+    peer_tls: TLSConfig | None = None
+    if tls:
+        issue_federation(workdir / "federation.geojson", certs)
+        peer_files = TLSFiles.in_dir(certs / "brokers" / "peer")
+        server.add_secure_port(
+            f"127.0.0.1:{fake_port}", server_credentials(peer_files, require_client_auth=True)
+        )
+        client_tls = TLSConfig(ca_file=str(certs / "ca.pem"))
+        peer_tls = TLSConfig(
+            ca_file=str(peer_files.ca), cert_file=str(peer_files.cert), key_file=str(peer_files.key)
+        )
+    else:
+        server.add_insecure_port(f"127.0.0.1:{fake_port}")
     await server.start()
     env = dict(os.environ)
     env.update(
@@ -218,14 +244,19 @@ async def _run(
         shutil.rmtree(data_dir, ignore_errors=True)
         data_dir.mkdir(parents=True)
         env.update({"GEOFED_DATA_DIR": str(data_dir), "GEOFED_STORE_SYNC": durability})
+    if tls:
+        env["GEOFED_TLS_DIR"] = str(certs / "brokers" / "node")
     proc = subprocess.Popen([sys.executable, "-m", "geofed.node"], env=env)
     try:
-        while health_status(f"127.0.0.1:{peer_listen}", FEDERATION_SERVICE) != "SERVING":
+        node_peer = f"127.0.0.1:{peer_listen}"
+        while health_status(node_peer, FEDERATION_SERVICE, tls=peer_tls) != "SERVING":
             await asyncio.sleep(0.1)
         t0 = time.perf_counter()
         await asyncio.wait_for(peer.loaded.wait(), 600)
         endpoint = f"127.0.0.1:{client_port}"
-        async with await connect(client_id="bench", location=PARIS, endpoint=endpoint) as client:
+        async with await connect(
+            client_id="bench", location=PARIS, endpoint=endpoint, tls=client_tls
+        ) as client:
             while await _metric(metrics_url, SUBSCRIPTIONS, scope="remote") < n_loaded:
                 await asyncio.sleep(0.2)
             load_s = time.perf_counter() - t0
@@ -256,7 +287,7 @@ async def _run(
             subs.clear()
             gc.collect()
             gc.freeze()
-            latencies = await _latency(endpoint, rate, seconds)
+            latencies = await _latency(endpoint, rate, seconds, client_tls)
         matched = peer.deliveries
     finally:
         proc.terminate()
@@ -265,6 +296,7 @@ async def _run(
     lat_ms = sorted(x * 1000 for x in latencies)
     store = sum(f.stat().st_size for f in data_dir.iterdir()) if durability != "off" else None
     return {
+        "tls": "on" if tls else "off",
         "persistence": durability,
         "store_mib": None if store is None else round(store / 1048576, 1),
         "subscriptions": n_loaded,
@@ -285,11 +317,15 @@ async def _metric(url: str, name: str, **labels: str) -> float:
     return await asyncio.to_thread(metric, url, name, **labels)
 
 
-async def _latency(endpoint: str, rate: float, seconds: float) -> list[float]:
+async def _latency(
+    endpoint: str, rate: float, seconds: float, tls: TLSConfig | None = None
+) -> list[float]:
     """Publish -> delivery times of `rate` events/s for `seconds` to one local subscriber."""
     async with (
-        await connect(client_id="lat-sub", location=PARIS, endpoint=endpoint) as subscriber,
-        await connect(client_id="lat-pub", location=PARIS, endpoint=endpoint) as publisher,
+        await connect(
+            client_id="lat-sub", location=PARIS, endpoint=endpoint, tls=tls
+        ) as subscriber,
+        await connect(client_id="lat-pub", location=PARIS, endpoint=endpoint, tls=tls) as publisher,
     ):
         sub = await subscriber.subscribe("latency/#", subscription_id="lat")
         n = int(rate * seconds)
@@ -332,6 +368,11 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated persistence modes: off (no data_dir), normal, full (store_sync)",
     )
     p.add_argument(
+        "--tls",
+        default="off",
+        help="comma-separated: off (plaintext), on (mutual TLS to the peer, TLS to clients)",
+    )
+    p.add_argument(
         "--rounds", type=int, default=1, help="runs of every configuration (order rotated)"
     )
     p.add_argument(
@@ -349,6 +390,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown --durability {', '.join(unknown)}; of {', '.join(DURABILITY)}")
     if args.rounds < 1:
         p.error("--rounds must be >= 1")
+    tls_modes = args.tls.split(",")
+    if not tls_modes or any(t not in ("off", "on") for t in tls_modes):
+        p.error(f"--tls takes off, on or off,on; got {args.tls!r}")
+    configs = [(m, t) for m in modes for t in tls_modes]
     rows: list[dict[str, Any]] = []
     load_before = os.getloadavg()
     turn = 0
@@ -358,7 +403,8 @@ def main(argv: list[str] | None = None) -> int:
             subs = _subscriptions(n, seed=n)
             events = _events(args.events, seed=1, world=args.world_events)
             for _ in range(args.rounds):
-                for mode in modes[turn % len(modes) :] + modes[: turn % len(modes)]:
+                k = turn % len(configs)
+                for mode, tls in configs[k:] + configs[:k]:
                     row = asyncio.run(
                         _run(
                             list(subs),
@@ -368,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
                             args.seconds,
                             Path(tmp),
                             mode,
+                            tls == "on",
                         )
                     )
                     rows.append(row | {"order": len(rows) + 1})
@@ -392,15 +439,19 @@ def main(argv: list[str] | None = None) -> int:
 def _table(rows: list[dict[str, Any]], modes: list[str]) -> str:
     """One row per run, grouped by subscription count in the order of `modes`."""
     head = (
-        "| subscriptions | persistence | run | events | event geofences | load s "
+        "| subscriptions | persistence | TLS | run | events | event geofences | load s "
         "| events/s (batched) | events/s absorbed | delivery msgs | p50 ms @ rate "
         "| p99 ms @ rate | store MiB after |"
     )
-    lines = [head, "|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in sorted(rows, key=lambda r: (r["subscriptions"], modes.index(r["persistence"]))):
+    lines = [head, "|---:|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    order = sorted(
+        rows, key=lambda r: (r["subscriptions"], modes.index(r["persistence"]), r["tls"])
+    )
+    for r in order:
         store = "—" if r["store_mib"] is None else r["store_mib"]
         lines.append(
-            f"| {r['subscriptions']:,} | {r['persistence']} | {r['order']} | {r['events']:,} "
+            f"| {r['subscriptions']:,} | {r['persistence']} | {r['tls']} | {r['order']} "
+            f"| {r['events']:,} "
             f"| {r['event_geofences']} | {r['load_s']} | {r['events_per_s']:,} "
             f"| {r['absorbed_per_s']:,} | {r['delivery_messages']:,} "
             f"| {r['p50_ms']} @ {r['latency_rate']:.0f}/s "
