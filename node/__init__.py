@@ -17,6 +17,7 @@ from ._certs import (
     issue_client,
     issue_federation,
 )
+from ._budget import ByteBudget
 from ._config import (
     CLIENT_PORT,
     ENV_PREFIX,
@@ -86,6 +87,7 @@ __all__ = [
     "PEER_REFUSED",
     # the node
     "BrokerServer",
+    "ByteBudget",
     "LinkHost",
     "NodeConfig",
     "NodeMetrics",

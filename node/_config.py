@@ -74,6 +74,11 @@ class NodeConfig:
         " or, with a data_dir, left in the store's outbox and read back in order",
         default=256 << 20,
     )
+    node_queue_bytes: int = _doc(
+        "bytes queued in memory across all subscriber streams and peer queues of the node;"
+        " beyond, each queue applies its own overflow policy as if it were full",
+        default=1 << 30,
+    )
     subscriber_queue_size: int = _doc(
         "deliveries queued per subscription before the oldest is dropped", default=10_000
     )
@@ -200,6 +205,7 @@ class NodeConfig:
             "session_queue_bytes",
             "subscriber_queue_bytes",
             "peer_queue_bytes",
+            "node_queue_bytes",
         ):
             if getattr(self, name) < 1:
                 raise InvalidInput(name, f"must be >= 1, got {getattr(self, name)!r}")

@@ -58,6 +58,7 @@ from geofed.wire import (
     snapshot_from_frame,
 )
 
+from ._budget import ByteBudget
 from ._config import NodeConfig
 from ._metrics import NodeMetrics
 
@@ -128,6 +129,7 @@ class LinkHost(Protocol):
     geofences: GeofenceCache
     peer_geofences: PeerGeofenceCache  # geofences forwarded by peers (the read loop's)
     durable: bool  # events and deliveries for peers are in a durable outbox
+    budget: ByteBudget  # the node's bytes queued in memory, shared with its other queues
 
     def hello(self) -> fpb.Frame:
         """This broker's hello frame."""
@@ -231,7 +233,11 @@ class PeerLink:
             self._count_queued()
             return
         size = _size(msg)
-        if len(self._queue) >= self._cap or self._queued_bytes + size > self._byte_cap:
+        if (
+            len(self._queue) >= self._cap
+            or self._queued_bytes + size > self._byte_cap
+            or not self.node.budget.fits(size)
+        ):
             if oid:
                 self._behind, self._skipped = oid, 1
                 self._count_queued()
@@ -242,7 +248,7 @@ class PeerLink:
                 self._restart_session("queue overflow lost a subscription change")
             return
         self._queue.append((msg, oid))
-        self._queued_bytes += size
+        self._account(size)
         self._count_queued()
         self._wake.set()
 
@@ -264,8 +270,12 @@ class PeerLink:
 
     def _pop(self) -> PeerMessage:
         msg, _ = self._queue.popleft()
-        self._queued_bytes -= _size(msg)
+        self._account(-_size(msg))
         return msg
+
+    def _account(self, delta: int) -> None:
+        self._queued_bytes += delta
+        self.node.budget.add(delta)
 
     def _keep_resendable(self, unacked: int = 0) -> None:
         """Drop queued subscription changes (the snapshot supersedes them).
@@ -284,7 +294,7 @@ class PeerLink:
                 self._skipped = 0
             self._behind = 0
             self._skipped += left
-        self._queued_bytes = sum(_size(m) for m, _ in self._queue)
+        self._account(sum(_size(m) for m, _ in self._queue) - self._queued_bytes)
         self._count_queued()
 
     async def _refill(self) -> None:
@@ -294,7 +304,7 @@ class PeerLink:
         if rows:
             for oid, msg in rows:
                 self._queue.append((msg, oid))
-                self._queued_bytes += _size(msg)
+                self._account(_size(msg))
             self._behind = rows[-1][0] + 1
             self._skipped = max(0, self._skipped - len(rows))
         else:
@@ -492,7 +502,7 @@ class PeerLink:
         await self._send_snapshot(transport)
         resend, self._resend = self._resend, deque()
         self._queue.extendleft(reversed(resend))
-        self._queued_bytes += sum(_size(m) for m, _ in resend)
+        self._account(sum(_size(m) for m, _ in resend))
         cfg = self.node.config
         max_msgs = cfg.batch_max_messages
         delay = cfg.batch_max_delay_ms / 1000.0

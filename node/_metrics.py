@@ -28,6 +28,7 @@ STORE_FAILURES = "geofed_store_failures_total"
 SESSION_QUEUE_DROPPED = "geofed_session_queue_dropped_total"
 SESSIONS_EXPIRED = "geofed_sessions_expired_total"
 AUTH_REFUSED = "geofed_auth_refused_total"
+QUEUED_BYTES = "geofed_queued_bytes"
 PEER_REFUSED = "geofed_peer_refused_total"
 MQTT_CONNECTIONS = "geofed_mqtt_connections"
 MQTT_CONNECTS = "geofed_mqtt_connects_total"
@@ -120,6 +121,11 @@ class NodeMetrics:
             registry=registry,
         )
         self._durability(registry)
+        self.queued_bytes = Gauge(
+            QUEUED_BYTES,
+            "Bytes queued in memory across subscriber streams and peer queues (node_queue_bytes).",
+            registry=registry,
+        )
         self.auth_refused = Counter(
             AUTH_REFUSED,
             "Client requests refused by authentication or the policy, by reason"

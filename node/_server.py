@@ -80,6 +80,7 @@ from geofed.wire import (
 )
 
 from ._auth import Principal, Security, add_port
+from ._budget import ByteBudget
 from ._config import NodeConfig
 from ._errors import Guarded, abort, streaming, unary
 from ._links import PROTOCOL_VERSION, SERVER_OPTIONS, ContextTransport, PeerLink
@@ -110,10 +111,16 @@ class _Stream:
     """
 
     def __init__(
-        self, cap: int, byte_cap: int, metrics: NodeMetrics, refill: Refill | None = None
+        self,
+        cap: int,
+        byte_cap: int,
+        metrics: NodeMetrics,
+        refill: Refill | None = None,
+        budget: ByteBudget | None = None,
     ) -> None:
         self._items: deque[tuple[Any, int]] = deque()  # (delivery, bytes counted)
         self._bytes = 0
+        self._budget = budget if budget is not None else ByteBudget(byte_cap)
         self._cap = cap
         self._byte_cap = byte_cap
         self._metrics = metrics
@@ -125,22 +132,45 @@ class _Stream:
 
     def push(self, item: cpb.Delivery) -> None:
         size = _DELIVERY_OVERHEAD + len(item.event.payload)
-        full = len(self._items) >= self._cap or self._bytes + size > self._byte_cap
         if self._refill is not None:
-            if self.behind is None and full:
+            if self.behind is None and self._full(size):
                 self.behind = item.offset - 1  # this one and what follows: from the store
             if self.behind is not None:
                 self._ready.set()
                 return
         else:
-            while self._items and (
-                len(self._items) >= self._cap or self._bytes + size > self._byte_cap
-            ):
-                self._bytes -= self._items.popleft()[1]
+            while self._items and self._full(size):
+                self._take()
                 self._metrics.subscriber_dropped.inc()
+            if self._full(size):  # the node's budget, held by other queues
+                self._metrics.subscriber_dropped.inc()
+                return
+        self._put(item, size)
+        self._ready.set()
+
+    def _full(self, size: int) -> bool:
+        return (
+            len(self._items) >= self._cap
+            or self._bytes + size > self._byte_cap
+            or not self._budget.fits(size)
+        )
+
+    def _put(self, item: Any, size: int) -> None:
         self._items.append((item, size))
         self._bytes += size
-        self._ready.set()
+        self._budget.add(size)
+
+    def _take(self) -> Any:
+        item, size = self._items.popleft()
+        self._bytes -= size
+        self._budget.add(-size)
+        return item
+
+    def release(self) -> None:
+        """The stream ended: what it still held leaves the node's budget."""
+        self._budget.add(-self._bytes)
+        self._items.clear()
+        self._bytes = 0
 
     def close(self, status: tuple[grpc.StatusCode, str] | None = None) -> None:
         self.end_status = status
@@ -157,14 +187,12 @@ class _Stream:
                     self.behind = None
                     continue
                 for _, item in rows:
-                    self._items.append((item, 0))
+                    self._put(item, _DELIVERY_OVERHEAD + len(item.event.payload))
                 self.behind = rows[-1][0]
                 continue
             self._ready.clear()
             await self._ready.wait()
-        item, size = self._items.popleft()
-        self._bytes -= size
-        return item
+        return self._take()
 
 
 @dataclass
@@ -214,6 +242,7 @@ class BrokerServer(Guarded):
         self.strategy = strategy_for(config.strategy, self.federation)
         self.core = BrokerState(me.id, self.federation, self.strategy)
         self.metrics = NodeMetrics(registry)
+        self.budget = ByteBudget(config.node_queue_bytes, self.metrics.queued_bytes)
         self.security = Security(config, self.metrics)
         self.geofences = GeofenceCache(
             config.max_geofence_vertices, max_bytes=config.max_geofence_bytes
@@ -962,7 +991,7 @@ class BrokerServer(Guarded):
         if key in self.pending:
             refill = functools.partial(self.replay, key)
         stream = _Stream(
-            cfg.subscriber_queue_size, cfg.subscriber_queue_bytes, self.metrics, refill
+            cfg.subscriber_queue_size, cfg.subscriber_queue_bytes, self.metrics, refill, self.budget
         )
         if refill is not None:
             stream.behind = self.pending[key].acked  # queued deliveries first
@@ -976,6 +1005,7 @@ class BrokerServer(Guarded):
 
     def client_stream_closed(self, key: SubKey, stream: _Stream) -> None:
         """A subscription's stream ended: a plain subscription goes too (if it was the last)."""
+        stream.release()
         self.stream_closed(stream.session)
         stream.session = None
         if self._streams.get(key) is stream:

@@ -11,7 +11,7 @@ import asyncio
 from prometheus_client import CollectorRegistry
 
 from geofed import wire as gw
-from geofed.node import NodeMetrics
+from geofed.node import ByteBudget, NodeMetrics
 from geofed.node._server import _END, _Stream
 from geofed.v1 import client_pb2 as cpb
 from geofed.v1 import geo_pb2 as gpb
@@ -79,3 +79,28 @@ def test_persistent_queue_reads_back_what_did_not_fit_in_order() -> None:
     assert asyncio.run(test()) == list(range(1, 13))
     assert reads == [2, 5, 8, 10, 11]  # pages of 3, then nothing newer than 11
     assert registry.get_sample_value("geofed_subscriber_queue_dropped_total") == 0
+
+
+def test_streams_share_the_node_budget() -> None:
+    """node_queue_bytes: what one stream holds, another cannot take; a plain stream whose
+    own queue is empty drops what does not fit (counted), and bytes come back as the
+    streams are read or end."""
+    registry = CollectorRegistry()
+    metrics = NodeMetrics(registry)
+    budget = ByteBudget(3 * 1128, metrics.queued_bytes)  # three 1,000-byte deliveries
+    first = _Stream(100, 1 << 20, metrics, budget=budget)
+    second = _Stream(100, 1 << 20, metrics, budget=budget)
+    for i in range(1, 4):
+        first.push(delivery(i, b"p" * 1000))
+    second.push(delivery(9, b"p" * 1000))
+    assert registry.get_sample_value("geofed_subscriber_queue_dropped_total") == 1
+    assert registry.get_sample_value("geofed_queued_bytes") == 3 * 1128
+
+    async def take_one() -> int:
+        return int((await first.get()).offset)
+
+    assert asyncio.run(take_one()) == 1
+    second.push(delivery(10, b"p" * 1000))  # room again
+    assert budget.used == 3 * 1128
+    first.release()
+    assert budget.used == 1128

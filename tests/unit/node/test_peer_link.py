@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from geofed import routing
 from geofed import wire as gw
-from geofed.node import NodeConfig, NodeMetrics, PeerLink, _links
+from geofed.node import ByteBudget, NodeConfig, NodeMetrics, PeerLink, _links
 from geofed.routing import BrokerInfo, EventMsg, GeofenceCache, Kind, PeerMessage, SubscribeMsg
 from geofed.v1 import federation_pb2 as fpb
 
@@ -95,6 +95,7 @@ class FakeHost:
 
     def __init__(self, broker_id: str = "b", **config: float) -> None:
         self.broker_id = broker_id
+        self.budget = ByteBudget(int(config.pop("node_queue_bytes", 1 << 40)))
         self.config = NodeConfig(broker_id=broker_id, federation="-", **config)  # type: ignore[arg-type]
         self.metrics = NodeMetrics(CollectorRegistry())
         self.geofences = GeofenceCache()
@@ -330,6 +331,17 @@ def test_snapshots_start_every_session_span_frames_and_replace(
         await link.stop()
 
     run(test)
+
+
+def test_the_node_budget_bounds_a_link_queue_too() -> None:
+    """node_queue_bytes: a link whose node has no bytes left drops new events (counted), as
+    if its own queue were full; the bytes of what it sends come back."""
+    host = FakeHost(node_queue_bytes=2 * _links._size(event("x")))
+    link = host.make_link()
+    for i in range(4):
+        link.enqueue(event(f"e{i}"))
+    assert link.queued == 2 and host.metric("geofed_peer_queue_dropped_total") == 2
+    assert host.budget.used == host.budget.limit
 
 
 def test_full_queue_drops_new_events_and_counts_them() -> None:
