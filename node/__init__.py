@@ -7,6 +7,7 @@ runs one, configured by a `NodeConfig` from flags, ``GEOFED_*`` environment
 variables or a JSON file.
 """
 
+from ._budget import ByteBudget
 from ._certs import (
     CA,
     CA_VALID,
@@ -17,7 +18,6 @@ from ._certs import (
     issue_client,
     issue_federation,
 )
-from ._budget import ByteBudget
 from ._config import (
     CLIENT_PORT,
     ENV_PREFIX,
