@@ -88,6 +88,48 @@ GeofenceInput = Geofence | str | Mapping[str, Any] | None
 """A geofence as users give it: parsed, WKT or GeoJSON text, a GeoJSON or circle mapping."""
 
 
+def location_from_text(text: str, field: str) -> LatLon:
+    """A location written ``LAT,LON`` in decimal degrees (the command line, MQTT).
+
+    Raises:
+        InvalidInput: naming `field`.
+    """
+    parts = text.split(",")
+    try:
+        if len(parts) != 2:
+            raise ValueError(text)
+        lat, lon = (float(p) for p in parts)
+    except ValueError:
+        raise InvalidInput(field, f"expected LAT,LON (two numbers), got {text!r}") from None
+    return latlon(lat, lon, field)
+
+
+def geofence_from_text(text: str, field: str) -> GeofenceInput:
+    """A geofence written as text (the command line, MQTT), in `GeofenceInput` form.
+
+    Empty text and ``world`` are None (the whole world); ``circle:LAT,LON,RADIUS_M``
+    is a circle mapping; anything else is WKT or GeoJSON text, validated where
+    it is parsed.
+
+    Raises:
+        InvalidInput: a malformed circle, naming `field`.
+    """
+    stripped = text.strip()
+    if not stripped or stripped.lower() == "world":
+        return None
+    if stripped.lower().startswith("circle:"):
+        try:
+            lat, lon, radius = (float(v) for v in stripped[len("circle:") :].split(","))
+        except ValueError:
+            raise InvalidInput(
+                field, f"expected circle:LAT,LON,RADIUS_M (three numbers), got {text!r}"
+            ) from None
+        if not math.isfinite(radius):
+            raise InvalidInput(field, f"circle radius must be a number of metres, got {text!r}")
+        return {"circle": {"lat": lat, "lon": lon, "radius_m": radius}}
+    return text
+
+
 def geofence_to_pb(fence: GeofenceInput) -> gpb.Geofence:
     """Wire form of a geofence; unset for the whole world (None).
 

@@ -36,6 +36,7 @@ from geofed.routing import (
 )
 from geofed.v1 import client_pb2 as cpb
 from geofed.v1 import geo_pb2 as gpb
+from geofed.wire import geofence_from_text, geofence_to_pb, location_from_text
 
 from . import _mqtt_codec as mq
 from ._auth import ANONYMOUS, Principal
@@ -48,8 +49,6 @@ from ._mqtt_geo import (
     PREFIX,
     REDIRECT_TOPIC,
     GeoTopic,
-    geofence_pb,
-    parse_location,
     split_topic,
     subscription_id,
 )
@@ -359,7 +358,7 @@ class _Connection:
         try:
             located = props.user_values(LOCATION_PROPERTY)
             if located:
-                where = parse_location(located[-1], LOCATION_PROPERTY)
+                where = location_from_text(located[-1], LOCATION_PROPERTY)
         except InvalidInput as exc:
             node.on_reject(status_for(exc))
             return self._refuse(label, mq.IMPLEMENTATION_SPECIFIC_ERROR, str(exc))
@@ -486,7 +485,7 @@ class _Connection:
     async def _locate(self, text: str, where: str) -> None:
         """A location on a packet: the client's last known location, or a redirect."""
         try:
-            point = parse_location(text, where)
+            point = location_from_text(text, where)
             target = self.node.client_move(self.who, self.client, point)
         except GeofedError as exc:
             raise self._bad_geo(exc) from None
@@ -561,7 +560,7 @@ class _Connection:
             topic=topic,
             payload=payload,
             publisher=gpb.LatLon(lat=where.lat, lon=where.lon),
-            geofence=geofence_pb(fence or "", source),
+            geofence=geofence_to_pb(geofence_from_text(fence or "", source)),
         )
         node.check_owner(self.who, self.client)
         try:
@@ -633,7 +632,7 @@ class _Connection:
             id=subscription_id(geo.topic),
             client=self.client,
             topic_filter=geo.topic,
-            geofence=geofence_pb(fence or "", source),
+            geofence=geofence_to_pb(geofence_from_text(fence or "", source)),
         )
         try:
             sub, stream = await self.node.client_subscribe(self.who, self.client, pb)

@@ -1,19 +1,18 @@
 """Geo-context on MQTT packets: user properties (MQTT 5) and the ``$geofed/`` topic prefix.
 
-Pure: text in, a `LatLon`, a wire `Geofence` or a `GeoTopic` out, or an
-`InvalidInput` naming the property (or topic prefix) that was wrong. The
-geofence text itself is validated later by the node, exactly as for gRPC
-clients (`docs/design.md` §1). The conventions are in docs/mqtt.md.
+Pure: text in, a `GeoTopic` out, or an `InvalidInput` naming the topic
+prefix that was wrong. Locations and geofences are written as on the command
+line (`geofed.wire.location_from_text`, `geofence_from_text`); the geofence
+text itself is validated later by the node, exactly as for gRPC clients
+(`docs/design.md` §1). The conventions are in docs/mqtt.md.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 from dataclasses import dataclass
 
-from geofed.routing import InvalidInput, LatLon, latlon, validate_id
-from geofed.v1 import geo_pb2 as gpb
+from geofed.routing import InvalidInput, validate_id
 
 LOCATION_PROPERTY = "geofed-location"
 """MQTT 5 user property: the client's location, ``LAT,LON`` (any packet)."""
@@ -25,50 +24,6 @@ LOCATION_LEVEL = "loc="
 FENCE_LEVEL = "fence="
 REDIRECT_TOPIC = "$geofed/redirect"
 """Where a 3.1.1 client is told its new broker (payload ``host:port``) before it is disconnected."""
-
-
-def parse_location(text: str, where: str) -> LatLon:
-    """``LAT,LON`` (decimal degrees) as a validated point; `where` names the property.
-
-    Raises:
-        InvalidInput: naming `where`.
-    """
-    parts = text.split(",")
-    if len(parts) != 2:
-        raise InvalidInput(where, f"must be 'LAT,LON', got {text!r}")
-    try:
-        lat, lon = (float(p) for p in parts)
-    except ValueError:
-        raise InvalidInput(where, f"must be 'LAT,LON' in decimal degrees, got {text!r}") from None
-    return latlon(lat, lon, where)
-
-
-def geofence_pb(text: str, where: str) -> gpb.Geofence:
-    """A geofence as written on MQTT: WKT, GeoJSON, ``circle:LAT,LON,RADIUS_M`` or ``world``.
-
-    Empty text and ``world`` are the whole world (an unset wire geofence).
-
-    Raises:
-        InvalidInput: a malformed circle, naming `where` (WKT and GeoJSON are
-            validated by the node).
-    """
-    text = text.strip()
-    if not text or text.lower() == "world":
-        return gpb.Geofence()
-    if text.lower().startswith("circle:"):
-        parts = text[len("circle:") :].split(",")
-        try:
-            lat, lon, radius = (float(p) for p in parts)
-        except ValueError:
-            raise InvalidInput(
-                where, f"a circle is 'circle:LAT,LON,RADIUS_M', got {text!r}"
-            ) from None
-        if not math.isfinite(radius):
-            raise InvalidInput(where, f"circle radius must be a number of metres, got {text!r}")
-        return gpb.Geofence(circle=gpb.Circle(center=gpb.LatLon(lat=lat, lon=lon), radius_m=radius))
-    if text.startswith("{"):
-        return gpb.Geofence(geojson=text)
-    return gpb.Geofence(wkt=text)
 
 
 @dataclass(frozen=True)

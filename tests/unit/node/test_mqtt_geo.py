@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from geofed.node._mqtt_geo import (
-    GeoTopic,
-    geofence_pb,
-    parse_location,
-    split_topic,
-    subscription_id,
-)
+from geofed.node._mqtt_geo import GeoTopic, split_topic, subscription_id
 from geofed.routing import InvalidInput, LatLon
+from geofed.v1 import geo_pb2 as gpb
+from geofed.wire import geofence_from_text, geofence_to_pb
+from geofed.wire import location_from_text as parse_location
+
+
+def geofence_pb(text: str, field: str) -> gpb.Geofence:
+    """A geofence property as the MQTT front end reads it."""
+    return geofence_to_pb(geofence_from_text(text, field))
 
 
 def test_a_location_is_lat_comma_lon() -> None:
