@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,17 +28,11 @@ def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_up_starts_a_federation_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def up(*args: str) -> Iterator[tuple[subprocess.Popen[str], list[str]]]:
+    """`geofed up ARGS` once every broker is linked: the process and what it printed."""
     with subprocess.Popen(
-        [
-            *GEOFED,
-            "up",
-            str(THREE),
-            "--strategy",
-            "subscription-geofence",
-            "--workdir",
-            str(tmp_path),
-        ],
+        [*GEOFED, "up", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -50,6 +46,32 @@ def test_up_starts_a_federation_and_stops_cleanly_on_sigterm(tmp_path: Path) -> 
             if "all brokers healthy" in line or not line:
                 break
         assert any("all brokers healthy" in line for line in lines), lines
+        yield proc, lines
+
+
+@contextlib.contextmanager
+def subscribed(*args: str) -> Iterator[subprocess.Popen[str]]:
+    """`geofed subscribe ARGS` for one news/# delivery in Singapore, once it holds at ap."""
+    with subprocess.Popen(
+        [
+            *GEOFED,
+            "subscribe",
+            *args,
+            *("--client", "s", "--location", "1.3,103.8", "--topic", "news/#"),
+            *("--id", "sub1", "--count", "1"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as sub:
+        assert sub.stderr is not None
+        assert "subscribed sub1 at broker ap" in sub.stderr.readline()
+        yield sub
+
+
+def test_up_starts_a_federation_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+    args = ("--strategy", "subscription-geofence", "--workdir", str(tmp_path))
+    with up(str(THREE), *args) as (proc, lines):
         table = "".join(lines)
         for broker in ("eu", "us", "ap"):
             assert broker in table
@@ -62,56 +84,18 @@ def test_up_starts_a_federation_and_stops_cleanly_on_sigterm(tmp_path: Path) -> 
 
 def test_up_tls_runs_a_secured_federation_that_the_cli_clients_reach(tmp_path: Path) -> None:
     """`geofed up --tls`: brokers on a throw-away CA; publish and subscribe with --ca."""
-    with subprocess.Popen(
-        [*GEOFED, "up", str(THREE), "--tls", "--workdir", str(tmp_path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    ) as proc:
-        assert proc.stdout is not None
-        lines = []
-        while True:
-            line = proc.stdout.readline()
-            lines.append(line)
-            if "all brokers healthy" in line or not line:
-                break
+    with up(str(THREE), "--tls", "--workdir", str(tmp_path)) as (proc, lines):
         assert any(line.startswith("TLS: CA ") for line in lines), lines
-        ca = str(tmp_path / "certs" / "ca.pem")
         fed_file = str(tmp_path / "federation.geojson")
-        common = ["--federation", fed_file, "--ca", ca]
-        with subprocess.Popen(
-            [
-                *GEOFED,
-                "subscribe",
-                *common,
-                *("--client", "s", "--location", "1.3,103.8", "--topic", "news/#"),
-                *("--id", "sub1", "--count", "1"),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        ) as sub:
-            assert sub.stderr is not None
-            assert "subscribed sub1 at broker ap" in sub.stderr.readline()
-            out = run(
-                "publish", *common, "--client", "p", "--location", "50.1,8.7", "--topic", "news/eu"
-            )
+        common = ["--federation", fed_file, "--ca", str(tmp_path / "certs" / "ca.pem")]
+        publish = ("--client", "p", "--location", "50.1,8.7", "--topic", "news/eu")
+        with subscribed(*common) as sub:
+            out = run("publish", *common, *publish)
             assert out.returncode == 0, out.stderr
             stdout, _ = sub.communicate(timeout=30)
         assert json.loads(stdout.splitlines()[0])["topic"] == "news/eu"
         # Without the CA the broker's certificate is not trusted: a clear failure, exit 3.
-        plain = run(
-            "publish",
-            "--federation",
-            fed_file,
-            "--client",
-            "p",
-            "--location",
-            "50.1,8.7",
-            "--topic",
-            "news/eu",
-        )
+        plain = run("publish", "--federation", fed_file, *publish)
         assert plain.returncode == 3, plain.stderr
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
@@ -120,29 +104,7 @@ def test_up_tls_runs_a_secured_federation_that_the_cli_clients_reach(tmp_path: P
 def test_publish_and_subscribe_commands_follow_redirects(tmp_path: Path) -> None:
     with LocalFederation(THREE, "event-geofence", tmp_path) as fed:
         fed_file = str(fed.federation_path)
-        with subprocess.Popen(
-            [
-                *GEOFED,
-                "subscribe",
-                "--federation",
-                fed_file,
-                "--client",
-                "s",
-                "--location",
-                "1.3,103.8",
-                "--topic",
-                "news/#",
-                "--id",
-                "sub1",
-                "--count",
-                "1",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        ) as sub:
-            assert sub.stderr is not None
-            assert "subscribed sub1 at broker ap" in sub.stderr.readline()
+        with subscribed("--federation", fed_file) as sub:
             out = run(
                 "publish",
                 "--federation",
