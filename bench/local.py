@@ -61,6 +61,11 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+def tls_config(files: TLSFiles) -> TLSConfig:
+    """Client TLS settings that present the certificate of `files` (a broker's or a client's)."""
+    return TLSConfig(ca_file=str(files.ca), cert_file=str(files.cert), key_file=str(files.key))
+
+
 class LocalFederation:
     """Starts, waits for and stops a federation of node processes.
 
@@ -137,7 +142,7 @@ class LocalFederation:
         if self.tls:
             issue_federation(self.federation_path, self.certs_dir)
             # A broker's certificate serves as a client one too: health checks use the first.
-            self._health_tls = self._tls_in(self.certs_dir / "brokers" / ids[0])
+            self._health_tls = tls_config(TLSFiles.in_dir(self.certs_dir / "brokers" / ids[0]))
         if self._proxies is not None:
             self._route_links_through(self._proxies)
         for i, bid in enumerate(ids):
@@ -178,12 +183,7 @@ class LocalFederation:
         folder = self.certs_dir / "clients" / urllib.parse.quote(identity, safe="")
         if not (folder / "cert.pem").exists():
             issue_client(CA.load(self.certs_dir), identity, folder)
-        return self._tls_in(folder)
-
-    @staticmethod
-    def _tls_in(folder: Path) -> TLSConfig:
-        files = TLSFiles.in_dir(folder)
-        return TLSConfig(ca_file=str(files.ca), cert_file=str(files.cert), key_file=str(files.key))
+        return tls_config(TLSFiles.in_dir(folder))
 
     def data_dir(self, broker_id: str) -> Path:
         """Where a durable broker keeps its state: ``workdir/<broker id>/data``."""

@@ -73,7 +73,7 @@ from geofed.wire import (
 )
 
 from ._machine import describe
-from .local import free_ports
+from .local import free_ports, tls_config
 from .scrape import metric
 from .workload import WorkloadConfig, generate
 
@@ -221,9 +221,7 @@ async def _run(
             f"127.0.0.1:{fake_port}", server_credentials(peer_files, require_client_auth=True)
         )
         client_tls = TLSConfig(ca_file=str(certs / "ca.pem"))
-        peer_tls = TLSConfig(
-            ca_file=str(peer_files.ca), cert_file=str(peer_files.cert), key_file=str(peer_files.key)
-        )
+        peer_tls = tls_config(peer_files)
     else:
         server.add_insecure_port(f"127.0.0.1:{fake_port}")
     await server.start()
