@@ -172,7 +172,8 @@ def test_sessions_expire_and_their_subscriptions_go(tmp_path: Path) -> None:
             for i in range(20):
                 plain = await client(fed, f"exp-{i}", SINGAPORE)
                 await plain.close()
-            assert metric(ap, SESSIONS) == 21
+            # Each of the 21 is open or already expired (a loaded machine may be slow).
+            assert metric(ap, SESSIONS) + metric(ap, SESSIONS_EXPIRED) == 21
             await until(lambda: metric(ap, SESSIONS_EXPIRED) == 21, "sessions expired", HANG_S)
             assert metric(ap, SESSIONS) == 0
             assert metric(ap, "geofed_subscriptions", scope="local") == 0
@@ -230,7 +231,7 @@ def test_a_full_store_refuses_publishes_and_keeps_what_it_acknowledged(tmp_path:
                 for i in range(1000):
                     acked.append(await pub.publish("d/x", b"p" * 4096, event_id=f"f{i}"))
             assert 0 < len(acked) < 1000
-            assert geofed.client.health_status(fed.nodes["eu"].client) == "SERVING"
+            assert geofed.client.health_status(fed.nodes["eu"].client, timeout=HANG_S) == "SERVING"
             fed.resume_node("ap")
             fed.resume_node("us")
             got = await collect(sub, len(acked))

@@ -390,8 +390,9 @@ def test_a_plaintext_health_port_answers_the_probes_of_a_tls_node(tmp_path: Path
             probe = f"127.0.0.1:{node.health_port}"
             client = f"127.0.0.1:{node.client_port}"
             tls = TLSConfig(ca_file=str(tmp_path / "certs" / "ca.pem"))
-            assert await asyncio.to_thread(health_status, probe) == "SERVING"
+            # Generous deadlines: a loaded machine may take seconds for a handshake.
+            assert await asyncio.to_thread(health_status, probe, "", HANG_S) == "SERVING"
             assert await asyncio.to_thread(health_status, client) == "UNREACHABLE"
-            assert await asyncio.to_thread(health_status, client, "", 5.0, tls) == "SERVING"
+            assert await asyncio.to_thread(health_status, client, "", HANG_S, tls) == "SERVING"
 
     asyncio.run(run())
