@@ -72,6 +72,7 @@ from geofed.errors import (
 from geofed.routing import Federation, LatLon, latlon, validate_id
 from geofed.v1 import client_pb2_grpc as cpb_grpc
 from geofed.wire import (
+    BROKER_METADATA,
     GeofenceInput,
     Message,
     Publication,
@@ -737,13 +738,15 @@ class Subscription:
             )
         )
         try:
-            # Sent once the broker registered the subscription; rejections end the call.
+            # Sent once the broker registered the subscription; a rejection ends the
+            # call without it (and the call may not read as done yet: wait for its status).
             async with asyncio.timeout(client.config.request_timeout_s):
-                await call.initial_metadata()
+                metadata = await call.initial_metadata()
         except TimeoutError:
             call.cancel()
             raise DeadlineExceeded("subscribe", client.config.request_timeout_s) from None
-        if call.done():
+        registered = any(key == BROKER_METADATA for key, _ in metadata or ())
+        if not registered or call.done():
             code = await call.code()
             if code != grpc.StatusCode.OK:
                 raise _error(

@@ -49,6 +49,8 @@ from geofed.v1 import client_pb2 as cpb
 from geofed.v1 import federation_pb2 as fpb
 from geofed.v1 import geo_pb2 as gpb
 
+BROKER_METADATA = "geofed-broker"
+"""Initial metadata a broker sends on Subscribe once it holds the subscription (its id)."""
 CLIENT_SERVICE: str = cpb.DESCRIPTOR.services_by_name["ClientService"].full_name
 """Full name of the client gRPC service (also its health-check service name)."""
 FEDERATION_SERVICE: str = fpb.DESCRIPTOR.services_by_name["FederationService"].full_name

@@ -55,6 +55,7 @@ from geofed.v1 import federation_pb2 as fpb
 from geofed.v1 import federation_pb2_grpc as fpb_grpc
 from geofed.v1 import geo_pb2 as gpb
 from geofed.wire import (
+    BROKER_METADATA,
     CLIENT_SERVICE,
     FEDERATION_SERVICE,
     PeerGeofenceCache,
@@ -1238,7 +1239,7 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
             who, client, request.subscription, request.resume_after
         )
         try:
-            await context.send_initial_metadata((("geofed-broker", node.broker_id),))
+            await context.send_initial_metadata(((BROKER_METADATA, node.broker_id),))
             while True:
                 item = await stream.get()
                 if item is _END:
