@@ -598,7 +598,7 @@ def _run_strategy(
         fed.start(timeout=60.0 + 10.0 * len(fed.source))
         started = time.monotonic() - t0
         progress.say(f"{name}: {len(fed.nodes)} brokers ready in {started:.1f}s; replaying ...")
-        urls = {b: n.metrics_url for b, n in fed.nodes.items()}
+        urls = fed.metrics_urls()
         before = scrape_all(urls)
         played = asyncio.run(
             _replay(fed, ops, workdir / "deliveries.jsonl", speed, barrier, progress, name)
@@ -699,7 +699,7 @@ async def _replay(
     name: str,
 ) -> dict[str, Any]:
 
-    urls = {b: n.metrics_url for b, n in fed.nodes.items()}
+    urls = fed.metrics_urls()
     pacer = _Pacer(ops, speed)
     with log_path.open("w", encoding="utf-8") as log:
         r = Replayer(

@@ -269,9 +269,6 @@ class Workload:
         )
         await until(self._queues_empty, "every peer queue is empty", wait_s, scrapes=True)
 
-    def _urls(self) -> dict[str, str]:
-        return {b: n.metrics_url for b, n in self.fed.nodes.items()}
-
     def _subscriptions_in_place(self) -> bool:
         """Each broker counts the local subscriptions and remote copies the strategy puts there."""
         strategy = strategy_for(self.fed.strategy, self.fed.federation)
@@ -291,7 +288,7 @@ class Workload:
     def _queues_empty(self) -> bool:
         return not sum(
             v
-            for samples in scrape_all(self._urls()).values()
+            for samples in scrape_all(self.fed.metrics_urls()).values()
             for (name, _), v in samples.items()
             if name == PEER_QUEUE_LENGTH
         )

@@ -32,6 +32,7 @@ from geofed.routing import Federation, GeofedError
 from geofed.wire import FEDERATION_SERVICE
 
 from .faultproxy import FaultProxy, ProxyHost
+from .scrape import wait_quiescent
 
 
 @dataclass(frozen=True)
@@ -265,6 +266,15 @@ class LocalFederation:
                         f"broker {bid} not ready after {timeout}s; log: {node.log_path}"
                     )
                 time.sleep(0.05)
+
+    def metrics_urls(self) -> dict[str, str]:
+        """Each broker's /metrics URL by broker id (what `wait_quiescent` reads)."""
+        return {b: n.metrics_url for b, n in self.nodes.items()}
+
+    async def quiescent(self, timeout: float = 60.0) -> None:
+        """Barrier: every inter-broker message sent so far has been taken in by its peer
+        (`wait_quiescent`; its counters restart with a broker, so not across a restart)."""
+        await wait_quiescent(self.metrics_urls(), timeout)
 
     def stop_node(self, broker_id: str, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
         """Stop one broker's process (SIGTERM: graceful; SIGKILL: crash)."""

@@ -57,7 +57,7 @@ from ._machine import describe
 from .faults import box, client_config, until
 from .history import History, Report
 from .local import LocalFederation
-from .scrape import scrape_all, wait_quiescent
+from .scrape import scrape_all
 
 REGIONS = ("eu", "us", "ap")
 """The brokers of the bundled ``three`` federation, each with a publisher and subscribers."""
@@ -193,7 +193,7 @@ class _Load:
             )
         # Nothing restarted yet: the barrier's counts hold, and forwarded subscriptions
         # (subscription-forwarding strategies) are in place once it passes.
-        await wait_quiescent({b: n.metrics_url for b, n in self.fed.nodes.items()}, 60.0)
+        await self.fed.quiescent(60.0)
         for b in REGIONS:
             self._publishers[b] = await connect(self._plain(f"pub-{b}", b))
 
@@ -273,7 +273,7 @@ class _Load:
         owed.events = {f"marker-{b}": self.history.events[f"marker-{b}"] for b in REGIONS}
         pairs = owed.expected()
         await until(lambda: pairs <= self.markers, f"the markers arrive: {pairs}", wait_s)
-        urls = {b: n.metrics_url for b, n in self.fed.nodes.items()}
+        urls = self.fed.metrics_urls()
 
         def queues_empty() -> bool:
             return not sum(
@@ -358,7 +358,7 @@ async def run_soak(
         sampler.cancel()
         _sample(fed, t0, rss)
         duration = time.monotonic() - t0
-        urls = {b: n.metrics_url for b, n in fed.nodes.items()}
+        urls = fed.metrics_urls()
         scraped = await asyncio.to_thread(scrape_all, urls)
         counters = {
             b: {name: sum(v for (n, _), v in s.items() if n == name) for name in COUNTERS}

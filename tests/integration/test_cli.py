@@ -148,7 +148,7 @@ def test_replay_writes_the_delivery_log(tmp_path: Path) -> None:
     trace = tmp_path / "w.jsonl"
     write_trace(ops, trace)
     with LocalFederation(THREE, "subscription-geofence", tmp_path / "fed") as fed:
-        urls = [n.metrics_url for n in fed.nodes.values()]
+        urls = list(fed.metrics_urls().values())
         out = run(
             "replay",
             str(trace),

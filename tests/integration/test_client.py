@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import geofed
-from geofed.bench import LocalFederation, metric, wait_quiescent
+from geofed.bench import LocalFederation, metric
 from geofed.client import Publication, RetryConfig
 from geofed.node import DELIVERIES, SUBSCRIPTIONS
 
@@ -40,12 +40,8 @@ def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFederation]:
         yield running
 
 
-def urls(fed: LocalFederation) -> dict[str, str]:
-    return {b: n.metrics_url for b, n in fed.nodes.items()}
-
-
 async def quiet(fed: LocalFederation) -> None:
-    await wait_quiescent(urls(fed), timeout=60.0)
+    await fed.quiescent()
 
 
 def test_connect_finds_the_local_broker_from_the_federation_or_by_redirect(
@@ -311,7 +307,7 @@ def test_subscription_is_renewed_when_its_broker_comes_back(tmp_path: Path) -> N
                 if sub._done:  # the renewal gave up: say why instead of waiting for ever
                     await sub.next()
                 await asyncio.sleep(0.05)  # the client is renewing the subscription
-            await wait_quiescent(urls(own), timeout=60.0)  # and it reached the other brokers
+            await own.quiescent()  # and it reached the other brokers
             event_id = await pub.publish("phoenix/x", b"back")
             assert (await sub.next(timeout=60)).event_id == event_id
             await sub_client.close()

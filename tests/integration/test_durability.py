@@ -3,7 +3,8 @@
 Each case builds the situation it needs, deterministically: a peer that cannot
 take what a broker sends is paused (SIGSTOP) rather than raced against, and a
 broker is killed with SIGKILL right after its publisher was answered. Waits
-are on state (a delivery arriving, a metric, health); the `next` timeouts
+are on state (a delivery arriving, a metric, health, the quiescence barrier
+before publishing to a subscription that is forwarded); the `next` timeouts
 only turn a hang into a failure.
 """
 
@@ -70,6 +71,7 @@ def test_events_acknowledged_before_the_publishers_broker_is_killed_are_delivere
         sub_client = await client(fed, "dur-sub", SINGAPORE)
         pub = await client(fed, "dur-pub", PARIS)
         sub = await sub_client.subscribe("d/#", subscription_id="dur-s")
+        await fed.quiescent(HANG_S)  # forwarded subscriptions are in place
         await pub.publish("d/x", b"before", event_id="before")  # every path is up
         assert (await sub.next(timeout=HANG_S)).event_id == "before"
         fed.pause_node("ap")
@@ -104,6 +106,7 @@ def test_a_persistent_subscriber_resumes_across_a_kill_of_its_broker_without_los
         sub_client = await client(fed, "per-sub", SINGAPORE, session_expiry_s=300.0)
         pub = await client(fed, "per-pub", PARIS)
         sub = await sub_client.subscribe("d/#", subscription_id="per-s")
+        await fed.quiescent(HANG_S)  # forwarded subscriptions are in place
         first = await collect(sub, 0) + [
             m for m in await _publish_and_take(pub, sub, batch("a", 50), take=20)
         ]
@@ -263,6 +266,7 @@ def test_two_clients_may_use_the_same_subscription_id(durable: LocalFederation) 
         b = await client(fed, "same-b", SINGAPORE)
         sub_a = await a.subscribe("x/a", subscription_id="same")
         sub_b = await b.subscribe("x/b", subscription_id="same")
+        await fed.quiescent(HANG_S)  # forwarded subscriptions are in place
         pub = await client(fed, "same-pub", new_york)
         await pub.publish("x/a", b"1", event_id="a1")
         await pub.publish("x/b", b"1", event_id="b1")

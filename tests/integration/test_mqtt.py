@@ -26,7 +26,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 import geofed
-from geofed.bench import LocalFederation, metric, wait_quiescent
+from geofed.bench import LocalFederation, metric
 from geofed.node import DELIVERIES, EVENTS_PUBLISHED, SUBSCRIPTIONS
 
 pytestmark = pytest.mark.integration
@@ -52,10 +52,6 @@ def port(fed: LocalFederation, broker: str) -> str:
     return fed.nodes[broker].mqtt.rsplit(":", 1)[1]
 
 
-def urls(fed: LocalFederation) -> dict[str, str]:
-    return {b: n.metrics_url for b, n in fed.nodes.items()}
-
-
 def until(cond: Callable[[], bool], what: str, step: Callable[[], None] | None = None) -> None:
     """Wait for a state (`step` drives a paho client meanwhile); HANG_S means hung."""
     deadline = time.monotonic() + HANG_S
@@ -73,7 +69,7 @@ def local_subs(fed: LocalFederation, broker: str) -> float:
 
 
 def total(fed: LocalFederation, name: str) -> float:
-    return sum(metric(url, name) for url in urls(fed).values())
+    return sum(metric(url, name) for url in fed.metrics_urls().values())
 
 
 def mosquitto(*args: str) -> subprocess.CompletedProcess[str]:
@@ -213,7 +209,7 @@ def test_mqtt_and_grpc_clients_see_each_others_events_across_regions(
                 lambda: [local_subs(fed, x) - before[x] for x in ("eu", "us", "ap")] == [2, 2, 1],
                 "every subscription held",
             )
-            await wait_quiescent(urls(fed), timeout=HANG_S)  # forwarded where they go
+            await fed.quiescent(HANG_S)  # forwarded where they go
             e1 = await asyncio.to_thread(
                 mosquitto,
                 "mosquitto_pub", "-p", port(fed, "eu"), "-V", "mqttv5", "-q", "1", "-d",
@@ -235,7 +231,7 @@ def test_mqtt_and_grpc_clients_see_each_others_events_across_regions(
                 await pub.publish("sensors/de/temp", b"e3")
             d_got = [(await d.next(HANG_S)).payload.decode()]
             await asyncio.to_thread(until, lambda: total(fed, DELIVERIES) - delivered >= 7, "7")
-            await wait_quiescent(urls(fed), timeout=HANG_S)
+            await fed.quiescent(HANG_S)
             del c  # it gets nothing: the delivery count below holds every delivery made
             return {"c": [], "d": d_got}
 
@@ -330,7 +326,7 @@ def test_a_persistent_session_keeps_qos1_deliveries_across_a_disconnect(
     assert s.subscribe("alerts/#", 1) == [1]
     s.close()
     until(lambda: s.disconnect is not None, "the disconnect", s.step)
-    asyncio.run(wait_quiescent(urls(fed), timeout=HANG_S))  # the subscription is everywhere
+    asyncio.run(fed.quiescent(HANG_S))  # the subscription is everywhere
 
     def publish(payload: str) -> None:
         delivered = metric(us.metrics_url, DELIVERIES)

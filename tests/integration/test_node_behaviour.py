@@ -25,7 +25,7 @@ import grpc
 import pytest
 
 import geofed
-from geofed.bench import LocalFederation, peer_message_counts, wait_quiescent
+from geofed.bench import LocalFederation, peer_message_counts
 from geofed.bench import metric as node_metric
 from geofed.client import Publication, health_status
 from geofed.errors import from_rpc_error
@@ -59,10 +59,6 @@ def metric(fed: LocalFederation, broker: str, name: str, **labels: str) -> float
     return node_metric(fed.nodes[broker].metrics_url, name, **labels)
 
 
-def urls(fed: LocalFederation) -> dict[str, str]:
-    return {b: n.metrics_url for b, n in fed.nodes.items()}
-
-
 async def connect(fed: LocalFederation, client_id: str, where: geofed.LatLon) -> geofed.Client:
     """A session at the broker responsible for `where` (found in the federation file)."""
     return await geofed.connect(client_id=client_id, location=where, federation=fed.federation_path)
@@ -94,11 +90,11 @@ async def all_arrived(
     would wait forever).
     """
     if not kinds:
-        await wait_quiescent(urls(fed), timeout=WAIT_S)
+        await fed.quiescent(WAIT_S)
     else:
 
         def settled() -> bool:
-            counts = peer_message_counts(urls(fed))
+            counts = peer_message_counts(fed.metrics_urls())
             return all(
                 sum(v for k, v in counts["sent"].items() if k[0] == kind)
                 == sum(v for k, v in counts["received"].items() if k[0] == kind)
@@ -350,7 +346,7 @@ def test_peer_down_local_traffic_continues_queue_bounded_link_recovers(
                 lambda: metric(fed, "eu", PEER_MESSAGES_SENT, peer="us", kind=Kind.EVENT) == 5,
                 "the 5 queued events are sent to us",
             )
-            await wait_quiescent(urls(fed), timeout=WAIT_S)
+            await fed.quiescent(WAIT_S)
             assert metric(fed, "us", PEER_MESSAGES_RECEIVED, peer="eu", kind=Kind.EVENT) == 5
             assert metric(fed, "eu", PEER_QUEUE_LENGTH, peer="us") == 0
             async with await connect(fed, "r", VIRGINIA) as remote_client:
@@ -488,12 +484,12 @@ def test_message_trace_records_every_message_sent(tmp_path: Path) -> None:
                 # The stream ended: us withdraws the subscription everywhere.
                 for b in fed.nodes:
                     await until(lambda b=b: metric(fed, b, SUBSCRIPTIONS) == 0, f"{b} holds none")
-            await wait_quiescent(urls(fed), timeout=WAIT_S)
+            await fed.quiescent(WAIT_S)
 
         asyncio.run(run())
         sent = {
             k: v
-            for k, v in peer_message_counts(urls(fed))["sent"].items()
+            for k, v in peer_message_counts(fed.metrics_urls())["sent"].items()
             if v and k[0] != "control"
         }
         for b in fed.nodes:

@@ -134,15 +134,11 @@ def federation(
 WAIT_S = 60.0  # safety net of every wait on state; none is expected to come near it
 
 
-def _urls(fed: LocalFederation) -> dict[str, str]:
-    return {b: n.metrics_url for b, n in fed.nodes.items()}
-
-
 def _sent(fed: LocalFederation) -> Counter[tuple[str, str, str]]:
     return Counter(
         {
             k: int(v)
-            for k, v in peer_message_counts(_urls(fed))["sent"].items()
+            for k, v in peer_message_counts(fed.metrics_urls())["sent"].items()
             if k[0] != Kind.CONTROL
         }
     )
@@ -150,7 +146,7 @@ def _sent(fed: LocalFederation) -> Counter[tuple[str, str, str]]:
 
 def _total(fed: LocalFederation, name: str) -> float:
     """A metric summed over every node (and every label)."""
-    return sum(metric(url, name) for url in _urls(fed).values())
+    return sum(metric(url, name) for url in fed.metrics_urls().values())
 
 
 async def _until(cond: Callable[[], bool], what: str) -> None:
@@ -165,7 +161,7 @@ async def _replay(
     fed: LocalFederation, ops: list[TraceOp]
 ) -> tuple[list[tuple[str, str]], int, Counter[tuple[str, str, str]]]:
     """Replay `ops`; the deliveries, how many the brokers made, and the messages sent."""
-    urls = _urls(fed)
+    urls = fed.metrics_urls()
     r = Replayer(fed.federation, barrier=lambda: wait_quiescent(urls, timeout=WAIT_S))
     before = await asyncio.to_thread(_sent, fed)
     made_before = await asyncio.to_thread(_total, fed, DELIVERIES)

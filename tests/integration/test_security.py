@@ -242,7 +242,7 @@ def test_the_policy_grants_topics_with_substitutions_and_areas(fed: LocalFederat
             await c.close()
 
     asyncio.run(run())
-    urls = [n.metrics_url for n in fed.nodes.values()]
+    urls = list(fed.metrics_urls().values())
     assert sum(metric(u, AUTH_REFUSED, reason="publish") for u in urls) == 3
     assert sum(metric(u, AUTH_REFUSED, reason="subscribe") for u in urls) == 4
     assert sum(metric(u, AUTH_REFUSED, reason="location") for u in urls) == 2

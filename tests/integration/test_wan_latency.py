@@ -58,7 +58,7 @@ def _ops() -> list[TraceOp]:
 
 
 def _medians_ms(fed: LocalFederation) -> tuple[dict[tuple[str, str], float], int]:
-    urls = {b: n.metrics_url for b, n in fed.nodes.items()}
+    urls = fed.metrics_urls()
 
     async def replay() -> tuple[Replayer, float]:
         r = Replayer(fed.federation, None, barrier=lambda: wait_quiescent(urls))
