@@ -10,6 +10,10 @@ model's `history_targets`, for hypothesis-chosen query areas.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +34,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 THREE = ROOT / "deploy" / "federations" / "three.geojson"
 TIMEOUT = 120.0
+GEOFED = [sys.executable, "-m", "geofed.cli"]
 
 # (client, location, topics) per region: two publishers in each.
 PUBLISHERS = {
@@ -250,3 +255,44 @@ def test_bad_queries_name_the_field(
     assert getattr(err.value, "field", None) == field, err.value
     # The broker keeps serving.
     assert check_query(seeded, HistoryQuery("#", None, None, None, 1))
+
+
+def test_history_command_prints_geojson(seeded: Seeded) -> None:
+    fed_file = str(seeded.fed.federation_path)
+    common = ["--federation", fed_file, "--client", "cli", "--location", "50.1,8.7"]
+    america = "POLYGON((-130 20, -60 20, -60 55, -130 55, -130 20))"
+    start = min(r.published_at for r in seeded.records)
+    iso = dt.datetime.fromtimestamp(start - 1, dt.UTC).isoformat()
+    out = subprocess.run(
+        [
+            *GEOFED,
+            "history",
+            *common,
+            "--topic",
+            "sensors/#",
+            "--geometry",
+            america,
+            "--from",
+            iso,
+            "--limit",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    collection = json.loads(out.stdout)
+    q = HistoryQuery("sensors/#", start - 1, None, box(-130, 20, -60, 55), 3)
+    assert [f["id"] for f in collection["features"]] == oracle(seeded.records, q)
+    assert {f["properties"]["origin"] for f in collection["features"]} == {"us"}
+    assert "brokers asked: us" in out.stderr
+    bad = subprocess.run(
+        [*GEOFED, "history", *common, "--topic", "#", "--from", "yesterday"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    assert bad.returncode == 2 and "from" in bad.stderr, bad.stderr
