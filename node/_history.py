@@ -313,10 +313,9 @@ class PostgisHistory:
                 "history_dsn", "the PostgreSQL backend needs psycopg: pip install 'geofed[postgis]'"
             ) from None
         try:
-            conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=10)
+            conn = self._connection()
         except psycopg.Error as exc:
             raise InvalidInput("history_dsn", f"cannot connect: {_pg_reason(exc)}") from None
-        self._conn = conn
         with conn.transaction():
             # Two brokers creating the schema at once: one waits for the other.
             conn.execute("SELECT pg_advisory_xact_lock(hashtext('geofed_history'))")
@@ -328,8 +327,19 @@ class PostgisHistory:
         assert row is not None
         return int(row[0]), int(row[1])
 
-    def add(self, records: Sequence[HistoryRecord]) -> tuple[int, int]:
+    def _connection(self) -> Any:
+        """The connection, made again if the server closed it (a restart, say)."""
+        import psycopg
+
         conn = self._conn
+        if conn is None or conn.closed or conn.broken:
+            if conn is not None:
+                conn.close()
+            self._conn = conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=10)
+        return conn
+
+    def add(self, records: Sequence[HistoryRecord]) -> tuple[int, int]:
+        conn = self._connection()
         added = size = 0
         with conn.transaction(), conn.cursor() as cur:
             for r in records:
@@ -375,7 +385,7 @@ class PostgisHistory:
             f"SELECT {_PG_COLUMNS} FROM geofed_history WHERE {' AND '.join(where)}"
             " ORDER BY published_at DESC, event_id DESC"
         )
-        conn = self._conn
+        conn = self._connection()
         with conn.transaction(), conn.cursor(name="geofed_history_read") as cur:
             cur.itersize = _PAGE
             cur.execute(sql, params)
@@ -383,7 +393,7 @@ class PostgisHistory:
                 yield _record(row, self._geofences)
 
     def delete(self, event_ids: Sequence[str]) -> list[HistoryRecord]:
-        conn = self._conn
+        conn = self._connection()
         out: list[HistoryRecord] = []
         with conn.transaction():
             for chunk in _chunks(list(event_ids)):
@@ -396,7 +406,7 @@ class PostgisHistory:
         return out
 
     def expire(self, before: float) -> tuple[int, int]:
-        conn = self._conn
+        conn = self._connection()
         with conn.transaction():
             row = conn.execute(
                 "WITH gone AS (DELETE FROM geofed_history WHERE broker = %s AND published_at < %s"
@@ -407,7 +417,7 @@ class PostgisHistory:
         return int(row[0]), int(row[1])
 
     def trim(self, keep_bytes: int) -> tuple[int, int]:
-        conn = self._conn
+        conn = self._connection()
         with conn.transaction():
             # Newest first, a running sum: what lies beyond `keep_bytes` goes.
             row = conn.execute(
