@@ -58,6 +58,8 @@ from geofed.routing import (
 )
 from geofed.wire import PeerGeofenceCache
 
+from ._store import GroupCommit
+
 log = logging.getLogger("geofed.node.history")
 T = TypeVar("T")
 
@@ -169,18 +171,9 @@ class SqliteHistory:
             for r in records:
                 cur = db.execute(
                     "INSERT OR IGNORE INTO history (event_id, topic, published_at, origin, lat,"
-                    " lon, geofence, payload, size) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        r.event_id,
-                        r.topic,
-                        r.published_at,
-                        r.origin,
-                        r.location.lat,
-                        r.location.lon,
-                        None if r.geofence is None else r.geofence.wkt,
-                        r.payload,
-                        r.size,
-                    ),
+                    " lon, geofence, payload, size) VALUES (:event_id, :topic, :published_at,"
+                    " :origin, :lat, :lon, :geofence, :payload, :size)",
+                    _row(r),
                 )
                 if cur.rowcount:
                     lat, lon = r.location.lat, r.location.lon
@@ -344,21 +337,11 @@ class PostgisHistory:
         with conn.transaction(), conn.cursor() as cur:
             for r in records:
                 cur.execute(
-                    "INSERT INTO geofed_history VALUES (%s, %s, %s, %s, %s,"
-                    " ST_SetSRID(ST_MakePoint(%s, %s), 4326), %s, %s, %s)"
-                    " ON CONFLICT DO NOTHING",
-                    (
-                        self.broker_id,
-                        r.event_id,
-                        r.topic,
-                        r.published_at,
-                        r.origin,
-                        r.location.lon,
-                        r.location.lat,
-                        None if r.geofence is None else r.geofence.wkt,
-                        r.payload,
-                        r.size,
-                    ),
+                    "INSERT INTO geofed_history VALUES (%(broker)s, %(event_id)s, %(topic)s,"
+                    " %(published_at)s, %(origin)s,"
+                    " ST_SetSRID(ST_MakePoint(%(lon)s, %(lat)s), 4326), %(geofence)s,"
+                    " %(payload)s, %(size)s) ON CONFLICT DO NOTHING",
+                    {"broker": self.broker_id, **_row(r)},
                 )
                 if cur.rowcount:
                     added += 1
@@ -470,6 +453,21 @@ def _time_and_topic(
     return where, params
 
 
+def _row(r: HistoryRecord) -> dict[str, Any]:
+    """An entry's column values, by name (both backends' INSERT)."""
+    return {
+        "event_id": r.event_id,
+        "topic": r.topic,
+        "published_at": r.published_at,
+        "origin": r.origin,
+        "lat": r.location.lat,
+        "lon": r.location.lon,
+        "geofence": None if r.geofence is None else r.geofence.wkt,
+        "payload": r.payload,
+        "size": r.size,
+    }
+
+
 def _record(row: Sequence[Any], geofences: GeofenceCache) -> HistoryRecord:
     event_id, topic, payload, published_at, origin, lat, lon, fence = row
     return HistoryRecord(
@@ -554,13 +552,12 @@ class HistoryLog:
         self._on_dropped = on_dropped
         self._clock = clock
         self._exec = ThreadPoolExecutor(max_workers=1, thread_name_prefix="geofed-history")
-        self._queue: list[HistoryRecord] = []
+        self._writes: GroupCommit[HistoryRecord] = GroupCommit(
+            self._exec, self._write, "history", self._written
+        )
         self._queued_bytes = 0
-        self._waiters: list[asyncio.Future[None]] = []
-        self._flusher: asyncio.Task[None] | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._opened = False
-        self.failed = ""  # why the last write failed ("" once one succeeds again)
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -604,14 +601,12 @@ class HistoryLog:
             if self._queued_bytes + r.size > QUEUE_BYTES:
                 dropped += 1
                 continue
-            self._queue.append(r)
+            self._writes.write(r)
             self._queued_bytes += r.size
         if dropped:
             log.warning("history: %d entries dropped, the write queue is full", dropped)
             if self._on_dropped is not None:
                 self._on_dropped(dropped)
-        if self._queue:
-            self._kick()
 
     async def flush(self) -> None:
         """Wait until everything queued so far is written (or its transaction failed).
@@ -619,40 +614,14 @@ class HistoryLog:
         Raises:
             StorageFailed: the write failed.
         """
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
-        self._kick()
-        await fut
+        await self._writes.commit()
 
-    def _kick(self) -> None:
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.get_running_loop().create_task(self._flush_loop())
-
-    async def _flush_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        while self._queue or self._waiters:
-            batch, self._queue, self._queued_bytes = self._queue, [], 0
-            waiters, self._waiters = self._waiters, []
-            error: StorageFailed | None = None
-            if batch:
-                try:
-                    await loop.run_in_executor(self._exec, self._write, batch)
-                except Exception as exc:
-                    error = StorageFailed(f"history: {exc}")
-                    if self.failed != str(exc):
-                        log.error("history write failed (%d entries lost): %s", len(batch), exc)
-                    self.failed = str(exc)
-                    if self._on_dropped is not None:
-                        self._on_dropped(len(batch))
-                else:
-                    self.failed = ""
-                self._changed()
-            for fut in waiters:
-                if not fut.done():
-                    if error is None:
-                        fut.set_result(None)
-                    else:
-                        fut.set_exception(error)
+    def _written(self, batch: list[HistoryRecord], error: StorageFailed | None) -> None:
+        """Event loop, after each batch: it left the queue (and was lost if it failed)."""
+        self._queued_bytes -= sum(r.size for r in batch)
+        if error is not None and self._on_dropped is not None:
+            self._on_dropped(len(batch))
+        self._changed()
 
     def _write(self, batch: list[HistoryRecord]) -> None:
         """Worker thread: add a batch, then keep the size limit."""
@@ -660,8 +629,12 @@ class HistoryLog:
         self.entries += added
         self.bytes += size
         if self.bytes > self.max_bytes:
-            n, freed = self.backend.trim(int(self.max_bytes * TRIM_TO))
-            self._removed("size", n, freed)
+            try:
+                n, freed = self.backend.trim(int(self.max_bytes * TRIM_TO))
+            except Exception as exc:  # the batch is in: the next write or sweep trims
+                log.error("history trim failed: %s", exc)
+            else:
+                self._removed("size", n, freed)
 
     def _removed(self, reason: str, n: int, freed: int) -> None:
         self.entries -= n
