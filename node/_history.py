@@ -131,6 +131,10 @@ CREATE TABLE IF NOT EXISTS history (
 CREATE INDEX IF NOT EXISTS history_time ON history (published_at, event_id);
 CREATE INDEX IF NOT EXISTS history_topic ON history (topic, published_at);
 CREATE VIRTUAL TABLE IF NOT EXISTS history_where USING rtree (n, minx, maxx, miny, maxy);
+CREATE TRIGGER IF NOT EXISTS history_in AFTER INSERT ON history BEGIN
+    INSERT INTO history_where VALUES (new.n, new.lon, new.lon, new.lat, new.lat); END;
+CREATE TRIGGER IF NOT EXISTS history_out AFTER DELETE ON history BEGIN
+    DELETE FROM history_where WHERE n = old.n; END;
 """
 _COLUMNS = "event_id, topic, payload, published_at, origin, lat, lon, geofence"
 
@@ -166,24 +170,25 @@ class SqliteHistory:
 
     def add(self, records: Sequence[HistoryRecord]) -> tuple[int, int]:
         db = self.db
-        added = size = 0
         with _transaction(db):
-            for r in records:
-                cur = db.execute(
-                    "INSERT OR IGNORE INTO history (event_id, topic, published_at, origin, lat,"
-                    " lon, geofence, payload, size) VALUES (:event_id, :topic, :published_at,"
-                    " :origin, :lat, :lon, :geofence, :payload, :size)",
-                    _row(r),
-                )
-                if cur.rowcount:
-                    lat, lon = r.location.lat, r.location.lon
-                    db.execute(
-                        "INSERT INTO history_where VALUES (?, ?, ?, ?, ?)",
-                        (cur.lastrowid, lon, lon, lat, lat),
-                    )
-                    added += 1
-                    size += r.size
-        return added, size
+            # The triggers keep the R*Tree in step (one row there per entry).
+            cur = db.executemany(
+                "INSERT OR IGNORE INTO history (event_id, topic, published_at, origin, lat, lon,"
+                " geofence, payload, size) VALUES (:event_id, :topic, :published_at, :origin,"
+                " :lat, :lon, :geofence, :payload, :size)",
+                [_row(r) for r in records],
+            )
+            added = cur.rowcount  # rows inserted, not counting the triggers'
+            if added == len(records):
+                return added, sum(r.size for r in records)
+            # Some ids were stored already (rare: a retry beyond the duplicate window).
+            # New rows take the next keys: the `added` largest are this batch's.
+            size = db.execute(
+                "SELECT COALESCE(SUM(size), 0) FROM history"
+                " WHERE n > (SELECT MAX(n) FROM history) - ?",
+                (added,),
+            ).fetchone()[0]
+        return added, int(size)
 
     def candidates(
         self, query: HistoryQuery, not_before: float | None
@@ -258,8 +263,7 @@ class SqliteHistory:
     def _delete_rows(db: sqlite3.Connection, ns: list[int]) -> None:
         for chunk in _chunks(ns):
             marks = ", ".join("?" for _ in chunk)
-            db.execute(f"DELETE FROM history WHERE n IN ({marks})", chunk)
-            db.execute(f"DELETE FROM history_where WHERE n IN ({marks})", chunk)
+            db.execute(f"DELETE FROM history WHERE n IN ({marks})", chunk)  # and its R*Tree row
 
     def _record(self, row: Sequence[Any]) -> HistoryRecord:
         return _record(row, self._geofences)

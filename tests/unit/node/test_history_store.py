@@ -214,7 +214,13 @@ def test_an_event_id_is_stored_once(make_backend: Callable[[str], HistoryBackend
         log.record([rec(1, t=1.0), rec(1, t=2.0)])
         found, _ = await log.query(HistoryQuery("#", None, None, None, 10))
         assert [r.published_at for r in found] == [1.0]
-        assert log.entries == 1
+        assert log.entries == 1 and log.bytes == rec(1).size
+        log.record([rec(2), rec(1), rec(3, payload=b"longer")])  # one known among new ones
+        await log.flush()
+        assert (
+            log.entries == 3
+            and log.bytes == rec(1).size + rec(2).size + rec(3, payload=b"longer").size
+        )
 
     run(with_log(make_backend(fresh_id()), body))
 
