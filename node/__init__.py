@@ -21,6 +21,7 @@ from ._certs import (
 from ._config import (
     CLIENT_PORT,
     ENV_PREFIX,
+    HTTP_PORT,
     METRICS_PORT,
     MQTT_PORT,
     PEER_PORT,
@@ -122,6 +123,7 @@ __all__ = [
     # ports and the environment
     "CLIENT_PORT",
     "ENV_PREFIX",
+    "HTTP_PORT",
     "METRICS_PORT",
     "MQTT_PORT",
     "PEER_PORT",
