@@ -1,0 +1,374 @@
+"""The HTTP bridge against a live 3-broker federation: publish, live push, errors, limits.
+
+One federation (eu, us, ap; subscription-geofence, so that event streams are
+forwarded subscriptions like any other) serves the module, each broker with
+its bridge on `http_listen` (`LocalFederation` turns it on). Every test uses
+its own topics. Waiting is on state: an event stream is held once its
+``ready`` event arrived and the quiescence barrier says its subscription was
+forwarded; a delivery once it arrives. Timeouts only turn a hang into a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+import geofed
+from geofed.bench import LocalFederation, metric
+from geofed.node import EVENTS_PUBLISHED, REQUESTS_REJECTED
+from geofed.routing import GeofenceCache
+
+pytestmark = pytest.mark.integration
+
+THREE = Path(__file__).resolve().parents[2] / "deploy" / "federations" / "three.geojson"
+PARIS = "48.85,2.35"
+NEW_YORK = "40.71,-74.0"
+SINGAPORE = "1.29,103.85"
+EUROPE = "POLYGON((-10 36, 30 36, 30 71, -10 71, -10 36))"
+HANG_S = 120.0  # a request or stream that has not answered by then is hung, not slow
+MAX_PAYLOAD = 4096
+MAX_URL = 8192
+
+
+@pytest.fixture(scope="module")
+def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFederation]:
+    workdir = tmp_path_factory.mktemp("http-fed")
+    env = {"GEOFED_MAX_PAYLOAD_BYTES": str(MAX_PAYLOAD), "GEOFED_HTTP_MAX_URL_BYTES": str(MAX_URL)}
+    with LocalFederation(THREE, "subscription-geofence", workdir, extra_env=env) as running:
+        yield running
+
+
+def url(fed: LocalFederation, broker: str, path: str) -> str:
+    return f"http://{fed.nodes[broker].http}{path}"
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, HANG_S))
+
+
+class EventStream:
+    """A Server-Sent Events stream read event by event."""
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self.resp = resp
+
+    async def next(self) -> tuple[str, dict[str, Any]]:
+        """The next event (name, parsed data); keep-alive comments are skipped."""
+        name, data = "message", []
+        while True:
+            line = (await self.resp.content.readline()).decode()
+            if not line:
+                raise AssertionError("event stream ended")
+            line = line.rstrip("\n")
+            if line.startswith(":"):
+                continue
+            if not line:
+                if data:
+                    return name, json.loads("\n".join(data))
+                continue
+            key, _, value = line.partition(": ")
+            if key == "event":
+                name = value
+            elif key == "data":
+                data.append(value)
+
+    async def event(self) -> dict[str, Any]:
+        name, data = await self.next()
+        assert name == "event", (name, data)
+        return data
+
+
+@asynccontextmanager
+async def stream(
+    http: aiohttp.ClientSession, fed: LocalFederation, broker: str, path: str, **params: str
+) -> AsyncIterator[EventStream]:
+    """An event stream at `broker`, held (and forwarded) before it is handed out."""
+    async with http.get(url(fed, broker, path), params=params) as resp:
+        assert resp.status == 200, await resp.text()
+        assert resp.headers["Content-Type"].startswith("text/event-stream")
+        events = EventStream(resp)
+        name, ready = await events.next()
+        assert name == "ready" and ready["broker"] == broker, ready
+        await fed.quiescent()
+        yield events
+
+
+async def put(
+    http: aiohttp.ClientSession,
+    fed: LocalFederation,
+    broker: str,
+    path: str,
+    body: bytes,
+    **params: str,
+) -> tuple[int, dict[str, Any]]:
+    async with http.put(url(fed, broker, path), params=params, data=body) as resp:
+        return resp.status, await resp.json()
+
+
+def test_http_publish_reaches_event_streams_and_grpc_subscribers(fed: LocalFederation) -> None:
+    async def main() -> None:
+        async with (
+            aiohttp.ClientSession() as http,
+            stream(http, fed, "ap", "/subscribe/t1/%23", location=SINGAPORE) as live,
+            await geofed.connect(
+                client_id="t1-grpc",
+                location=geofed.LatLon(40.71, -74.0),
+                federation=str(fed.federation_path),
+            ) as grpc_client,
+        ):
+            sub = await grpc_client.subscribe("t1/+/temp")
+            await fed.quiescent()
+            status, body = await put(
+                http, fed, "eu", "/geopublish/t1/fr/temp", b"21.5", location=PARIS, client="t1-pub"
+            )
+            assert status == 200, body
+            assert body["broker"] == "eu" and body["topic"] == "t1/fr/temp"
+            got = await live.event()
+            assert got["id"] == body["id"]
+            assert got["geometry"] == {"type": "Point", "coordinates": [2.35, 48.85]}
+            props = got["properties"]
+            assert (props["topic"], props["payload"], props["origin"]) == (
+                "t1/fr/temp",
+                "21.5",
+                "eu",
+            )
+            msg = await sub.next(timeout=HANG_S)
+            assert (msg.event_id, msg.payload, msg.origin) == (body["id"], b"21.5", "eu")
+
+    run(main())
+
+
+def test_event_stream_gets_grpc_events_inside_its_subscription_geofence_only(
+    fed: LocalFederation,
+) -> None:
+    where = str(fed.federation_path)
+
+    async def main() -> None:
+        async with (
+            aiohttp.ClientSession() as http,
+            stream(
+                http, fed, "us", "/subscribe/t2/%2B", location=NEW_YORK, geofence=EUROPE
+            ) as live,
+            await geofed.connect(
+                client_id="t2-sg", location=geofed.LatLon(1.29, 103.85), federation=where
+            ) as singapore,
+            await geofed.connect(
+                client_id="t2-fr", location=geofed.LatLon(48.85, 2.35), federation=where
+            ) as paris,
+        ):
+            outside = await singapore.publish("t2/x", b"from Singapore")
+            await fed.quiescent()  # had it matched, its delivery would be in the stream now
+            inside = await paris.publish("t2/x", b"from Paris")
+            got = await live.event()
+            assert got["id"] == inside != outside
+            assert got["properties"]["payload"] == "from Paris"
+
+    run(main())
+
+
+def test_event_geofence_on_http_publish_is_checked_against_the_stream_location(
+    fed: LocalFederation,
+) -> None:
+    async def main() -> None:
+        async with (
+            aiohttp.ClientSession() as http,
+            stream(http, fed, "us", "/subscribe/t3/%23", location=NEW_YORK) as live,
+        ):
+            status, away = await put(
+                http, fed, "eu", "/publish/t3/a", b"only Europe", location=PARIS, geofence=EUROPE
+            )
+            assert status == 200 and away["geofence"].startswith("POLYGON")
+            await fed.quiescent()
+            status, here = await put(
+                http,
+                fed,
+                "eu",
+                "/publish/t3/a",
+                b"only NY",
+                location=PARIS,
+                geofence="circle:40.71,-74.0,100000",
+            )
+            assert status == 200
+            got = await live.event()
+            assert got["id"] == here["id"] != away["id"]
+
+    run(main())
+
+
+def test_publisher_and_subscriber_outside_the_area_are_redirected(fed: LocalFederation) -> None:
+    async def main() -> None:
+        async with aiohttp.ClientSession() as http:
+            target = url(fed, "eu", "/geopublish/t4/x")
+            async with http.put(
+                target, params={"location": NEW_YORK}, data=b"1", allow_redirects=False
+            ) as resp:
+                assert resp.status == 307
+                body = await resp.json()
+                assert body["broker_id"] == "us" and body["type"] == "WrongBroker"
+                assert resp.headers["Location"] == (
+                    f"http://{fed.nodes['us'].http}/geopublish/t4/x?location={NEW_YORK}"
+                )
+            async with http.put(target, params={"location": NEW_YORK}, data=b"1") as resp:
+                assert resp.status == 200  # followed, the body sent again
+                assert (await resp.json())["broker"] == "us"
+            async with http.get(
+                url(fed, "ap", "/subscribe/t4/%23"),
+                params={"location": PARIS},
+                allow_redirects=False,
+            ) as resp:
+                assert resp.status == 307
+                assert resp.headers["Location"].startswith(
+                    f"http://{fed.nodes['eu'].http}/subscribe/"
+                )
+
+    run(main())
+
+
+BAD = [
+    ("PUT", "/geopublish/t5/x", {}, "location", 400),
+    ("PUT", "/geopublish/t5/x", {"location": "91,0"}, "location", 400),
+    ("PUT", "/geopublish/t5/x", {"location": "paris"}, "location", 400),
+    ("PUT", "/publish/t5/+", {"location": PARIS}, "topic", 400),
+    ("PUT", "/publish/t5/x", {"geofence": "POLYGON((0 0, 1 1))"}, "geofence", 400),
+    ("PUT", "/publish/t5/x", {"geofence": "circle:1,2"}, "geofence", 400),
+    ("PUT", "/publish/t5/x", {"geofence": "circle:1,2,9000000"}, "geofence", 400),
+    ("PUT", "/publish/t5/x", {"locaton": PARIS}, "locaton", 400),
+    ("PUT", "/publish/t5/x", {"client": "a\x01b"}, "client", 400),
+    ("GET", "/subscribe/t5/%23/x", {}, "filter", 400),
+    ("GET", "/subscribe/t5/%23", {"geofence": "LINESTRING(0 0, 1 1)"}, "geofence", 400),
+    ("GET", "/subscribe/t5/%23", {"location": "0,200"}, "location", 400),
+    ("GET", "/api/route", {}, "geofence", 400),
+    ("GET", "/api/route", {"geofence": "POLYGON((0 0, 1 0, 0 1, 1 1, 0 0))"}, "geofence", 400),
+    ("GET", "/api/route", {"geofence": EUROPE, "origin": "mars"}, "origin", 400),
+    ("GET", "/api/status", {"x": "1"}, "x", 400),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "params", "field", "status"), BAD)
+def test_bad_parameters_are_refused_with_json_naming_them(
+    fed: LocalFederation, method: str, path: str, params: dict[str, str], field: str, status: int
+) -> None:
+    async def main() -> None:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.request(method, url(fed, "eu", path), params=params, data=b"x") as resp,
+        ):
+            assert resp.status == status, await resp.text()
+            body = await resp.json()
+            assert body["field"] == field, body
+            assert body["type"] == "InvalidInput" and field in body["message"]
+
+    run(main())
+
+
+def test_limits_refuse_large_bodies_and_urls_and_the_node_keeps_serving(
+    fed: LocalFederation,
+) -> None:
+    eu = fed.nodes["eu"].metrics_url
+
+    async def main() -> None:
+        rejected = metric(eu, REQUESTS_REJECTED)
+        published = metric(eu, EVENTS_PUBLISHED)
+        async with aiohttp.ClientSession() as http:
+            status, body = await put(http, fed, "eu", "/publish/t6/x", b"x" * (MAX_PAYLOAD + 1))
+            assert status == 413
+            assert (body["type"], body["field"], body["limit"]) == ("TooLarge", "body", MAX_PAYLOAD)
+
+            async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: counted as read
+                for _ in range(MAX_PAYLOAD // 1000 + 1):
+                    yield b"y" * 1000
+
+            async with http.put(url(fed, "eu", "/publish/t6/x"), data=chunks()) as resp:
+                assert resp.status == 413 and (await resp.json())["field"] == "body"
+            padded = EUROPE + " " * MAX_URL  # over the limit (spaces are sent as '+')
+            async with http.get(url(fed, "eu", "/api/route"), params={"geofence": padded}) as resp:
+                assert resp.status == 400
+                assert (await resp.json())["field"] == "query"
+            status, body = await put(http, fed, "eu", "/publish/t6/x", b"x" * MAX_PAYLOAD)
+            assert status == 200, body
+        assert metric(eu, REQUESTS_REJECTED) == rejected + 3
+        assert metric(eu, EVENTS_PUBLISHED) == published + 1
+
+    run(main())
+
+
+def test_route_names_the_brokers_the_routing_core_names(fed: LocalFederation) -> None:
+    cache = GeofenceCache()
+
+    async def main() -> None:
+        async with aiohttp.ClientSession() as http:
+            for fence in (
+                EUROPE,
+                "circle:40.71,-74.0,3000000",
+                "POLYGON((0 -60, 179 -60, 179 60, 0 60, 0 -60))",
+            ):
+                async with http.get(
+                    url(fed, "us", "/api/route"), params={"geofence": fence}
+                ) as resp:
+                    assert resp.status == 200
+                    answer = await resp.json()
+                parsed = cache.get(
+                    {"circle": {"lat": 40.71, "lon": -74.0, "radius_m": 3e6}}
+                    if fence.startswith("circle")
+                    else fence,
+                    "geofence",
+                )
+                assert answer["origin"] == "us"
+                assert answer["brokers"] == sorted(fed.federation.brokers_meeting(parsed))
+                assert answer["geofence"] == parsed.wkt
+
+    run(main())
+
+
+def test_status_shows_every_link_up_and_counts_what_was_sent(fed: LocalFederation) -> None:
+    async def main() -> None:
+        async with aiohttp.ClientSession() as http:
+            await fed.quiescent()
+            async with http.get(url(fed, "ap", "/api/federation/status")) as resp:
+                assert resp.status == 200
+                brokers = (await resp.json())["brokers"]
+        assert sorted(brokers) == ["ap", "eu", "us"]
+        for bid, status in brokers.items():
+            assert status["broker"] == bid
+            assert sorted(link["peer"] for link in status["links"]) == sorted(
+                {"ap", "eu", "us"} - {bid}
+            )
+            for link in status["links"]:
+                assert link["connected"] is True
+                sent = metric(
+                    fed.nodes[bid].metrics_url,
+                    "geofed_peer_messages_sent_total",
+                    peer=link["peer"],
+                    kind="subscribe",
+                )
+                assert link["sent"]["subscribe"] == sent
+
+    run(main())
+
+
+def test_openapi_document_and_the_map_are_served(fed: LocalFederation) -> None:
+    async def main() -> None:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(url(fed, "eu", "/openapi.json")) as resp:
+                doc = await resp.json()
+            assert doc["openapi"].startswith("3.") and "/geopublish/{topic}" in doc["paths"]
+            async with http.get(url(fed, "eu", "/")) as resp:
+                assert resp.status == 200 and "static/map.js" in await resp.text()
+            for path in (
+                "/static/map.js",
+                "/static/vendor/leaflet/leaflet.js",
+                "/static/vendor/world-atlas/land-110m.json",
+            ):
+                async with http.get(url(fed, "eu", path)) as resp:
+                    assert resp.status == 200, path
+            async with http.get(url(fed, "eu", "/static/../_http.py")) as resp:
+                assert resp.status in (403, 404)
+
+    run(main())
