@@ -46,7 +46,16 @@ from geofed.errors import (
     Unavailable,
     WrongBroker,
 )
-from geofed.routing import Federation, Geofence, LatLon, circle, latlon, parse_geofence
+from geofed.routing import (
+    Federation,
+    Geofence,
+    HistoryAnswer,
+    HistoryRecord,
+    LatLon,
+    circle,
+    latlon,
+    parse_geofence,
+)
 
 try:
     __version__ = _version("geofed")
@@ -64,6 +73,8 @@ __all__ = [
     "Subscription",
     "TLSConfig",
     "connect",
+    "HistoryAnswer",
+    "HistoryRecord",
     # errors
     "ClientClosed",
     "DeadlineExceeded",

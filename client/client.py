@@ -69,16 +69,19 @@ from geofed.errors import (
     Unavailable,
     from_rpc_error,
 )
-from geofed.routing import Federation, LatLon, latlon, validate_id
+from geofed.routing import Federation, HistoryAnswer, LatLon, latlon, validate_id
 from geofed.v1 import client_pb2_grpc as cpb_grpc
 from geofed.wire import (
     BROKER_METADATA,
     GeofenceInput,
     Message,
+    PeerGeofenceCache,
     Publication,
     ack_request,
     connect_request,
     health_check_request,
+    history_record_from_pb,
+    history_request,
     message_from_pb,
     publish_batch,
     publish_request,
@@ -421,6 +424,84 @@ class Client:
         if old is not None:
             old._finish(None)  # the broker ended its stream: the new one took the id over
         return sub
+
+    async def history(
+        self,
+        topic_filter: str,
+        *,
+        start: float | None = None,
+        end: float | None = None,
+        geometry: GeofenceInput = None,
+        limit: int = 100,
+    ) -> HistoryAnswer:
+        """The logged events matching a topic filter, time interval and area, newest first.
+
+        Answered federation-wide by the client's broker: it asks the brokers
+        whose areas meet `geometry` (every broker without one) and merges
+        their entries (docs/design.md §10). Needs subscribe permission on the
+        filter where a policy is in force.
+
+        Args:
+            topic_filter: an MQTT topic filter (``+``, ``#``).
+            start, end: publish times in unix seconds, both included (None: open).
+            geometry: the area publisher locations must lie in (any geofence
+                form: WKT, GeoJSON, circle, a `geofed.Geofence`); None: the world.
+            limit: the most entries returned (at most the broker's ``history_max_rows``).
+
+        Returns:
+            `geofed.HistoryRecord` entries (a list), with `truncated` (the
+            broker's answer-size limit cut it) and `brokers` (those asked).
+        """
+        return await self._history(topic_filter, start, end, geometry, limit, delete=False)
+
+    async def delete_history(
+        self,
+        topic_filter: str,
+        *,
+        start: float | None = None,
+        end: float | None = None,
+        geometry: GeofenceInput = None,
+        limit: int = 100,
+    ) -> HistoryAnswer:
+        """Remove the entries `history` would return with these arguments; returns them.
+
+        Needs publish permission covering the filter where a policy is in
+        force. Removes at most `limit` entries (the newest): call again until
+        it returns fewer to remove everything that matches.
+        """
+        return await self._history(topic_filter, start, end, geometry, limit, delete=True)
+
+    async def _history(
+        self,
+        topic_filter: str,
+        start: float | None,
+        end: float | None,
+        geometry: GeofenceInput,
+        limit: int,
+        *,
+        delete: bool,
+    ) -> HistoryAnswer:
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit < 2**32:
+            raise InvalidInput("limit", f"must be an integer >= 1, got {limit!r}")
+        request = history_request(
+            topic_filter,
+            start=start,
+            end=end,
+            geometry=geometry,
+            limit=limit,
+            delete=delete,
+            client=self.client_id,
+        )
+        operation = "delete_history" if delete else "history"
+        resp = await self._call(
+            operation, lambda stub, timeout: stub.History(request, timeout=timeout)
+        )
+        cache = PeerGeofenceCache()  # canonical WKT, as the brokers validated it
+        return HistoryAnswer(
+            (history_record_from_pb(pb, cache, f"events[{i}]") for i, pb in enumerate(resp.events)),
+            truncated=resp.truncated,
+            brokers=frozenset(resp.brokers),
+        )
 
     async def move(self, location: LatLon) -> bool:
         """Report a new location; returns True if the session moved to another broker.

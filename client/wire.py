@@ -33,6 +33,8 @@ from geofed.routing import (
     GeofedError,
     Geofence,
     GeofenceCache,
+    HistoryQuery,
+    HistoryRecord,
     InvalidInput,
     Kind,
     LatLon,
@@ -44,6 +46,7 @@ from geofed.routing import (
     latlon,
     make_event,
     make_subscription,
+    validate_id,
 )
 from geofed.v1 import client_pb2 as cpb
 from geofed.v1 import federation_pb2 as fpb
@@ -561,6 +564,134 @@ def messages_from_frame(
         )
     )
     return out
+
+
+# -- message history (docs/design.md §10) ----------------------------------------
+
+
+def history_record_to_pb(record: HistoryRecord) -> gpb.Event:
+    """Wire form of a history entry: the event as its broker logged it."""
+    return gpb.Event(
+        id=record.event_id,
+        topic=record.topic,
+        payload=record.payload,
+        publisher=latlon_to_pb(record.location),
+        geofence=geofence_to_pb(record.geofence),
+        publish_time=record.published_at,
+        origin=record.origin,
+    )
+
+
+def history_record_from_pb(pb: gpb.Event, cache: GeofenceCache, field: str) -> HistoryRecord:
+    """A history entry from a broker's answer (validated like any event)."""
+    ev = event_from_pb(pb, cache, field=field)
+    origin = validate_id(pb.origin, f"{field}.origin")
+    return HistoryRecord(
+        ev.id, ev.topic, bytes(pb.payload), pb.publish_time, origin, ev.location, ev.geofence
+    )
+
+
+def history_query_from_pb(
+    request: cpb.HistoryRequest, cache: GeofenceCache, limit_max: int
+) -> HistoryQuery:
+    """The query a client asks for; the geometry is parsed under the cache's limits.
+
+    Raises:
+        InvalidInput: naming ``topic_filter``, ``start``, ``end``, ``geometry`` or ``limit``.
+        TooLarge: ``limit`` over `limit_max`, or a geometry over the geofence limits.
+    """
+    if request.limit > limit_max:
+        raise TooLarge("limit", request.limit, limit_max)
+    fence = geofence_from_pb(request.geometry, "geometry", cache)
+    return HistoryQuery(
+        request.topic_filter,
+        request.start if request.HasField("start") else None,
+        request.end if request.HasField("end") else None,
+        None if fence is None else fence.geometry,
+        request.limit,
+    )
+
+
+def history_response(
+    records: Iterable[HistoryRecord], truncated: bool, brokers: Iterable[str]
+) -> cpb.HistoryResponse:
+    """Answer to History."""
+    return cpb.HistoryResponse(
+        events=[history_record_to_pb(r) for r in records],
+        truncated=truncated,
+        brokers=sorted(brokers),
+    )
+
+
+def peer_history_request(
+    broker_id: str, query: HistoryQuery, max_bytes: int, delete_ids: Iterable[str] = ()
+) -> fpb.PeerHistoryRequest:
+    """What a broker asks another broker for (its share of a query, or a removal)."""
+    pb = fpb.PeerHistoryRequest(
+        broker_id=broker_id,
+        topic_filter=query.topic_filter,
+        limit=query.limit,
+        max_bytes=max_bytes,
+        delete_ids=list(delete_ids),
+    )
+    if query.start is not None:
+        pb.start = query.start
+    if query.end is not None:
+        pb.end = query.end
+    if query.geometry is not None:
+        pb.geometry_wkb = shapely.to_wkb(query.geometry)
+    return pb
+
+
+def history_query_from_peer(pb: fpb.PeerHistoryRequest) -> HistoryQuery:
+    """The query a peer broker sent (it validated the client's; checked again, cheaply)."""
+    geometry = None
+    if pb.geometry_wkb:
+        try:
+            geometry = shapely.from_wkb(pb.geometry_wkb)
+        except shapely.errors.GEOSException as exc:
+            raise InvalidInput("geometry_wkb", f"not WKB: {exc}") from None
+    return HistoryQuery(
+        pb.topic_filter,
+        pb.start if pb.HasField("start") else None,
+        pb.end if pb.HasField("end") else None,
+        geometry,
+        pb.limit,
+    )
+
+
+def peer_history_response(
+    records: Iterable[HistoryRecord], truncated: bool
+) -> fpb.PeerHistoryResponse:
+    """A broker's answer to a peer's history request."""
+    return fpb.PeerHistoryResponse(
+        events=[history_record_to_pb(r) for r in records], truncated=truncated
+    )
+
+
+def history_request(
+    topic_filter: str,
+    *,
+    start: float | None = None,
+    end: float | None = None,
+    geometry: GeofenceInput = None,
+    limit: int = 100,
+    delete: bool = False,
+    client: str = "",
+) -> cpb.HistoryRequest:
+    """A client's history query (read, or remove with `delete`)."""
+    pb = cpb.HistoryRequest(
+        client=client,
+        topic_filter=topic_filter,
+        geometry=geofence_to_pb(geometry),
+        limit=limit,
+        delete=delete,
+    )
+    if start is not None:
+        pb.start = start
+    if end is not None:
+        pb.end = end
+    return pb
 
 
 # -- the client side of the client service ------------------------------------

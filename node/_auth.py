@@ -227,6 +227,15 @@ class Security:
                 self.policy.check_subscribe, who.identity, who.groups, client, topic_filter
             )
 
+    def may_read_history(self, who: Principal, client: str, topic_filter: str) -> None:
+        """Reading history needs what subscribing to the filter needs (`PermissionDenied`)."""
+        self.may_subscribe(who, client, topic_filter)
+
+    def may_delete_history(self, who: Principal, client: str, topic_filter: str) -> None:
+        """Deleting history needs publish permission covering every topic of the filter."""
+        if self.policy is not None:
+            self._counted(self.policy.check_publish, who.identity, who.groups, client, topic_filter)
+
     def may_be_at(self, who: Principal, where: LatLon) -> None:
         """Raise `PermissionDenied` if `where` is outside the area the policy gives `who`."""
         if self.policy is not None:

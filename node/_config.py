@@ -181,9 +181,6 @@ class NodeConfig:
         " are refused with 400 naming 'query'",
         default=65_536,
     )
-    http_max_history: int = _doc(
-        "most history records one HTTP GET or DELETE may ask for ('size')", default=10_000
-    )
     http_map_tiles: str = _doc(
         "tile URL template for the web map's background (e.g. https://host/{z}/{x}/{y}.png);"
         " empty = the bundled world outline only (works offline)",
@@ -193,6 +190,33 @@ class NodeConfig:
         "ping idle client connections this often; one that does not answer within the same"
         " time is closed, ending its streams (0 = off)",
         default=30.0,
+    )
+    history: str = _doc(
+        "log every event published here for history queries: 'on' or 'off'", default="on"
+    )
+    history_retention_s: float = _doc(
+        "history entries older than this are no longer answered and are deleted (0 = kept"
+        " until history_max_bytes removes them)",
+        default=604_800.0,
+    )
+    history_max_bytes: int = _doc(
+        "most bytes of history entries kept (payload, texts, 64 bytes each); beyond, the"
+        " oldest are deleted",
+        default=256 << 20,
+    )
+    history_dsn: str = _doc(
+        "PostgreSQL/PostGIS connection string for the history (postgresql://...); empty ="
+        " SQLite history.db in data_dir (in memory without one)",
+        default="",
+    )
+    history_max_rows: int = _doc("the largest limit a history query may ask for", default=10_000)
+    history_max_answer_bytes: int = _doc(
+        "most bytes of entries in one history answer (fits the client's 4 MiB message"
+        " limit); a longer answer is cut and marked truncated",
+        default=4_000_000,
+    )
+    history_timeout_s: float = _doc(
+        "how long a broker waits for another broker's share of a history query", default=10.0
     )
 
     def __post_init__(self) -> None:
@@ -227,7 +251,9 @@ class NodeConfig:
             "peer_queue_bytes",
             "node_queue_bytes",
             "http_max_url_bytes",
-            "http_max_history",
+            "history_max_bytes",
+            "history_max_rows",
+            "history_max_answer_bytes",
         ):
             if getattr(self, name) < 1:
                 raise InvalidInput(name, f"must be >= 1, got {getattr(self, name)!r}")
@@ -242,6 +268,7 @@ class NodeConfig:
             "store_max_bytes",
             "client_keepalive_s",
             "mqtt_connect_timeout_s",
+            "history_retention_s",
         ):
             if getattr(self, name) < 0:
                 raise InvalidInput(name, f"must be >= 0, got {getattr(self, name)!r}")
@@ -255,6 +282,10 @@ class NodeConfig:
             raise InvalidInput(
                 "token_key", "client_auth 'token' needs one of token_key, token_jwks"
             )
+        if self.history not in ("on", "off"):
+            raise InvalidInput("history", f"'on' or 'off', got {self.history!r}")
+        if not self.history_timeout_s > 0:
+            raise InvalidInput("history_timeout_s", f"must be > 0, got {self.history_timeout_s!r}")
         if self.reflection not in ("on", "off"):
             raise InvalidInput("reflection", f"'on' or 'off', got {self.reflection!r}")
         if self.store_sync not in SYNC_MODES:

@@ -32,6 +32,12 @@ QUEUED_BYTES = "geofed_queued_bytes"
 PEER_REFUSED = "geofed_peer_refused_total"
 MQTT_CONNECTIONS = "geofed_mqtt_connections"
 MQTT_CONNECTS = "geofed_mqtt_connects_total"
+HISTORY_BROKERS_ASKED = "geofed_history_brokers_asked_total"
+HISTORY_QUERIES = "geofed_history_queries_total"
+HISTORY_ENTRIES = "geofed_history_entries"
+HISTORY_BYTES = "geofed_history_bytes"
+HISTORY_REMOVED = "geofed_history_removed_total"
+HISTORY_DROPPED = "geofed_history_dropped_total"
 MQTT_PROTOCOL_VERSIONS = {4: "3.1.1", 5: "5.0"}
 """The `version` label of the MQTT metrics, by CONNECT protocol level."""
 
@@ -153,6 +159,42 @@ class NodeMetrics:
             "MQTT CONNECTs answered, by protocol version and result (accepted, redirected,"
             " refused).",
             ["version", "result"],
+            registry=registry,
+        )
+
+        self._history(registry)
+
+    def _history(self, registry: CollectorRegistry) -> None:
+        self.history_brokers_asked = Counter(
+            HISTORY_BROKERS_ASKED,
+            "Brokers asked for their share of history queries this broker answered for its"
+            " clients (itself included), by broker asked.",
+            ["broker"],
+            registry=registry,
+        )
+        self.history_queries = Counter(
+            HISTORY_QUERIES,
+            "History queries answered for clients, by kind (read, delete).",
+            ["kind"],
+            registry=registry,
+        )
+        self.history_entries = Gauge(
+            HISTORY_ENTRIES, "Entries in this broker's history.", registry=registry
+        )
+        self.history_bytes = Gauge(
+            HISTORY_BYTES,
+            "Bytes of the entries in this broker's history (history_max_bytes).",
+            registry=registry,
+        )
+        self.history_removed = Counter(
+            HISTORY_REMOVED,
+            "History entries removed, by reason (age, size, delete).",
+            ["reason"],
+            registry=registry,
+        )
+        self.history_dropped = Counter(
+            HISTORY_DROPPED,
+            "Published events not logged: the history's write queue was full or its write failed.",
             registry=registry,
         )
 

@@ -225,13 +225,17 @@ class Policy:
     ) -> None:
         """Allow a publish to `topic` (a valid topic name) or refuse it.
 
+        `topic` may also be a topic filter (a history delete removes what was
+        published under it): then one pattern must cover every topic it
+        matches, as for a subscription. For a topic name that is plain matching.
+
         Raises:
             PermissionDenied: (rule ``publish``) no pattern granted to the identity matches.
         """
         for grant in self.grants(identity, groups):
             for pattern in grant.publish:
                 mine = _substitute(pattern, identity, client_id)
-                if mine is not None and topic_matches(mine, topic):
+                if mine is not None and covered(mine, topic):
                     return
         raise PermissionDenied(
             "publish", f"{self.source} grants {identity!r} no publish pattern matching {topic!r}"

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+import shapely
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
@@ -33,11 +34,14 @@ from geofed.routing import (
     GeofedError,
     Geofence,
     GeofenceCache,
+    HistoryQuery,
+    HistoryRecord,
     InvalidInput,
     Kind,
     LatLon,
     NotFound,
     PeerMessage,
+    PermissionDenied,
     Send,
     StorageFailed,
     SubKey,
@@ -46,6 +50,8 @@ from geofed.routing import (
     TooLarge,
     UnsubscribeMsg,
     great_circle_m,
+    history_targets,
+    merge_history,
     strategy_for,
     validate_id,
 )
@@ -67,10 +73,16 @@ from geofed.wire import (
     event_from_pb,
     event_to_pb,
     hello_frame,
+    history_query_from_pb,
+    history_query_from_peer,
+    history_record_from_pb,
+    history_response,
     location_from_pb,
     message_from_bytes,
     message_to_bytes,
     messages_from_frame,
+    peer_history_request,
+    peer_history_response,
     publish_batch_response,
     publish_response,
     redirect_response,
@@ -84,6 +96,7 @@ from ._auth import Principal, Security, add_port
 from ._budget import ByteBudget
 from ._config import NodeConfig
 from ._errors import Guarded, abort, streaming, unary
+from ._history import HistoryAnswer, HistoryLog, open_backend
 from ._links import PROTOCOL_VERSION, SERVER_OPTIONS, ContextTransport, PeerLink
 from ._metrics import NodeMetrics
 from ._store import Loaded, PendingInfo, Store
@@ -262,6 +275,19 @@ class BrokerServer(Guarded):
             config.store_max_bytes,
         )
         self.durable = self.store.durable
+        self.history: HistoryLog | None = None
+        if config.history == "on":
+            self.history = HistoryLog(
+                open_backend(me.id, config.data_dir, config.history_dsn, config.store_sync),
+                config.history_retention_s,
+                config.history_max_bytes,
+                on_change=self._history_changed,
+                on_removed=lambda reason, n: self.metrics.history_removed.labels(reason=reason).inc(
+                    n
+                ),
+                on_dropped=self.metrics.history_dropped.inc,
+            )
+        self._history_channels: dict[str, grpc.aio.Channel] = {}
         self.links = {b.id: PeerLink(self, b) for b in self.federation if b.id != me.id}
         self._streams: dict[SubKey, _Stream] = {}
         self._sessions: dict[str, _Session] = {}
@@ -298,6 +324,9 @@ class BrokerServer(Guarded):
             return
         self._started = True
         self._restore(self.store.open())
+        if self.history is not None:
+            self.history.open()
+            self.history.start_sweeping()
         # Batches carry many events: the per-event payload limit is enforced
         # by the servicer (RESOURCE_EXHAUSTED naming the event), not here.
         keepalive_ms = int(self.config.client_keepalive_s * 1000)
@@ -408,6 +437,10 @@ class BrokerServer(Guarded):
             if server is not None:
                 await server.stop(grace)
         await self.store.close()
+        if self.history is not None:
+            await self.history.close()
+        for channel in self._history_channels.values():
+            await channel.close(grace=None)
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
@@ -609,6 +642,7 @@ class BrokerServer(Guarded):
         """
         staged = _Staged()
         fresh: list[str] = []
+        logged: list[HistoryRecord] = []
         try:
             for event in events:
                 if event.id in self._published:
@@ -616,6 +650,17 @@ class BrokerServer(Guarded):
                     continue
                 self._remember(_LOCAL, Kind.EVENT, event.id)
                 fresh.append(event.id)
+                logged.append(
+                    HistoryRecord(
+                        event.id,
+                        event.topic,
+                        event.payload,
+                        event.t,
+                        self.broker_id,
+                        event.location,
+                        event.geofence,
+                    )
+                )
                 with self.metrics.match_seconds.time():
                     out = self.core.publish(event)
                 self._stage_deliveries(out.deliveries, self.broker_id, staged)
@@ -626,6 +671,9 @@ class BrokerServer(Guarded):
                 self._published.pop(event_id, None)
             raise
         self.metrics.events_published.inc(len(fresh))
+        if self.history is not None:
+            # Queued before the publish is answered: a later query sees it.
+            self.history.record(logged)
 
     def _stage_sends(self, sends: list[Send], staged: _Staged) -> None:
         for send in sends:
@@ -1088,6 +1136,142 @@ class BrokerServer(Guarded):
         fence = await asyncio.to_thread(_parse_and_write, cache, text, f"{field}.{shape}")
         cache.put(text, fence)  # no await until the conversion reads it
 
+    # -- history (docs/design.md §10) -------------------------------------------
+
+    async def client_history(
+        self, principal: Principal, query: HistoryQuery, delete: bool = False, *, client: str = ""
+    ) -> HistoryAnswer:
+        """Answer a history query for a client, federation-wide.
+
+        Asks the brokers whose areas meet the query geometry (all of them
+        without one; `history_targets`, the cost model's answer), itself
+        included, each for its first `query.limit` entries newest first;
+        merges them newest first (publish time, then event id, descending)
+        and cuts the list to `limit` and to ``history_max_answer_bytes``
+        (then `truncated`). With `delete` the entries so selected are removed,
+        each at its broker, and what was removed is returned.
+
+        Permissions (with a policy): reading needs subscribe permission on the
+        topic filter, deleting needs publish permission covering every topic
+        it matches. `client` (optional) fills ``%c`` in policy patterns.
+
+        Raises:
+            InvalidInput: a bad query (the field is named).
+            TooLarge: ``limit`` over ``history_max_rows``, a ``geometry`` over
+                ``max_geofence_vertices``.
+            PermissionDenied: not allowed.
+            StorageFailed: a broker asked did not answer within
+                ``history_timeout_s``, or a store failed; nothing is returned.
+                A delete may then have removed entries at the brokers that
+                did answer: asking again removes the rest.
+        """
+        cfg = self.config
+        if delete:
+            self.security.may_delete_history(principal, client, query.topic_filter)
+        else:
+            self.security.may_read_history(principal, client, query.topic_filter)
+        if query.limit > cfg.history_max_rows:
+            raise TooLarge("limit", query.limit, cfg.history_max_rows)
+        if query.geometry is not None:
+            vertices = int(shapely.get_num_coordinates(query.geometry))
+            if vertices > cfg.max_geofence_vertices:
+                raise TooLarge("geometry", vertices, cfg.max_geofence_vertices)
+        asked = history_targets(self.federation, query)
+        self.metrics.history_queries.labels(kind="delete" if delete else "read").inc()
+        for broker in asked:
+            self.metrics.history_brokers_asked.labels(broker=broker).inc()
+        max_bytes = cfg.history_max_answer_bytes
+        answers = await _all(self._history_share(b, query, max_bytes) for b in sorted(asked))
+        records, truncated = merge_history(answers, query.limit, max_bytes)
+        if delete:
+            chosen: dict[str, list[str]] = {}
+            for r in records:
+                chosen.setdefault(r.origin, []).append(r.event_id)
+            removed = await _all(
+                self._history_delete(b, query, ids) for b, ids in sorted(chosen.items())
+            )
+            records, _ = merge_history(removed, query.limit)
+        return HistoryAnswer(records, truncated=truncated, brokers=asked)
+
+    async def _history_share(
+        self, broker: str, query: HistoryQuery, max_bytes: int
+    ) -> list[HistoryRecord]:
+        """One broker's first entries for `query`, newest first (this one's, or a peer's)."""
+        if broker == self.broker_id:
+            if self.history is None:
+                return []
+            records, _ = await self.history.query(query, max_bytes)
+            return records
+        answer = await self._peer_history(
+            broker, peer_history_request(self.broker_id, query, max_bytes)
+        )
+        return self._peer_records(broker, answer)
+
+    async def _history_delete(
+        self, broker: str, query: HistoryQuery, event_ids: list[str]
+    ) -> list[HistoryRecord]:
+        """Remove entries at `broker`; what it removed."""
+        if broker == self.broker_id:
+            return [] if self.history is None else await self.history.delete(event_ids)
+        pb = peer_history_request(self.broker_id, query, 0, event_ids)
+        return self._peer_records(broker, await self._peer_history(broker, pb))
+
+    def _peer_records(self, broker: str, answer: fpb.PeerHistoryResponse) -> list[HistoryRecord]:
+        out = []
+        for i, pb in enumerate(answer.events):
+            record = history_record_from_pb(
+                pb, self.peer_geofences, f"history answer of {broker}.events[{i}]"
+            )
+            if record.origin != broker:
+                raise StorageFailed(
+                    f"history: broker {broker} answered an entry of {record.origin}"
+                )
+            out.append(record)
+        return out
+
+    async def _peer_history(
+        self, broker: str, request: fpb.PeerHistoryRequest
+    ) -> fpb.PeerHistoryResponse:
+        """Call a peer's `History` over the federation port (mutual TLS when configured)."""
+        if broker not in self._history_channels:
+            self._history_channels[broker] = self.dial(self.federation.broker(broker))
+        channel: Any = self._history_channels[broker]
+        try:
+            answer: fpb.PeerHistoryResponse = await fpb_grpc.FederationServiceStub(channel).History(
+                request, timeout=self.config.history_timeout_s
+            )
+        except grpc.RpcError as exc:
+            current: Any = self._history_channels.get(broker)
+            if exc.code() == grpc.StatusCode.UNAVAILABLE and current is channel:
+                # Dial afresh next time: a restarted peer, rotated certificates.
+                del self._history_channels[broker]
+                asyncio.get_running_loop().create_task(channel.close(grace=1.0))
+            raise StorageFailed(
+                f"history: broker {broker} did not answer: {exc.code().name} {exc.details()}"
+            ) from None
+        return answer
+
+    async def peer_history(self, request: fpb.PeerHistoryRequest) -> fpb.PeerHistoryResponse:
+        """A peer's request for this broker's share of a history query (or a removal)."""
+        if self.history is None:
+            return peer_history_response([], False)
+        cfg = self.config
+        if request.delete_ids:
+            if len(request.delete_ids) > cfg.history_max_rows:
+                raise TooLarge("delete_ids", len(request.delete_ids), cfg.history_max_rows)
+            ids = [validate_id(x, f"delete_ids[{i}]") for i, x in enumerate(request.delete_ids)]
+            return peer_history_response(await self.history.delete(ids), False)
+        query = history_query_from_peer(request)
+        if query.limit > cfg.history_max_rows:
+            raise TooLarge("limit", query.limit, cfg.history_max_rows)
+        max_bytes = min(request.max_bytes or cfg.history_max_answer_bytes, _PEER_ANSWER_BYTES)
+        records, truncated = await self.history.query(query, max_bytes)
+        return peer_history_response(records, truncated)
+
+    def _history_changed(self, entries: int, size: int) -> None:
+        self.metrics.history_entries.set(entries)
+        self.metrics.history_bytes.set(size)
+
     def location_of(self, client: str) -> LatLon | None:
         """The client's last known location (None without a session here)."""
         return self.core.sessions.get(client)
@@ -1099,6 +1283,21 @@ class BrokerServer(Guarded):
 
     def on_reject(self, code: grpc.StatusCode) -> None:
         self.metrics.rejected.labels(code=code.name).inc()
+
+
+_PEER_ANSWER_BYTES = 32 << 20
+"""A broker's share of a history answer takes at most this (within the 64 MiB frame limit)."""
+
+
+async def _all(calls: Iterable[Awaitable[list[HistoryRecord]]]) -> list[list[HistoryRecord]]:
+    """Run the calls at once; all of them finish before the first error (if any) is raised."""
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    out: list[list[HistoryRecord]] = []
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+        out.append(r)
+    return out
 
 
 def _trace_fields(msg: PeerMessage) -> tuple[list[str], str | None]:
@@ -1303,6 +1502,19 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
         await self.node.publish([event])
         return publish_response(event.id)
 
+    @unary
+    async def History(self, request: cpb.HistoryRequest, context: Any) -> cpb.HistoryResponse:
+        node = self.node
+        _decoded(request, "request")
+        client = validate_id(request.client, "client") if request.client else ""
+        who = node.security.principal(context)
+        if client:
+            node.check_owner(who, client)
+        await node.parse_ahead(request.geometry, "geometry")
+        query = history_query_from_pb(request, node.geofences, node.config.history_max_rows)
+        answer = await node.client_history(who, query, request.delete, client=client)
+        return history_response(answer, answer.truncated, answer.brokers)
+
     async def PublishStream(
         self, request_iterator: AsyncIterator[cpb.PublishBatch], context: Any
     ) -> cpb.PublishBatchResponse:
@@ -1356,6 +1568,22 @@ class _FederationServicer(fpb_grpc.FederationServiceServicer):
             await context.write(refuse_frame(str(exc)))
             await abort(context, exc)
         await node.links[first.hello.broker_id].accept(ContextTransport(context))
+
+    async def History(
+        self, request: fpb.PeerHistoryRequest, context: Any
+    ) -> fpb.PeerHistoryResponse:
+        node = self.node
+        try:
+            if request.broker_id not in node.links:
+                raise PermissionDenied(
+                    "identity", f"{request.broker_id!r} is not a peer in this federation file"
+                )
+            node.security.check_peer(context, request.broker_id)
+            return await node.peer_history(request)
+        except GeofedError as exc:
+            log.info("history request of %s rejected: %s", request.broker_id or "?", exc)
+            await abort(context, exc)
+            raise  # unreachable: abort raises
 
 
 __all__ = ["BrokerServer", "FederationMismatch"]

@@ -19,7 +19,7 @@ from ._broker import (
     SubscribeMsg,
     UnsubscribeMsg,
 )
-from ._cost import CostReport, predict
+from ._cost import CostReport, history_targets, predict
 from ._errors import (
     PERMISSION_RULES,
     FederationMismatch,
@@ -51,6 +51,14 @@ from ._geometry import (
     parse_geojson,
     parse_wkt,
     to_wkt,
+)
+from ._history import (
+    HistoryAnswer,
+    HistoryQuery,
+    HistoryRecord,
+    cut_history,
+    history_order,
+    merge_history,
 )
 from ._index import SubscriptionIndex
 from ._model import (
@@ -87,6 +95,9 @@ __all__ = [
     "FederationMismatch",
     "GeofedError",
     "Geofence",
+    "HistoryAnswer",
+    "HistoryQuery",
+    "HistoryRecord",
     "GeofenceCache",
     "InvalidInput",
     "Kind",
@@ -117,13 +128,17 @@ __all__ = [
     "circle",
     "content_and_subscription_geocheck",
     "covers",
+    "cut_history",
     "federation_path",
     "generate_areas",
     "great_circle_m",
+    "history_order",
+    "history_targets",
     "latlon",
     "make_event",
     "make_subscription",
     "matches",
+    "merge_history",
     "op_to_record",
     "parse_geofence",
     "parse_geojson",

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from ._broker import Kind, MessageCounts
 from ._federation import Federation
 from ._geometry import LatLon
+from ._history import HistoryQuery
 from ._model import Event, Subscription, content_and_subscription_geocheck, matches
 from ._strategies import Strategy, strategy_for
 from ._trace import TraceOp
@@ -108,3 +109,15 @@ def predict(federation: Federation, strategy: str | Strategy, ops: Iterable[Trac
             }:
                 report.lower_bound[(origin, dst)] += 1
     return report
+
+
+def history_targets(federation: Federation, query: HistoryQuery) -> frozenset[str]:
+    """The brokers a history query asks: those whose area meets the query area.
+
+    An event is logged by the broker responsible for its publisher location,
+    so no other broker can hold an answer (docs/design.md §10). The asking
+    broker counts itself when it is among them; without an area every broker
+    is asked. `len()` of the answer is the metric
+    ``geofed_history_brokers_asked_total`` summed over brokers.
+    """
+    return federation.brokers_meeting(query.area)

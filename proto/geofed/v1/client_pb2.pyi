@@ -126,3 +126,31 @@ class AckRequest(_message.Message):
 class AckResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class HistoryRequest(_message.Message):
+    __slots__ = ("client", "topic_filter", "start", "end", "geometry", "limit", "delete")
+    CLIENT_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FILTER_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    GEOMETRY_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    DELETE_FIELD_NUMBER: _ClassVar[int]
+    client: str
+    topic_filter: str
+    start: float
+    end: float
+    geometry: _geo_pb2.Geofence
+    limit: int
+    delete: bool
+    def __init__(self, client: _Optional[str] = ..., topic_filter: _Optional[str] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., geometry: _Optional[_Union[_geo_pb2.Geofence, _Mapping]] = ..., limit: _Optional[int] = ..., delete: _Optional[bool] = ...) -> None: ...
+
+class HistoryResponse(_message.Message):
+    __slots__ = ("events", "truncated", "brokers")
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    BROKERS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[_geo_pb2.Event]
+    truncated: bool
+    brokers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, events: _Optional[_Iterable[_Union[_geo_pb2.Event, _Mapping]]] = ..., truncated: _Optional[bool] = ..., brokers: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -69,6 +69,11 @@ class ClientServiceStub:
                 request_serializer=geofed_dot_v1_dot_client__pb2.AckRequest.SerializeToString,
                 response_deserializer=geofed_dot_v1_dot_client__pb2.AckResponse.FromString,
                 _registered_method=True)
+        self.History = channel.unary_unary(
+                '/geofed.v1.ClientService/History',
+                request_serializer=geofed_dot_v1_dot_client__pb2.HistoryRequest.SerializeToString,
+                response_deserializer=geofed_dot_v1_dot_client__pb2.HistoryResponse.FromString,
+                _registered_method=True)
 
 
 class ClientServiceServicer:
@@ -124,6 +129,15 @@ class ClientServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def History(self, request, context):
+        """Reads (or, with delete, removes and returns) the logged history of the
+        federation: the brokers whose areas meet the geometry answer, merged
+        newest first (docs/design.md §10). Needs no session.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClientServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -161,6 +175,11 @@ def add_ClientServiceServicer_to_server(servicer, server):
                     servicer.Ack,
                     request_deserializer=geofed_dot_v1_dot_client__pb2.AckRequest.FromString,
                     response_serializer=geofed_dot_v1_dot_client__pb2.AckResponse.SerializeToString,
+            ),
+            'History': grpc.unary_unary_rpc_method_handler(
+                    servicer.History,
+                    request_deserializer=geofed_dot_v1_dot_client__pb2.HistoryRequest.FromString,
+                    response_serializer=geofed_dot_v1_dot_client__pb2.HistoryResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -352,6 +371,33 @@ class ClientService:
             '/geofed.v1.ClientService/Ack',
             geofed_dot_v1_dot_client__pb2.AckRequest.SerializeToString,
             geofed_dot_v1_dot_client__pb2.AckResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def History(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/geofed.v1.ClientService/History',
+            geofed_dot_v1_dot_client__pb2.HistoryRequest.SerializeToString,
+            geofed_dot_v1_dot_client__pb2.HistoryResponse.FromString,
             options,
             channel_credentials,
             insecure,

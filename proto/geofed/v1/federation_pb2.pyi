@@ -7,6 +7,34 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class PeerHistoryRequest(_message.Message):
+    __slots__ = ("broker_id", "topic_filter", "start", "end", "geometry_wkb", "limit", "max_bytes", "delete_ids")
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FILTER_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    GEOMETRY_WKB_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DELETE_IDS_FIELD_NUMBER: _ClassVar[int]
+    broker_id: str
+    topic_filter: str
+    start: float
+    end: float
+    geometry_wkb: bytes
+    limit: int
+    max_bytes: int
+    delete_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, broker_id: _Optional[str] = ..., topic_filter: _Optional[str] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., geometry_wkb: _Optional[bytes] = ..., limit: _Optional[int] = ..., max_bytes: _Optional[int] = ..., delete_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class PeerHistoryResponse(_message.Message):
+    __slots__ = ("events", "truncated")
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[_geo_pb2.Event]
+    truncated: bool
+    def __init__(self, events: _Optional[_Iterable[_Union[_geo_pb2.Event, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...
+
 class Hello(_message.Message):
     __slots__ = ("broker_id", "strategy", "federation_digest", "protocol_version", "epoch")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]

@@ -39,6 +39,11 @@ class FederationServiceStub:
                 request_serializer=geofed_dot_v1_dot_federation__pb2.Frame.SerializeToString,
                 response_deserializer=geofed_dot_v1_dot_federation__pb2.Frame.FromString,
                 _registered_method=True)
+        self.History = channel.unary_unary(
+                '/geofed.v1.FederationService/History',
+                request_serializer=geofed_dot_v1_dot_federation__pb2.PeerHistoryRequest.SerializeToString,
+                response_deserializer=geofed_dot_v1_dot_federation__pb2.PeerHistoryResponse.FromString,
+                _registered_method=True)
 
 
 class FederationServiceServicer:
@@ -52,6 +57,14 @@ class FederationServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def History(self, request, context):
+        """A history query another broker fans out (docs/design.md §10): this
+        broker's own entries, newest first; or, with delete_ids, remove those.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FederationServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -59,6 +72,11 @@ def add_FederationServiceServicer_to_server(servicer, server):
                     servicer.Link,
                     request_deserializer=geofed_dot_v1_dot_federation__pb2.Frame.FromString,
                     response_serializer=geofed_dot_v1_dot_federation__pb2.Frame.SerializeToString,
+            ),
+            'History': grpc.unary_unary_rpc_method_handler(
+                    servicer.History,
+                    request_deserializer=geofed_dot_v1_dot_federation__pb2.PeerHistoryRequest.FromString,
+                    response_serializer=geofed_dot_v1_dot_federation__pb2.PeerHistoryResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -88,6 +106,33 @@ class FederationService:
             '/geofed.v1.FederationService/Link',
             geofed_dot_v1_dot_federation__pb2.Frame.SerializeToString,
             geofed_dot_v1_dot_federation__pb2.Frame.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def History(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/geofed.v1.FederationService/History',
+            geofed_dot_v1_dot_federation__pb2.PeerHistoryRequest.SerializeToString,
+            geofed_dot_v1_dot_federation__pb2.PeerHistoryResponse.FromString,
             options,
             channel_credentials,
             insecure,
