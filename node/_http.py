@@ -38,6 +38,9 @@ from geofed.routing import (
     Federation,
     GeofedError,
     Geofence,
+    GeofenceCache,
+    HistoryQuery,
+    HistoryRecord,
     InvalidInput,
     Kind,
     LatLon,
@@ -86,6 +89,14 @@ _PUBLISH_PARAMS = {
     "event.topic": "topic",
     "event.payload": "body",
     "event.id": "id",
+    "client": "client",
+}
+_HISTORY_PARAMS = {
+    "topic_filter": "topic",
+    "start": "from",
+    "end": "to",
+    "limit": "size",
+    "geometry": "geometry",
     "client": "client",
 }
 _SUBSCRIBE_PARAMS = {
@@ -196,35 +207,29 @@ class _Params:
             value = int(text)
         except ValueError:
             raise InvalidInput(name, f"expected a whole number, got {text!r}") from None
-        if not 1 <= value <= limit:
-            raise InvalidInput(name, f"must be between 1 and {limit}, got {value}")
+        if value < 1:
+            raise InvalidInput(name, f"must be at least 1, got {value}")
+        if value > limit:
+            raise TooLarge(name, value, limit)
         return value
 
 
-def event_feature(event: gpb.Event, broker: str = "") -> dict[str, Any]:
-    """A delivered or published event as a GeoJSON Feature (a Point at the publisher).
+def event_feature(event: gpb.Event, geofences: GeofenceCache) -> dict[str, Any]:
+    """A delivered event as the GeoJSON Feature a history answer gives for it.
 
-    The payload is text when it is UTF-8, else base64 (``payload_encoding``).
+    One format for live and logged events: `HistoryRecord.to_geojson_feature`.
     """
-    try:
-        payload, encoding = event.payload.decode("utf-8"), "utf-8"
-    except UnicodeDecodeError:
-        payload, encoding = base64.b64encode(event.payload).decode("ascii"), "base64"
-    shape = event.geofence.WhichOneof("shape")
-    return {
-        "type": "Feature",
-        "id": event.id,
-        "geometry": {"type": "Point", "coordinates": [event.publisher.lon, event.publisher.lat]},
-        "properties": {
-            "id": event.id,
-            "topic": event.topic,
-            "payload": payload,
-            "payload_encoding": encoding,
-            "time": event.publish_time,
-            "origin": event.origin or broker,
-            "geofence": event.geofence.wkt if shape == "wkt" else None,
-        },
-    }
+    fence = geofence_from_pb(event.geofence, "event.geofence", geofences)
+    record = HistoryRecord(
+        event.id,
+        event.topic,
+        bytes(event.payload),
+        event.publish_time,
+        event.origin,
+        LatLon(event.publisher.lat, event.publisher.lon),
+        fence,
+    )
+    return record.to_geojson_feature()
 
 
 class HttpBridge:
@@ -256,6 +261,8 @@ class HttpBridge:
         r = app.router
         for prefix in ("publish", "geopublish"):
             r.add_put(f"/{prefix}/{{topic:.+}}", self._publish(geo=prefix == "geopublish"))
+            r.add_get(f"/{prefix}/{{topic:.+}}", self._history(delete=False))
+            r.add_delete(f"/{prefix}/{{topic:.+}}", self._history(delete=True))
         r.add_get("/subscribe/{filter:.+}", self.subscribe)
         r.add_get("/openapi.json", self.openapi)
         r.add_get("/api/federation", self.federation)
@@ -424,6 +431,47 @@ class HttpBridge:
 
         return publish
 
+    # -- history -------------------------------------------------------------------
+
+    def _history(self, *, delete: bool) -> Handler:
+        known = ("from", "to", "geometry", "size", "client")
+
+        async def history(request: web.Request) -> web.Response:
+            """GET / DELETE /publish/<filter>: the logged events that match, newest first."""
+            node = self.node
+            params = _Params(request, known)
+            limit = node.config.history_max_rows
+            size = params.count("size", limit, limit)
+            start, end = params.time("from"), params.time("to")
+            client = params.get("client") or ""
+            who = self.principal(request)
+            if client:
+                node.check_owner(who, validate_id(client, "client"))
+            pb = params.geofence("geometry")
+            try:
+                await node.parse_ahead(pb, "geometry")
+                fence = self._geofence(pb, "geometry")
+                query = HistoryQuery(
+                    request.match_info["topic"],
+                    start,
+                    end,
+                    None if fence is None else fence.geometry,
+                    size,
+                )
+                answer = await node.client_history(who, query, delete, client=client)
+            except GeofedError as exc:
+                raise _as_param(exc, _HISTORY_PARAMS) from None
+            return web.json_response(
+                {
+                    "type": "FeatureCollection",
+                    "features": [r.to_geojson_feature() for r in answer],
+                    "truncated": answer.truncated,
+                    "brokers": sorted(answer.brokers),
+                }
+            )
+
+        return history
+
     # -- live push -------------------------------------------------------------------
 
     async def subscribe(self, request: web.Request) -> web.StreamResponse:
@@ -477,7 +525,7 @@ class HttpBridge:
                 if item is _END:
                     break
                 assert isinstance(item, cpb.Delivery)
-                feature = event_feature(item.event)
+                feature = event_feature(item.event, node.peer_geofences)
                 await response.write(_sse("event", json.dumps(feature), item.event.id))
             return response
         finally:

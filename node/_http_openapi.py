@@ -58,6 +58,50 @@ _PUBLISH: dict[str, Any] = {
 }
 
 
+_HISTORY_PARAMS = [
+    _param("topic", "path", "MQTT topic filter: '+' one level, '#' (URL-encoded %23) the rest"),
+    _param("from", "query", "earliest publish time: seconds since the epoch or ISO 8601"),
+    _param("to", "query", "latest publish time (included): seconds since the epoch or ISO 8601"),
+    _param(
+        "geometry",
+        "query",
+        "area the publishers were in: WKT or GeoJSON Polygon/MultiPolygon, circle:LAT,LON,RADIUS_M",
+    ),
+    {
+        **_param(
+            "size",
+            "query",
+            "most events answered, newest first (default and maximum: history_max_rows)",
+        ),
+        "schema": {"type": "integer", "minimum": 1},
+    },
+    _param("client", "query", "client id for the policy's %c (optional)"),
+]
+_HISTORY_RESPONSES = {
+    "200": {
+        "description": "GeoJSON FeatureCollection, newest first; 'truncated' when"
+        " history_max_answer_bytes cut it, 'brokers' the brokers asked",
+        "content": {"application/geo+json": {"schema": {"type": "object"}}},
+    },
+    "400": _ERROR,
+    "401": _ERROR,
+    "403": _ERROR,
+    "413": _ERROR,
+    "503": _ERROR,
+}
+_READ = {
+    "summary": "The logged events that match, newest first (federation-wide)",
+    "description": "Asks only the brokers whose areas meet the geometry.",
+    "parameters": _HISTORY_PARAMS,
+    "responses": _HISTORY_RESPONSES,
+}
+_DELETE = {
+    "summary": "Remove the logged events that match and answer what was removed",
+    "parameters": _HISTORY_PARAMS,
+    "responses": _HISTORY_RESPONSES,
+}
+
+
 def _json(description: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "description": description,
@@ -91,9 +135,11 @@ def openapi_document(broker_id: str) -> dict[str, Any]:
                 "put": {
                     **_PUBLISH,
                     "parameters": [_TOPIC, publish_location, *_PUBLISH["parameters"][1:]],
-                }
+                },
+                "get": _READ,
+                "delete": _DELETE,
             },
-            "/geopublish/{topic}": {"put": geopublish},
+            "/geopublish/{topic}": {"put": geopublish, "get": _READ, "delete": _DELETE},
             "/subscribe/{filter}": {
                 "get": {
                     "summary": "Matching events as they arrive (Server-Sent Events)",

@@ -142,9 +142,9 @@
   function eventItem(f, cls) {
     var p = f.properties;
     var li = make("li", cls);
-    li.setAttribute("data-id", p.id);
+    li.setAttribute("data-id", p.event_id);
     li.setAttribute("data-topic", p.topic);
-    var when = new Date(p.time * 1000).toISOString().slice(11, 19);
+    var when = new Date(p.published_at * 1000).toISOString().slice(11, 19);
     text(li, when + " " + p.topic + " = " + p.payload.slice(0, 80) + " (" + p.origin + ")");
     return li;
   }

@@ -133,6 +133,7 @@ def test_http_publish_reaches_event_streams_and_grpc_subscribers(fed: LocalFeder
             got = await live.event()
             assert got["id"] == body["id"]
             assert got["geometry"] == {"type": "Point", "coordinates": [2.35, 48.85]}
+            assert got["properties"]["published_at"] == body["time"]
             props = got["properties"]
             assert (props["topic"], props["payload"], props["origin"]) == (
                 "t1/fr/temp",
@@ -248,6 +249,12 @@ BAD = [
     ("GET", "/api/route", {"geofence": "POLYGON((0 0, 1 0, 0 1, 1 1, 0 0))"}, "geofence", 400),
     ("GET", "/api/route", {"geofence": EUROPE, "origin": "mars"}, "origin", 400),
     ("GET", "/api/status", {"x": "1"}, "x", 400),
+    ("GET", "/publish/t5/%23", {"from": "yesterday"}, "from", 400),
+    ("GET", "/publish/t5/%23", {"from": "20", "to": "10"}, "to", 400),
+    ("GET", "/publish/t5/%23", {"geometry": "POINT(1 2)"}, "geometry", 400),
+    ("GET", "/publish/t5/%23", {"size": "0"}, "size", 400),
+    ("GET", "/publish/t5/%23/x", {}, "topic", 400),
+    ("DELETE", "/geopublish/t5/%23", {"size": "many"}, "size", 400),
 ]
 
 
@@ -264,6 +271,12 @@ def test_bad_parameters_are_refused_with_json_naming_them(
             body = await resp.json()
             assert body["field"] == field, body
             assert body["type"] == "InvalidInput" and field in body["message"]
+        # The node keeps serving.
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(url(fed, "eu", "/api/status")) as resp,
+        ):
+            assert resp.status == 200
 
     run(main())
 
@@ -370,5 +383,87 @@ def test_openapi_document_and_the_map_are_served(fed: LocalFederation) -> None:
                     assert resp.status == 200, path
             async with http.get(url(fed, "eu", "/static/../_http.py")) as resp:
                 assert resp.status in (403, 404)
+
+    run(main())
+
+
+EUROPE_AND_AMERICA = "POLYGON((-130 20, 40 20, 40 72, -130 72, -130 20))"
+
+
+def test_history_by_time_and_geometry_across_two_regions_and_delete(
+    fed: LocalFederation,
+) -> None:
+    cache = GeofenceCache()
+
+    async def main() -> None:
+        async with aiohttp.ClientSession() as http:
+            published: list[dict[str, Any]] = []
+            for broker, where, n in (
+                ("eu", PARIS, 1),
+                ("us", NEW_YORK, 2),
+                ("ap", SINGAPORE, 3),
+                ("eu", PARIS, 4),
+                ("us", NEW_YORK, 5),
+            ):
+                status, body = await put(
+                    http, fed, broker, f"/geopublish/h1/{broker}/n", str(n).encode(), location=where
+                )
+                assert status == 200, body
+                published.append(body)
+            ids = [p["id"] for p in published]
+
+            async def history(method: str, **params: str) -> dict[str, Any]:
+                async with http.request(
+                    method, url(fed, "ap", "/publish/h1/%23"), params=params
+                ) as resp:
+                    assert resp.status == 200, await resp.text()
+                    answer: dict[str, Any] = await resp.json()
+                    return answer
+
+            everything = await history("GET")
+            assert [f["id"] for f in everything["features"]] == ids[::-1]  # newest first
+            assert everything["brokers"] == ["ap", "eu", "us"]
+
+            two_regions = await history("GET", geometry=EUROPE_AND_AMERICA)
+            assert [f["id"] for f in two_regions["features"]] == [ids[4], ids[3], ids[1], ids[0]]
+            meeting = fed.federation.brokers_meeting(cache.get(EUROPE_AND_AMERICA, "geometry"))
+            assert two_regions["brokers"] == sorted(meeting) and "ap" not in meeting
+            first = two_regions["features"][-1]
+            assert first["geometry"]["coordinates"] == [2.35, 48.85]
+            assert first["properties"]["payload"] == "1"
+            assert first["properties"]["origin"] == "eu"
+
+            window = await history(
+                "GET",
+                geometry=EUROPE_AND_AMERICA,
+                **{"from": str(published[1]["time"]), "to": str(published[3]["time"])},
+            )
+            assert [f["id"] for f in window["features"]] == [ids[3], ids[1]]
+            latest = await history("GET", size="1")
+            assert [f["id"] for f in latest["features"]] == [ids[4]]
+
+            removed = await history(
+                "DELETE", geometry=EUROPE_AND_AMERICA, **{"to": str(published[1]["time"])}
+            )
+            assert [f["id"] for f in removed["features"]] == [ids[1], ids[0]]
+            after = await history("GET")
+            assert [f["id"] for f in after["features"]] == [ids[4], ids[3], ids[2]]
+            again = await history(
+                "DELETE", geometry=EUROPE_AND_AMERICA, **{"to": str(published[1]["time"])}
+            )
+            assert again["features"] == []
+
+    run(main())
+
+
+def test_history_size_over_the_limit_is_too_large(fed: LocalFederation) -> None:
+    async def main() -> None:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(url(fed, "eu", "/geopublish/h2/%23"), params={"size": "10001"}) as resp,
+        ):
+            assert resp.status == 413
+            body = await resp.json()
+            assert (body["type"], body["field"], body["limit"]) == ("TooLarge", "size", 10_000)
 
     run(main())
