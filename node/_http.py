@@ -19,7 +19,6 @@ docs/design.md §10 has the design; README's HTTP section the user's view.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import datetime as dt
 import json
