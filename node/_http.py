@@ -401,9 +401,10 @@ class HttpBridge:
                     raise InvalidInput("location", "is required: LAT,LON of the publisher")
                 where = self.default_location
             fence = params.geofence("geofence")
-            client = validate_id(params.get("client") or "http", "client")
-            payload = await self._read_body(request)
             who = self.principal(request)
+            # Without a client id: the caller's identity (policies' %c), or "http".
+            client = validate_id(params.get("client") or who.identity or "http", "client")
+            payload = await self._read_body(request)
             node.check_owner(who, client)
             pb = gpb.Event(
                 id=params.get("id") or "",

@@ -9,7 +9,8 @@
   var MAX_EVENTS = 200;
   var STATUS_EVERY_MS = 3000;
 
-  var map = L.map("map", { worldCopyJump: true, minZoom: 1 }).setView([20, 10], 2);
+  var map = L.map("map", { worldCopyJump: true, minZoom: 1, zoomSnap: 0.25 });
+  map.fitBounds([[-55, -170], [75, 180]]);
   var state = {
     map: map,
     broker: null,
@@ -50,7 +51,8 @@
     return getJSON("static/vendor/world-atlas/land-110m.json").then(function (topo) {
       L.geoJSON(topojson.feature(topo, topo.objects.land), {
         interactive: false,
-        style: { color: "#9aa", weight: 0.6, fillColor: "#f3f1ea", fillOpacity: 1 }
+        // Fill only: rings cut at ±180 would draw their cut edges as lines.
+        style: { stroke: false, fillColor: "#f3f1ea", fillOpacity: 1 }
       }).addTo(map);
     });
   }

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -467,3 +468,80 @@ def test_history_size_over_the_limit_is_too_large(fed: LocalFederation) -> None:
             assert (body["type"], body["field"], body["limit"]) == ("TooLarge", "size", 10_000)
 
     run(main())
+
+
+POLICY = """
+[identities.alice]
+publish = ["sensors/%u/+"]
+subscribe = ["sensors/#"]
+"""
+
+
+def test_tls_client_certificates_and_the_policy_hold_over_http(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY, encoding="utf-8")
+    with LocalFederation(
+        THREE,
+        "event-geofence",
+        tmp_path / "fed",
+        tls=True,
+        client_auth="cert",
+        extra_env={"GEOFED_POLICY_FILE": str(policy)},
+    ) as tls_fed:
+        alice = tls_fed.client_tls("alice")
+        anonymous = tls_fed.client_tls()
+        assert alice is not None and anonymous is not None
+
+        def context(tls: Any) -> ssl.SSLContext:
+            ctx = ssl.create_default_context(cafile=tls.ca_file)
+            if tls.cert_file:
+                ctx.load_cert_chain(tls.cert_file, tls.key_file)
+            return ctx
+
+        def https(broker: str, path: str) -> str:
+            return f"https://{tls_fed.nodes[broker].http}{path}"
+
+        async def main() -> None:
+            async with aiohttp.ClientSession() as http:
+                with pytest.raises(aiohttp.ClientError):  # no client certificate: no handshake
+                    async with http.get(https("eu", "/api/status"), ssl=context(anonymous)):
+                        pass
+                ctx = context(alice)
+                async with http.put(
+                    https("eu", "/geopublish/sensors/alice/temp"),
+                    params={"location": PARIS},
+                    data=b"20",
+                    ssl=ctx,
+                ) as resp:
+                    assert resp.status == 200, await resp.text()
+                async with http.put(
+                    https("eu", "/geopublish/sensors/bob/temp"),
+                    params={"location": PARIS},
+                    data=b"20",
+                    ssl=ctx,
+                ) as resp:
+                    assert resp.status == 403
+                    assert (await resp.json())["rule"] == "publish"
+                async with http.put(
+                    https("eu", "/geopublish/sensors/alice/temp"),
+                    params={"location": NEW_YORK},
+                    data=b"20",
+                    ssl=ctx,
+                    allow_redirects=False,
+                ) as resp:
+                    assert resp.status == 307
+                    assert resp.headers["Location"].startswith(
+                        f"https://{tls_fed.nodes['us'].http}/"
+                    )
+                async with http.get(https("ap", "/publish/sensors/%23"), ssl=ctx) as resp:
+                    assert resp.status == 200
+                    features = (await resp.json())["features"]
+                    assert [f["properties"]["topic"] for f in features] == ["sensors/alice/temp"]
+                async with http.get(https("ap", "/publish/secrets/%23"), ssl=ctx) as resp:
+                    assert resp.status == 403  # reading needs subscribe permission
+                async with http.get(https("us", "/api/federation/status"), ssl=ctx) as resp:
+                    brokers = (await resp.json())["brokers"]
+                    assert all("error" not in s for s in brokers.values()), brokers
+                    assert all(link["connected"] for s in brokers.values() for link in s["links"])
+
+        run(main())
