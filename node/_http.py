@@ -13,7 +13,7 @@ located in another broker's area gets a 307 redirect to that broker's
 front end uses (`location_from_text`, `geofence_from_text`), and a bad one is
 answered 400 with a JSON body naming it. The web map (``/``) and its data
 (``/api/...``) are served from the package (``node/web``, vendored Leaflet).
-docs/design.md §10 has the design; README's HTTP section the user's view.
+docs/design.md §11 has the design; README's HTTP section the user's view.
 """
 
 from __future__ import annotations
