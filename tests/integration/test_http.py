@@ -13,13 +13,17 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import jwt
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 import geofed
 from geofed.bench import LocalFederation, metric
@@ -543,5 +547,63 @@ def test_tls_client_certificates_and_the_policy_hold_over_http(tmp_path: Path) -
                     brokers = (await resp.json())["brokers"]
                     assert all("error" not in s for s in brokers.values()), brokers
                     assert all(link["connected"] for s in brokers.values() for link in s["links"])
+
+        run(main())
+
+
+def test_bearer_tokens_authenticate_http_clients(tmp_path: Path) -> None:
+    key = ec.generate_private_key(ec.SECP256R1())
+    public = tmp_path / "token.pub"
+    public.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+
+    def token(sub: str, signer: ec.EllipticCurvePrivateKey = key) -> str:
+        claims = {"sub": sub, "exp": int(time.time() + 600), "iat": int(time.time()) - 1}
+        return jwt.encode(claims, signer, algorithm="ES256")
+
+    with LocalFederation(
+        THREE,
+        "event-geofence",
+        tmp_path / "fed",
+        tls=True,
+        client_auth="token",
+        extra_env={"GEOFED_TOKEN_KEY": str(public)},
+    ) as tls_fed:
+        tls = tls_fed.client_tls()
+        assert tls is not None
+        ctx = ssl.create_default_context(cafile=tls.ca_file)
+        eu = tls_fed.nodes["eu"].http
+
+        forger = ec.generate_private_key(ec.SECP256R1())
+
+        async def main() -> None:
+            async with aiohttp.ClientSession() as http:
+                for headers in (
+                    {},
+                    {"Authorization": f"Bearer {token('carol', forger)}"},
+                    {"Authorization": "Basic Y2Fyb2w6eA=="},
+                ):
+                    async with http.put(
+                        f"https://{eu}/publish/t7/x", data=b"1", headers=headers, ssl=ctx
+                    ) as resp:
+                        assert resp.status == 401, await resp.text()
+                        assert resp.headers["WWW-Authenticate"] == "Bearer"
+                        assert (await resp.json())["type"] == "Unauthenticated"
+                carol = {"Authorization": f"Bearer {token('carol')}"}
+                async with http.get(
+                    f"https://{eu}/subscribe/t7/%23", headers=carol, ssl=ctx
+                ) as resp:
+                    assert resp.status == 200
+                    live = EventStream(resp)
+                    assert (await live.next())[0] == "ready"
+                    async with http.put(
+                        f"https://{eu}/publish/t7/x", data=b"1", headers=carol, ssl=ctx
+                    ) as published:
+                        assert published.status == 200
+                        event_id = (await published.json())["id"]
+                    assert (await live.event())["id"] == event_id
 
         run(main())
