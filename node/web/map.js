@@ -47,13 +47,55 @@
   }
 
   // -- the world outline (bundled, offline) and optional tiles --------------------
+  // Rings crossing ±180 (Fiji, Eurasia at Chukotka) jump by 360° in longitude and,
+  // drawn as they are, span the map. Unwrapped to continuous longitudes (and the
+  // whole ring shifted back to the main map) they draw past ±180 instead. A ring
+  // around a pole (Antarctica: an odd number of jumps) is left as it is.
+  function unwrap(ring) {
+    var jumps = 0, k;
+    for (k = 1; k < ring.length; k++) {
+      if (Math.abs(ring[k][0] - ring[k - 1][0]) > 180) { jumps++; }
+    }
+    if (jumps === 0 || jumps % 2 === 1) { return ring; }
+    var prev = null, lo = Infinity, hi = -Infinity;
+    var out = ring.map(function (p) {
+      var x = p[0];
+      if (prev !== null) {
+        while (x - prev > 180) { x -= 360; }
+        while (x - prev < -180) { x += 360; }
+      }
+      prev = x;
+      lo = Math.min(lo, x);
+      hi = Math.max(hi, x);
+      return [x, p[1]];
+    });
+    var shift = -360 * Math.round((lo + hi) / 2 / 360);
+    return out.map(function (p) { return [p[0] + shift, p[1]]; });
+  }
+
+  function unwrapped(geometry) {
+    if (geometry.type === "Polygon") {
+      return { type: "Polygon", coordinates: geometry.coordinates.map(unwrap) };
+    }
+    if (geometry.type === "MultiPolygon") {
+      return { type: "MultiPolygon", coordinates: geometry.coordinates.map(function (poly) {
+        return poly.map(unwrap);
+      }) };
+    }
+    return geometry;
+  }
+
   function drawWorld() {
     return getJSON("static/vendor/world-atlas/land-110m.json").then(function (topo) {
-      L.geoJSON(topojson.feature(topo, topo.objects.land), {
-        interactive: false,
-        // Fill only: rings cut at ±180 would draw their cut edges as lines.
-        style: { stroke: false, fillColor: "#f3f1ea", fillOpacity: 1 }
-      }).addTo(map);
+      var land = topojson.feature(topo, topo.objects.land);
+      var parts = land.type === "FeatureCollection" ? land.features : [land];
+      parts.forEach(function (f) {
+        L.geoJSON(unwrapped(f.geometry), {
+          interactive: false,
+          // Fill only: outlines of a coarse world are noise under the areas.
+          style: { stroke: false, fillColor: "#f3f1ea", fillOpacity: 1, className: "world" }
+        }).addTo(map);
+      });
     });
   }
 

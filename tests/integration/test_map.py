@@ -54,7 +54,7 @@ def browser() -> Iterator[webdriver.Chrome]:
         "--no-sandbox",
         "--disable-dev-shm-usage",
         "--disable-gpu",
-        "--window-size=1400,820",
+        "--window-size=1400,1000",
     ):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
@@ -93,7 +93,7 @@ def test_map_shows_areas_live_events_routes_and_history(
 ) -> None:
     eu = fed.nodes["eu"].http
 
-    async def publish_over_http(where: str, topic: str, payload: bytes) -> str:
+    async def publish_over_http(where: str, topic: str, payload: bytes) -> dict[str, Any]:
         async with (
             aiohttp.ClientSession() as http,
             http.put(
@@ -101,8 +101,8 @@ def test_map_shows_areas_live_events_routes_and_history(
             ) as resp,
         ):
             assert resp.status == 200, await resp.text()
-            event_id: str = (await resp.json())["id"]
-            return event_id
+            answer: dict[str, Any] = await resp.json()
+            return answer
 
     before = asyncio.run(publish_over_http("48.85,2.35", "map/paris/temp", b"19.0"))
 
@@ -114,15 +114,17 @@ def test_map_shows_areas_live_events_routes_and_history(
         assert browser.find_elements(By.CSS_SELECTOR, f"path.broker-area-{bid}")
     wait(browser, "document.getElementById('live-state').dataset.state === 'ready'", "live")
 
-    async def publish_over_grpc() -> str:
+    async def publish_over_grpc(n: int) -> str:
         async with await geofed.connect(
             client_id="map-nyc",
             location=geofed.LatLon(40.71, -74.0),
             federation=str(fed.federation_path),
         ) as client:
+            for i in range(n):
+                await client.publish("map/nyc/count", str(i).encode())
             return await client.publish("map/nyc/temp", b"23.5")
 
-    after = asyncio.run(publish_over_grpc())
+    after = asyncio.run(publish_over_grpc(30))
     wait(browser, f"document.querySelector('#events li[data-id=\"{after}\"]')", "the event")
     item = browser.find_element(By.CSS_SELECTOR, f'#events li[data-id="{after}"]')
     assert "map/nyc/temp = 23.5 (us)" in item.text
@@ -133,6 +135,14 @@ def test_map_shows_areas_live_events_routes_and_history(
         "document.querySelectorAll('#links tbody tr[data-link]').length === 6"
         " && !document.querySelector('#links td.down')",
         "every link up",
+    )
+
+    # The events crossed us -> eu: a later status poll shows a rate on that link.
+    wait(
+        browser,
+        "Array.from(document.querySelectorAll('#links tr[data-link=\"us>eu\"] td'))"
+        ".slice(2).some(td => parseFloat(td.textContent) > 0)",
+        "a message rate on the link us -> eu",
     )
 
     cache = GeofenceCache()
@@ -157,7 +167,22 @@ def test_map_shows_areas_live_events_routes_and_history(
         e.get_attribute("data-id")
         for e in browser.find_elements(By.CSS_SELECTOR, "#history-result li")
     ]
-    assert ids == [before]  # the Paris event, not New York's
+    assert ids == [before["id"]]  # the Paris event, not New York's
 
+    # A time range that starts after it: nothing.
+    browser.execute_script(
+        "var d = new Date(arguments[0] * 1000), p = n => String(n).padStart(2, '0');"
+        " document.getElementById('from').value = d.getFullYear() + '-' + p(d.getMonth() + 1)"
+        " + '-' + p(d.getDate()) + 'T' + p(d.getHours()) + ':' + p(d.getMinutes()) + ':'"
+        " + p(d.getSeconds());"
+        " document.getElementById('history-result').dataset.state = 'asking';",
+        before["time"] + 1,
+    )
+    draw(browser, PARIS_BOX)
+    wait(browser, "document.getElementById('history-result').dataset.state === 'done'", "history")
+    assert browser.find_elements(By.CSS_SELECTOR, "#history-result li") == []
+
+    assert browser.find_elements(By.CSS_SELECTOR, "path.world")  # the bundled outline
+    assert browser.execute_script("return geofedMap.errors;") == []
     severe = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert severe == []
