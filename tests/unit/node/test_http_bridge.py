@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from openapi_spec_validator import validate
 from prometheus_client import CollectorRegistry
 
 from geofed.node import BrokerServer, NodeConfig
@@ -43,6 +44,7 @@ def test_openapi_document_lists_exactly_the_routes_the_bridge_serves() -> None:
     from geofed.node._http_openapi import openapi_document
 
     doc = openapi_document("eu")
+    validate(doc)  # a valid OpenAPI 3 document
     documented = {(m, p) for p, ops in doc["paths"].items() for m in ops}
     served = routes(b)
     assert served == documented
