@@ -27,6 +27,7 @@ SUBCOMMANDS: dict[str, str] = {
     "certs": "geofed.cli.certs",
     "publish": "geofed.cli._client",
     "subscribe": "geofed.cli._client",
+    "history": "geofed.cli._client",
     "replay": "geofed.cli._client",
     "demo": "geofed.bench.compare",
     "workload": "geofed.bench.workload",

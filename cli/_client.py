@@ -1,9 +1,10 @@
-"""``geofed publish``, ``geofed subscribe`` and ``geofed replay``: clients from the shell."""
+"""``geofed publish``, ``subscribe``, ``history`` and ``replay``: clients from the shell."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import json
 import sys
 import time
@@ -18,8 +19,10 @@ from .progress import track
 
 
 def register(sub: Any, name: str) -> None:
-    """Add the ``publish``, ``subscribe`` or ``replay`` subcommand."""
-    if name in ("publish", "subscribe"):
+    """Add the ``publish``, ``subscribe``, ``history`` or ``replay`` subcommand."""
+    if name == "history":
+        _register_history(sub)
+    elif name in ("publish", "subscribe"):
         p = sub.add_parser(
             name, help=f"{name} at the local broker for a location (follows redirects)"
         )
@@ -73,6 +76,81 @@ def register(sub: Any, name: str) -> None:
         )
         _tls_arguments(p, client_auth=False)
         p.set_defaults(func=_replay)
+
+
+def _register_history(sub: Any) -> None:
+    p = sub.add_parser(
+        "history",
+        help="read (or --delete) the federation's logged events by topic, time and area",
+        description="Ask the local broker for the logged history: the brokers whose areas"
+        " meet --geometry answer, newest first. Prints a GeoJSON FeatureCollection.",
+    )
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument(
+        "--federation", help="federation file or bundled name: finds the local broker"
+    )
+    where.add_argument("--endpoint", help="host:port of any broker's client service")
+    p.add_argument("--client", required=True, help="client id")
+    p.add_argument("--location", required=True, help=f"the client's location, {LOCATION_HELP}")
+    p.add_argument("--topic", required=True, help="topic filter (+, #)")
+    p.add_argument(
+        "--from",
+        dest="start",
+        help="earliest publish time: unix seconds or ISO 8601 (UTC if no zone)",
+    )
+    p.add_argument("--to", dest="end", help="latest publish time (included), as --from")
+    p.add_argument(
+        "--geometry", help=f"publisher locations inside: {GEOFENCE_HELP} (default: the world)"
+    )
+    p.add_argument("--limit", type=int, default=100, help="most entries, newest first")
+    p.add_argument(
+        "--delete", action="store_true", help="remove the entries answered (and print them)"
+    )
+    _tls_arguments(p)
+    p.set_defaults(func=_history)
+
+
+def _time_arg(text: str | None, field: str) -> float | None:
+    """A time option: unix seconds, or ISO 8601 (a naive time is UTC)."""
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidInput(field, f"expected unix seconds or ISO 8601, got {text!r}") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return when.timestamp()
+
+
+def _history(args: argparse.Namespace) -> int:
+    geometry = geofence_arg(args.geometry, "geometry") if args.geometry else None
+    start, end = _time_arg(args.start, "from"), _time_arg(args.end, "to")
+
+    async def run() -> int:
+        async with await connect(_config(args)) as client:
+            call = client.delete_history if args.delete else client.history
+            answer = await call(
+                args.topic, start=start, end=end, geometry=geometry, limit=args.limit
+            )
+        print(
+            json.dumps(
+                {"type": "FeatureCollection", "features": [r.to_geojson_feature() for r in answer]}
+            )
+        )
+        print(
+            f"{len(answer)} entries{' removed' if args.delete else ''}"
+            f"{' (cut by the answer-size limit)' if answer.truncated else ''};"
+            f" brokers asked: {', '.join(sorted(answer.brokers))}",
+            file=sys.stderr,
+        )
+        return 0
+
+    return asyncio.run(run())
 
 
 def _tls_arguments(p: argparse.ArgumentParser, client_auth: bool = True) -> None:

@@ -202,7 +202,7 @@ class NodeConfig:
     history_max_bytes: int = _doc(
         "most bytes of history entries kept (payload, texts, 64 bytes each); beyond, the"
         " oldest are deleted",
-        default=256 << 20,
+        default=64 << 20,
     )
     history_dsn: str = _doc(
         "PostgreSQL/PostGIS connection string for the history (postgresql://...); empty ="

@@ -63,7 +63,7 @@ T = TypeVar("T")
 
 FILE = "history.db"
 """The SQLite history's file name in ``data_dir``."""
-QUEUE_BYTES = 64 << 20
+QUEUE_BYTES = 8 << 20
 """Entries waiting to be written, at most (bytes); beyond, new ones are dropped and counted."""
 TRIM_TO = 0.9
 """A size trim deletes the oldest entries until they take this share of the limit."""

@@ -209,7 +209,8 @@ class HistoryQuery:
                 break
             literal.append(level)
         else:
-            return (self.topic_filter, self.topic_filter + "\x00")  # no wildcard: one topic
+            # No wildcard: one topic. Topics hold no NUL, so none lies between.
+            return (self.topic_filter, self.topic_filter + "\x01")
         if not literal:
             return None
         prefix = "/".join(literal)

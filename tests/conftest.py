@@ -12,9 +12,16 @@ as usual (`-ra`).
 from __future__ import annotations
 
 import os
+import pwd
 import re
+import shutil
+import socket
+import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -89,3 +96,78 @@ def pytest_configure(config: pytest.Config) -> None:
                 f"{ALLOWED_SKIPS_ENV}: bad pattern {pattern!r}: {exc}"
             ) from None
     config.pluginmanager.register(SkipGate(allowed), "geofed-skip-gate")
+
+
+# -- a throw-away PostgreSQL with PostGIS (the history's PostGIS backend) ------------
+
+POSTGRES_DSN_ENV = "GEOFED_TEST_POSTGRES_DSN"
+"""A DSN of a PostgreSQL with PostGIS to test against instead of starting one."""
+
+
+def _postgres_bin() -> Path | None:
+    """The folder of initdb/pg_ctl: on PATH, else Debian's newest /usr/lib/postgresql/N/bin."""
+    found = shutil.which("pg_ctl")
+    if found and shutil.which("initdb"):
+        return Path(found).resolve().parent
+    versions = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"),
+        key=lambda p: int(p.parent.parent.name) if p.parent.parent.name.isdigit() else 0,
+    )
+    return versions[-1].parent if versions else None
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn() -> Iterator[str]:
+    """A PostgreSQL server with PostGIS for the session: its DSN.
+
+    `GEOFED_TEST_POSTGRES_DSN` names one to use; otherwise a cluster is made
+    with initdb in a temporary folder and started with pg_ctl on a free
+    loopback port (as the ``postgres`` user when running as root, which
+    initdb refuses), then stopped and deleted. No server and no binaries is
+    a failure, never a skip: .ci/run installs Debian's postgresql and postgis.
+    """
+    given = os.environ.get(POSTGRES_DSN_ENV)
+    if given:
+        yield given
+        return
+    bindir = _postgres_bin()
+    if bindir is None:
+        pytest.fail(
+            "no PostgreSQL binaries (initdb, pg_ctl) and no "
+            f"{POSTGRES_DSN_ENV}: install Debian's postgresql and postgis (see .ci/run)"
+        )
+    # Not under pytest's base temp (mode 0700, root's): the postgres user must reach it.
+    root = Path(tempfile.mkdtemp(prefix="geofed-postgres-"))
+    data = root / "data"
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        owner = pwd.getpwnam("postgres")
+        os.chown(root, owner.pw_uid, owner.pw_gid)
+        prefix = ["runuser", "-u", "postgres", "--"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def run(*args: str) -> None:
+        done = subprocess.run([*prefix, *args], capture_output=True, text=True, check=False)
+        if done.returncode:
+            pytest.fail(f"{' '.join(args)} failed ({done.returncode}): {done.stderr[-2000:]}")
+
+    run(str(bindir / "initdb"), "-D", str(data), "-U", "geofed", "--auth=trust", "-E", "UTF8")
+    options = f"-p {port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={root}"
+    run(
+        str(bindir / "pg_ctl"),
+        "-D",
+        str(data),
+        "-o",
+        options,
+        "-l",
+        str(root / "log"),
+        "-w",
+        "start",
+    )
+    try:
+        yield f"postgresql://geofed@127.0.0.1:{port}/postgres"
+    finally:
+        run(str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop")
+        shutil.rmtree(root, ignore_errors=True)

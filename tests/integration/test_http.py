@@ -605,5 +605,9 @@ def test_bearer_tokens_authenticate_http_clients(tmp_path: Path) -> None:
                         assert published.status == 200
                         event_id = (await published.json())["id"]
                     assert (await live.event())["id"] == event_id
+                    # The client goes away: an SSL stream closed politely would finish its
+                    # shutdown after this event loop ends (an unclosed-transport warning).
+                    assert resp.connection is not None and resp.connection.transport is not None
+                    resp.connection.transport.abort()
 
         run(main())

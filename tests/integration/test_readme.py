@@ -23,7 +23,9 @@ def _section_blocks(heading: str) -> list[tuple[str, str]]:
     return re.findall(r"```(\w*)\n(.*?)```", section, flags=re.S)
 
 
-@pytest.mark.parametrize("heading", ["Using geofed from Python", "Delivery guarantee"])
+@pytest.mark.parametrize(
+    "heading", ["Using geofed from Python", "Delivery guarantee", "Message history"]
+)
 def test_python_example_runs_as_printed(heading: str, tmp_path: Path) -> None:
     blocks = _section_blocks(heading)
     (code,) = [body for lang, body in blocks if lang == "python"]

@@ -396,3 +396,50 @@ def test_a_plaintext_health_port_answers_the_probes_of_a_tls_node(tmp_path: Path
             assert await asyncio.to_thread(health_status, client, "", HANG_S, tls) == "SERVING"
 
     asyncio.run(run())
+
+
+def test_history_reads_need_subscribe_deletes_publish_and_peers_need_a_broker_certificate(
+    fed: LocalFederation, tmp_path: Path
+) -> None:
+    """History over mutual TLS: reading a filter needs subscribe permission on it,
+    deleting needs publish permission covering it; the peer port's History RPC answers
+    brokers only (a client certificate is refused)."""
+
+    async def run() -> None:
+        alice = await connect(fed, "alice", "alice-h", PARIS)
+        bob = await connect(fed, "bob", "bob-h", SINGAPORE)
+        await alice.publish("sensors/alice/h", b"eu")
+        await bob.publish("alerts/bob", b"ap")
+        # Read across regions (eu asks ap over the mTLS peer port).
+        seen = await alice.history("alerts/#")
+        assert [r.payload for r in seen] == [b"ap"] and seen.brokers == {"eu", "us", "ap"}
+        assert [r.payload for r in await alice.history("sensors/+/+")] == [b"eu"]
+        with pytest.raises(geofed.PermissionDenied) as info:
+            await alice.history("sensors/#")  # sensors/+/+ does not cover it
+        assert info.value.rule == "subscribe"
+        # Delete: publish permission covering the filter (sensors/%u/+).
+        with pytest.raises(geofed.PermissionDenied) as info:
+            await alice.delete_history("sensors/+/+")
+        assert info.value.rule == "publish"
+        gone = await alice.delete_history("sensors/alice/+")
+        assert [r.payload for r in gone] == [b"eu"]
+        assert await alice.history("sensors/+/+") == []
+        for c in (alice, bob):
+            await c.close()
+
+    asyncio.run(run())
+
+    async def as_client() -> grpc.StatusCode:
+        ca = CA.load(fed.certs_dir)
+        files = issue_client(ca, "eu", tmp_path / "client-eu")
+        async with grpc.aio.secure_channel(fed.nodes["ap"].peer, creds(files)) as channel:
+            request = gw.peer_history_request(
+                "eu", geofed.routing.HistoryQuery("#", None, None, None, 10), 1 << 20
+            )
+            try:
+                await fpb_grpc.FederationServiceStub(channel).History(request, timeout=HANG_S)
+            except grpc.aio.AioRpcError as exc:
+                return exc.code()
+        return grpc.StatusCode.OK
+
+    assert asyncio.run(as_client()) == grpc.StatusCode.PERMISSION_DENIED

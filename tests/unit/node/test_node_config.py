@@ -68,6 +68,12 @@ def test_flags_parse_into_config(monkeypatch: pytest.MonkeyPatch) -> None:
         ({"peer_timeout_s": -1.0}, {}, "peer_timeout_s"),
         ({"peer_heartbeat_s": 1.0, "peer_timeout_s": 1.5}, {}, "peer_timeout_s"),
         ({}, {"GEOFED_MAX_PAYLOAD_BYTES": "lots"}, "max_payload_bytes"),
+        ({"history": "maybe"}, {}, "history"),
+        ({"history_retention_s": -1.0}, {}, "history_retention_s"),
+        ({"history_max_bytes": 0}, {}, "history_max_bytes"),
+        ({"history_max_rows": 0}, {}, "history_max_rows"),
+        ({"history_max_answer_bytes": 0}, {}, "history_max_answer_bytes"),
+        ({"history_timeout_s": 0.0}, {}, "history_timeout_s"),
     ],
 )
 def test_bad_values_name_the_field(
