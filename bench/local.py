@@ -254,7 +254,7 @@ class LocalFederation:
             proc,
             log_path,
             b.mqtt_endpoint,
-            b.http_endpoint,
+            http=b.http_endpoint,
         )
         self.nodes[broker_id] = node
         return node
