@@ -478,6 +478,8 @@ class HttpBridge:
         """GET /subscribe/<filter>: matching events as Server-Sent Events, until the client goes."""
         node = self.node
         params = _Params(request, ("location", "geofence", "client"))
+        if request.method == "HEAD":  # the headers of a stream, without subscribing
+            return web.Response(headers={"Content-Type": "text/event-stream"})
         topic_filter = request.match_info["filter"]
         given = params.get("client")
         client = validate_id(given or f"sse-{uuid.uuid4().hex[:16]}", "client")

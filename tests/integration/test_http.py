@@ -388,6 +388,9 @@ def test_openapi_document_and_the_map_are_served(fed: LocalFederation) -> None:
                     assert resp.status == 200, path
             async with http.get(url(fed, "eu", "/static/../_http.py")) as resp:
                 assert resp.status in (403, 404)
+            async with http.head(url(fed, "eu", "/subscribe/%23")) as resp:
+                assert resp.status == 200  # answered, no subscription held open
+                assert resp.headers["Content-Type"].startswith("text/event-stream")
 
     run(main())
 
