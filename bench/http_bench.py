@@ -169,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     report = f"""
 ## {time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
-Command: `{command.strip()}`  
+Command: `{command.strip()}`
+
 Machine: {describe()}; load average about {load:.1f} during the run
 
 | front end | publish p50 ms | publish p99 ms | publishes/s ({args.concurrency} concurrent) |
