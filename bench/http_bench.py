@@ -36,7 +36,8 @@ from pathlib import Path
 
 import aiohttp
 
-from geofed.client import LatLon, connect
+from geofed.client import connect
+from geofed.routing import LatLon
 
 from ._machine import describe
 from .local import LocalFederation
