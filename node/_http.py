@@ -343,6 +343,14 @@ class HttpBridge:
                 status=exc.status,
                 headers={k: v for k, v in exc.headers.items() if k.lower() == "allow"},
             )
+        except (asyncio.CancelledError, ConnectionError):
+            raise  # the client went away
+        except Exception:
+            log.exception("http %s %s failed", request.method, request.path)
+            return web.json_response(
+                {"type": "GeofedError", "message": "internal error (logged by the broker)"},
+                status=500,
+            )
 
     def _redirect(self, request: web.Request, exc: WrongBroker) -> web.Response:
         """307 to the same request at the responsible broker's bridge (the body is sent again)."""
@@ -483,7 +491,9 @@ class HttpBridge:
         topic_filter = request.match_info["filter"]
         given = params.get("client")
         client = validate_id(given or f"sse-{uuid.uuid4().hex[:16]}", "client")
-        where = params.location() or node.location_of(client) or self.default_location
+        located = params.location()
+        known = node.location_of(client)  # the client has a session here (gRPC, MQTT, HTTP)
+        where = located or known or self.default_location
         pb = gpb.Subscription(
             id=SSE_SUBSCRIPTION_ID,
             client=client,
@@ -493,12 +503,18 @@ class HttpBridge:
         who = self.principal(request)
         try:
             validate_filter(topic_filter, "subscription.topic_filter")
-            opened = await node.client_connect(who, client, where, 0.0)
-            if opened.redirect is not None:
-                b = opened.redirect
-                raise WrongBroker("location", b.id, b.client_endpoint)
+            if known is None:
+                opened = await node.client_connect(who, client, where, 0.0)
+                target = opened.redirect
+            else:  # its session stays as it is (a persistent one too); a location moves it
+                target = None if located is None else node.client_move(who, client, where)
+            if target is not None:
+                raise WrongBroker("location", target.id, target.client_endpoint)
             sub, stream = await node.client_subscribe(who, client, pb)
         except GeofedError as exc:
+            if given is None:  # the session made for this stream goes with it
+                with contextlib.suppress(GeofedError):
+                    node.client_disconnect(who, client)
             raise _as_param(exc, _SUBSCRIBE_PARAMS) from None
         self._streams.add(stream)
         try:

@@ -208,6 +208,29 @@ def test_event_geofence_on_http_publish_is_checked_against_the_stream_location(
     run(main())
 
 
+def test_an_event_stream_of_a_grpc_clients_id_leaves_its_session_alone(
+    fed: LocalFederation,
+) -> None:
+    async def main() -> None:
+        async with (
+            aiohttp.ClientSession() as http,
+            await geofed.connect(
+                client_id="t8",
+                location=geofed.LatLon(48.85, 2.35),
+                federation=str(fed.federation_path),
+            ) as grpc_client,
+        ):
+            sub = await grpc_client.subscribe("t8/grpc")
+            async with stream(http, fed, "eu", "/subscribe/t8/sse", client="t8") as live:
+                _, first = await put(http, fed, "eu", "/publish/t8/sse", b"1", location=PARIS)
+                assert (await live.event())["id"] == first["id"]
+            _, second = await put(http, fed, "eu", "/publish/t8/grpc", b"2", location=PARIS)
+            msg = await sub.next(timeout=HANG_S)  # the gRPC session and subscription stayed
+            assert msg.event_id == second["id"]
+
+    run(main())
+
+
 def test_publisher_and_subscriber_outside_the_area_are_redirected(fed: LocalFederation) -> None:
     async def main() -> None:
         async with aiohttp.ClientSession() as http:
