@@ -26,13 +26,7 @@ def register(sub: Any, name: str) -> None:
         p = sub.add_parser(
             name, help=f"{name} at the local broker for a location (follows redirects)"
         )
-        where = p.add_mutually_exclusive_group(required=True)
-        where.add_argument(
-            "--federation", help="federation file or bundled name: finds the local broker"
-        )
-        where.add_argument("--endpoint", help="host:port of any broker's client service")
-        p.add_argument("--client", required=True, help="client id")
-        p.add_argument("--location", required=True, help=f"the client's location, {LOCATION_HELP}")
+        _session_arguments(p)
         p.add_argument("--topic", required=True, help="topic (publish) or filter (subscribe)")
         p.add_argument(
             "--geofence",
@@ -78,13 +72,8 @@ def register(sub: Any, name: str) -> None:
         p.set_defaults(func=_replay)
 
 
-def _register_history(sub: Any) -> None:
-    p = sub.add_parser(
-        "history",
-        help="read (or --delete) the federation's logged events by topic, time and area",
-        description="Ask the local broker for the logged history: the brokers whose areas"
-        " meet --geometry answer, newest first. Prints a GeoJSON FeatureCollection.",
-    )
+def _session_arguments(p: argparse.ArgumentParser) -> None:
+    """Where the client's session opens: its broker (by federation or endpoint), id, location."""
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument(
         "--federation", help="federation file or bundled name: finds the local broker"
@@ -92,6 +81,16 @@ def _register_history(sub: Any) -> None:
     where.add_argument("--endpoint", help="host:port of any broker's client service")
     p.add_argument("--client", required=True, help="client id")
     p.add_argument("--location", required=True, help=f"the client's location, {LOCATION_HELP}")
+
+
+def _register_history(sub: Any) -> None:
+    p = sub.add_parser(
+        "history",
+        help="read (or --delete) the federation's logged events by topic, time and area",
+        description="Ask the local broker for the logged history: the brokers whose areas"
+        " meet --geometry answer, newest first. Prints a GeoJSON FeatureCollection.",
+    )
+    _session_arguments(p)
     p.add_argument("--topic", required=True, help="topic filter (+, #)")
     p.add_argument(
         "--from",

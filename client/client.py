@@ -467,7 +467,9 @@ class Client:
 
         Needs publish permission covering the filter where a policy is in
         force. Removes at most `limit` entries (the newest): call again until
-        it returns fewer to remove everything that matches.
+        it returns fewer to remove everything that matches. Unlike the other
+        requests it is not retried while the broker is unavailable: had the
+        lost answer's removal happened, a retry would remove the next entries.
         """
         return await self._history(topic_filter, start, end, geometry, limit, delete=True)
 
@@ -492,10 +494,17 @@ class Client:
             delete=delete,
             client=self.client_id,
         )
-        operation = "delete_history" if delete else "history"
-        resp = await self._call(
-            operation, lambda stub, timeout: stub.History(request, timeout=timeout)
-        )
+        timeout = self.config.request_timeout_s
+        if delete:
+            # Not retried: after a lost answer a retry would remove the next entries.
+            self._check_open()
+            resp = await self._unary(
+                "delete_history", self._stub().History(request, timeout=timeout)
+            )
+        else:
+            resp = await self._call(
+                "history", lambda stub, timeout: stub.History(request, timeout=timeout)
+            )
         cache = PeerGeofenceCache()  # canonical WKT, as the brokers validated it
         return HistoryAnswer(
             (history_record_from_pb(pb, cache, f"events[{i}]") for i, pb in enumerate(resp.events)),

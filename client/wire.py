@@ -571,15 +571,16 @@ def messages_from_frame(
 
 def history_record_to_pb(record: HistoryRecord) -> gpb.Event:
     """Wire form of a history entry: the event as its broker logged it."""
-    return gpb.Event(
-        id=record.event_id,
-        topic=record.topic,
-        payload=record.payload,
-        publisher=latlon_to_pb(record.location),
-        geofence=geofence_to_pb(record.geofence),
-        publish_time=record.published_at,
-        origin=record.origin,
+    event = Event(
+        record.event_id,
+        record.topic,
+        record.location,
+        record.geofence,
+        len(record.payload),
+        record.published_at,
+        record.payload,
     )
+    return event_to_pb(event, record.origin)
 
 
 def history_record_from_pb(pb: gpb.Event, cache: GeofenceCache, field: str) -> HistoryRecord:

@@ -58,6 +58,8 @@ from geofed.routing import (
 )
 from geofed.wire import PeerGeofenceCache
 
+from ._store import GroupCommit
+
 log = logging.getLogger("geofed.node.history")
 T = TypeVar("T")
 
@@ -129,6 +131,10 @@ CREATE TABLE IF NOT EXISTS history (
 CREATE INDEX IF NOT EXISTS history_time ON history (published_at, event_id);
 CREATE INDEX IF NOT EXISTS history_topic ON history (topic, published_at);
 CREATE VIRTUAL TABLE IF NOT EXISTS history_where USING rtree (n, minx, maxx, miny, maxy);
+CREATE TRIGGER IF NOT EXISTS history_in AFTER INSERT ON history BEGIN
+    INSERT INTO history_where VALUES (new.n, new.lon, new.lon, new.lat, new.lat); END;
+CREATE TRIGGER IF NOT EXISTS history_out AFTER DELETE ON history BEGIN
+    DELETE FROM history_where WHERE n = old.n; END;
 """
 _COLUMNS = "event_id, topic, payload, published_at, origin, lat, lon, geofence"
 
@@ -164,33 +170,25 @@ class SqliteHistory:
 
     def add(self, records: Sequence[HistoryRecord]) -> tuple[int, int]:
         db = self.db
-        added = size = 0
         with _transaction(db):
-            for r in records:
-                cur = db.execute(
-                    "INSERT OR IGNORE INTO history (event_id, topic, published_at, origin, lat,"
-                    " lon, geofence, payload, size) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        r.event_id,
-                        r.topic,
-                        r.published_at,
-                        r.origin,
-                        r.location.lat,
-                        r.location.lon,
-                        None if r.geofence is None else r.geofence.wkt,
-                        r.payload,
-                        r.size,
-                    ),
-                )
-                if cur.rowcount:
-                    lat, lon = r.location.lat, r.location.lon
-                    db.execute(
-                        "INSERT INTO history_where VALUES (?, ?, ?, ?, ?)",
-                        (cur.lastrowid, lon, lon, lat, lat),
-                    )
-                    added += 1
-                    size += r.size
-        return added, size
+            # The triggers keep the R*Tree in step (one row there per entry).
+            cur = db.executemany(
+                "INSERT OR IGNORE INTO history (event_id, topic, published_at, origin, lat, lon,"
+                " geofence, payload, size) VALUES (:event_id, :topic, :published_at, :origin,"
+                " :lat, :lon, :geofence, :payload, :size)",
+                [_row(r) for r in records],
+            )
+            added = cur.rowcount  # rows inserted, not counting the triggers'
+            if added == len(records):
+                return added, sum(r.size for r in records)
+            # Some ids were stored already (rare: a retry beyond the duplicate window).
+            # New rows take the next keys: the `added` largest are this batch's.
+            size = db.execute(
+                "SELECT COALESCE(SUM(size), 0) FROM history"
+                " WHERE n > (SELECT MAX(n) FROM history) - ?",
+                (added,),
+            ).fetchone()[0]
+        return added, int(size)
 
     def candidates(
         self, query: HistoryQuery, not_before: float | None
@@ -265,8 +263,7 @@ class SqliteHistory:
     def _delete_rows(db: sqlite3.Connection, ns: list[int]) -> None:
         for chunk in _chunks(ns):
             marks = ", ".join("?" for _ in chunk)
-            db.execute(f"DELETE FROM history WHERE n IN ({marks})", chunk)
-            db.execute(f"DELETE FROM history_where WHERE n IN ({marks})", chunk)
+            db.execute(f"DELETE FROM history WHERE n IN ({marks})", chunk)  # and its R*Tree row
 
     def _record(self, row: Sequence[Any]) -> HistoryRecord:
         return _record(row, self._geofences)
@@ -313,10 +310,9 @@ class PostgisHistory:
                 "history_dsn", "the PostgreSQL backend needs psycopg: pip install 'geofed[postgis]'"
             ) from None
         try:
-            conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=10)
+            conn = self._connection()
         except psycopg.Error as exc:
             raise InvalidInput("history_dsn", f"cannot connect: {_pg_reason(exc)}") from None
-        self._conn = conn
         with conn.transaction():
             # Two brokers creating the schema at once: one waits for the other.
             conn.execute("SELECT pg_advisory_xact_lock(hashtext('geofed_history'))")
@@ -328,27 +324,28 @@ class PostgisHistory:
         assert row is not None
         return int(row[0]), int(row[1])
 
-    def add(self, records: Sequence[HistoryRecord]) -> tuple[int, int]:
+    def _connection(self) -> Any:
+        """The connection, made again if the server closed it (a restart, say)."""
+        import psycopg
+
         conn = self._conn
+        if conn is None or conn.closed or conn.broken:
+            if conn is not None:
+                conn.close()
+            self._conn = conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=10)
+        return conn
+
+    def add(self, records: Sequence[HistoryRecord]) -> tuple[int, int]:
+        conn = self._connection()
         added = size = 0
         with conn.transaction(), conn.cursor() as cur:
             for r in records:
                 cur.execute(
-                    "INSERT INTO geofed_history VALUES (%s, %s, %s, %s, %s,"
-                    " ST_SetSRID(ST_MakePoint(%s, %s), 4326), %s, %s, %s)"
-                    " ON CONFLICT DO NOTHING",
-                    (
-                        self.broker_id,
-                        r.event_id,
-                        r.topic,
-                        r.published_at,
-                        r.origin,
-                        r.location.lon,
-                        r.location.lat,
-                        None if r.geofence is None else r.geofence.wkt,
-                        r.payload,
-                        r.size,
-                    ),
+                    "INSERT INTO geofed_history VALUES (%(broker)s, %(event_id)s, %(topic)s,"
+                    " %(published_at)s, %(origin)s,"
+                    " ST_SetSRID(ST_MakePoint(%(lon)s, %(lat)s), 4326), %(geofence)s,"
+                    " %(payload)s, %(size)s) ON CONFLICT DO NOTHING",
+                    {"broker": self.broker_id, **_row(r)},
                 )
                 if cur.rowcount:
                     added += 1
@@ -375,7 +372,7 @@ class PostgisHistory:
             f"SELECT {_PG_COLUMNS} FROM geofed_history WHERE {' AND '.join(where)}"
             " ORDER BY published_at DESC, event_id DESC"
         )
-        conn = self._conn
+        conn = self._connection()
         with conn.transaction(), conn.cursor(name="geofed_history_read") as cur:
             cur.itersize = _PAGE
             cur.execute(sql, params)
@@ -383,7 +380,7 @@ class PostgisHistory:
                 yield _record(row, self._geofences)
 
     def delete(self, event_ids: Sequence[str]) -> list[HistoryRecord]:
-        conn = self._conn
+        conn = self._connection()
         out: list[HistoryRecord] = []
         with conn.transaction():
             for chunk in _chunks(list(event_ids)):
@@ -396,7 +393,7 @@ class PostgisHistory:
         return out
 
     def expire(self, before: float) -> tuple[int, int]:
-        conn = self._conn
+        conn = self._connection()
         with conn.transaction():
             row = conn.execute(
                 "WITH gone AS (DELETE FROM geofed_history WHERE broker = %s AND published_at < %s"
@@ -407,7 +404,7 @@ class PostgisHistory:
         return int(row[0]), int(row[1])
 
     def trim(self, keep_bytes: int) -> tuple[int, int]:
-        conn = self._conn
+        conn = self._connection()
         with conn.transaction():
             # Newest first, a running sum: what lies beyond `keep_bytes` goes.
             row = conn.execute(
@@ -458,6 +455,21 @@ def _time_and_topic(
             where.append(f"topic < {mark}")
             params.append(high)
     return where, params
+
+
+def _row(r: HistoryRecord) -> dict[str, Any]:
+    """An entry's column values, by name (both backends' INSERT)."""
+    return {
+        "event_id": r.event_id,
+        "topic": r.topic,
+        "published_at": r.published_at,
+        "origin": r.origin,
+        "lat": r.location.lat,
+        "lon": r.location.lon,
+        "geofence": None if r.geofence is None else r.geofence.wkt,
+        "payload": r.payload,
+        "size": r.size,
+    }
 
 
 def _record(row: Sequence[Any], geofences: GeofenceCache) -> HistoryRecord:
@@ -544,13 +556,12 @@ class HistoryLog:
         self._on_dropped = on_dropped
         self._clock = clock
         self._exec = ThreadPoolExecutor(max_workers=1, thread_name_prefix="geofed-history")
-        self._queue: list[HistoryRecord] = []
+        self._writes: GroupCommit[HistoryRecord] = GroupCommit(
+            self._exec, self._write, "history", self._written
+        )
         self._queued_bytes = 0
-        self._waiters: list[asyncio.Future[None]] = []
-        self._flusher: asyncio.Task[None] | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._opened = False
-        self.failed = ""  # why the last write failed ("" once one succeeds again)
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -594,14 +605,12 @@ class HistoryLog:
             if self._queued_bytes + r.size > QUEUE_BYTES:
                 dropped += 1
                 continue
-            self._queue.append(r)
+            self._writes.write(r)
             self._queued_bytes += r.size
         if dropped:
             log.warning("history: %d entries dropped, the write queue is full", dropped)
             if self._on_dropped is not None:
                 self._on_dropped(dropped)
-        if self._queue:
-            self._kick()
 
     async def flush(self) -> None:
         """Wait until everything queued so far is written (or its transaction failed).
@@ -609,40 +618,14 @@ class HistoryLog:
         Raises:
             StorageFailed: the write failed.
         """
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
-        self._kick()
-        await fut
+        await self._writes.commit()
 
-    def _kick(self) -> None:
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.get_running_loop().create_task(self._flush_loop())
-
-    async def _flush_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        while self._queue or self._waiters:
-            batch, self._queue, self._queued_bytes = self._queue, [], 0
-            waiters, self._waiters = self._waiters, []
-            error: StorageFailed | None = None
-            if batch:
-                try:
-                    await loop.run_in_executor(self._exec, self._write, batch)
-                except Exception as exc:
-                    error = StorageFailed(f"history: {exc}")
-                    if self.failed != str(exc):
-                        log.error("history write failed (%d entries lost): %s", len(batch), exc)
-                    self.failed = str(exc)
-                    if self._on_dropped is not None:
-                        self._on_dropped(len(batch))
-                else:
-                    self.failed = ""
-                self._changed()
-            for fut in waiters:
-                if not fut.done():
-                    if error is None:
-                        fut.set_result(None)
-                    else:
-                        fut.set_exception(error)
+    def _written(self, batch: list[HistoryRecord], error: StorageFailed | None) -> None:
+        """Event loop, after each batch: it left the queue (and was lost if it failed)."""
+        self._queued_bytes -= sum(r.size for r in batch)
+        if error is not None and self._on_dropped is not None:
+            self._on_dropped(len(batch))
+        self._changed()
 
     def _write(self, batch: list[HistoryRecord]) -> None:
         """Worker thread: add a batch, then keep the size limit."""
@@ -650,8 +633,12 @@ class HistoryLog:
         self.entries += added
         self.bytes += size
         if self.bytes > self.max_bytes:
-            n, freed = self.backend.trim(int(self.max_bytes * TRIM_TO))
-            self._removed("size", n, freed)
+            try:
+                n, freed = self.backend.trim(int(self.max_bytes * TRIM_TO))
+            except Exception as exc:  # the batch is in: the next write or sweep trims
+                log.error("history trim failed: %s", exc)
+            else:
+                self._removed("size", n, freed)
 
     def _removed(self, reason: str, n: int, freed: int) -> None:
         self.entries -= n

@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from geofed.routing import InvalidInput, StorageFailed
 
@@ -45,6 +45,93 @@ from ._config import SYNC_MODES
 
 log = logging.getLogger("geofed.node.store")
 T = TypeVar("T")
+W = TypeVar("W")
+
+
+class GroupCommit(Generic[W]):
+    """Writes queued on the event loop, applied by one worker thread many per transaction.
+
+    `commit` waits until everything written before it is applied, or raises
+    `StorageFailed` if the transaction holding it failed (`apply` must then
+    have applied none of the batch). The durable store and the message
+    history (`_history.py`) both write this way.
+
+    Args:
+        executor: the single worker thread that owns the database.
+        apply: applies one batch in one transaction (on the worker thread).
+        what: names the storage in errors and logs (``store /data/geofed.db``).
+        after: called on the event loop after each batch with the batch and its
+            error (None if it was applied).
+    """
+
+    def __init__(
+        self,
+        executor: ThreadPoolExecutor,
+        apply: Callable[[list[W]], None],
+        what: str,
+        after: Callable[[list[W], StorageFailed | None], None] | None = None,
+    ) -> None:
+        self._exec = executor
+        self._apply = apply
+        self._what = what
+        self._after = after
+        self._batch: list[W] = []
+        self._waiters: list[asyncio.Future[None]] = []
+        self._flusher: asyncio.Task[None] | None = None
+        self.failed = ""  # why the last transaction failed ("" once one succeeds again)
+
+    @property
+    def dirty(self) -> bool:
+        """Writes are queued that no commit has covered yet."""
+        return bool(self._batch)
+
+    def write(self, item: W) -> None:
+        """Queue one write (applied by the next batch)."""
+        self._batch.append(item)
+        self._kick()
+
+    async def commit(self) -> None:
+        """Wait until every write queued so far is applied.
+
+        Raises:
+            StorageFailed: the transaction holding them failed; none of its
+                writes happened.
+        """
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        self._kick()
+        await fut
+
+    def _kick(self) -> None:
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_loop())
+
+    async def _flush_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._batch or self._waiters:
+            batch, self._batch = self._batch, []
+            waiters, self._waiters = self._waiters, []
+            error: StorageFailed | None = None
+            if batch:
+                try:
+                    await loop.run_in_executor(self._exec, self._apply, batch)
+                except Exception as exc:
+                    error = StorageFailed(f"{self._what}: {exc}")
+                    if self.failed != str(exc):
+                        log.error(
+                            "%s: write failed (%d writes lost): %s", self._what, len(batch), exc
+                        )
+                    self.failed = str(exc)
+                else:
+                    self.failed = ""
+                if self._after is not None:
+                    self._after(batch, error)
+            for fut in waiters:
+                if not fut.done():
+                    if error is None:
+                        fut.set_result(None)
+                    else:
+                        fut.set_exception(error)
 
 
 _SCHEMA = """
@@ -133,10 +220,9 @@ class Store:
         self._max_bytes = max_bytes
         self._exec = ThreadPoolExecutor(max_workers=1, thread_name_prefix="geofed-store")
         self._db: sqlite3.Connection | None = None
-        self._batch: list[tuple[str, Sequence[Any]]] = []
-        self._waiters: list[asyncio.Future[None]] = []
-        self._flusher: asyncio.Task[None] | None = None
-        self.failed = ""  # why the last transaction failed ("" once one succeeds again)
+        self._writes: GroupCommit[tuple[str, Sequence[Any]]] = GroupCommit(
+            self._exec, self._apply, f"store {self.path}"
+        )
 
     # -- opening -----------------------------------------------------------
 
@@ -269,7 +355,12 @@ class Store:
     @property
     def dirty(self) -> bool:
         """Writes are queued that no commit has covered yet."""
-        return bool(self._batch)
+        return self._writes.dirty
+
+    @property
+    def failed(self) -> str:
+        """Why the last transaction failed ("" once one succeeds again)."""
+        return self._writes.failed
 
     async def commit(self) -> None:
         """Wait until every write queued so far is committed.
@@ -278,10 +369,7 @@ class Store:
             StorageFailed: the transaction holding them failed; none of its
                 writes happened.
         """
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
-        self._kick()
-        await fut
+        await self._writes.commit()
 
     async def outbox_page(
         self, peer: str, from_oid: int, limit: int
@@ -366,35 +454,7 @@ class Store:
     # -- group commit ------------------------------------------------------
 
     def _write(self, sql: str, params: Sequence[Any]) -> None:
-        self._batch.append((sql, params))
-        self._kick()
-
-    def _kick(self) -> None:
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.get_running_loop().create_task(self._flush_loop())
-
-    async def _flush_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        while self._batch or self._waiters:
-            batch, self._batch = self._batch, []
-            waiters, self._waiters = self._waiters, []
-            error: StorageFailed | None = None
-            if batch:
-                try:
-                    await loop.run_in_executor(self._exec, self._apply, batch)
-                except sqlite3.Error as exc:
-                    error = StorageFailed(f"store {self.path}: {exc}")
-                    if self.failed != str(exc):
-                        log.error("store write failed (%d writes lost): %s", len(batch), exc)
-                    self.failed = str(exc)
-                else:
-                    self.failed = ""
-            for fut in waiters:
-                if not fut.done():
-                    if error is None:
-                        fut.set_result(None)
-                    else:
-                        fut.set_exception(error)
+        self._writes.write((sql, params))
 
     def _apply(self, batch: list[tuple[str, Sequence[Any]]]) -> None:
         db = self._db

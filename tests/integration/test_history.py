@@ -296,3 +296,72 @@ def test_history_command_prints_geojson(seeded: Seeded) -> None:
         check=False,
     )
     assert bad.returncode == 2 and "from" in bad.stderr, bad.stderr
+
+
+def test_mqtt_publishes_are_logged_and_history_survives_a_restart(tmp_path: Path) -> None:
+    """An MQTT publish (mosquitto_pub, 3.1.1) is logged like a gRPC one; with a data_dir
+    the history is a file that a restarted broker reads again."""
+    with LocalFederation(THREE, "event-geofence", tmp_path, durable=True) as fed:
+        where = str(fed.federation_path)
+        port = fed.nodes["eu"].mqtt.rsplit(":", 1)[1]
+        out = subprocess.run(
+            [
+                "mosquitto_pub",
+                "-p",
+                port,
+                "-V",
+                "mqttv311",
+                "-q",
+                "1",
+                "-i",
+                "mqtt-pub",
+                "-t",
+                "$geofed/loc=48.85,2.35/sensors/fr/mqtt",
+                "-m",
+                "via mqtt",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+            check=False,
+        )
+        assert out.returncode == 0, out.stderr
+        q = HistoryQuery("sensors/#", None, None, box(2.0, 48.0, 3.0, 49.0), 10)
+        (logged,) = asyncio.run(read(where, q))
+        assert (logged.topic, logged.payload, logged.origin) == (
+            "sensors/fr/mqtt",
+            b"via mqtt",
+            "eu",
+        )
+        assert (logged.location.lat, logged.location.lon) == (48.85, 2.35)
+        fed.stop_node("eu")
+        fed.start_node("eu")
+        fed.wait_ready(TIMEOUT)
+        (again,) = asyncio.run(read(where, q))
+        assert again == logged
+
+
+def test_a_federation_on_postgis_answers_alike(tmp_path: Path, postgres_dsn: str) -> None:
+    """Every broker keeps its history in one PostgreSQL/PostGIS database (history_dsn):
+    the answers and the brokers asked are the same as with SQLite."""
+    env = {"GEOFED_HISTORY_DSN": postgres_dsn}
+    with LocalFederation(THREE, "event-geofence", tmp_path, extra_env=env) as fed:
+        records = asyncio.run(_publish_all(str(fed.federation_path)))
+        seeded = Seeded(fed, records)
+        times = sorted(r.published_at for r in records)
+        check_query(
+            seeded, HistoryQuery("sensors/+", times[2], times[-3], box(-100, 30, 20, 60), 100)
+        )
+        check_query(seeded, HistoryQuery("#", None, None, box(100, -10, 150, 40), 4))
+        gone = asyncio.run(
+            read(
+                str(fed.federation_path),
+                HistoryQuery("alerts/#", None, None, None, 100),
+                delete=True,
+            )
+        )
+        assert len(gone) == 6 and {r.origin for r in gone} == {"eu", "us", "ap"}
+        left = asyncio.run(read(str(fed.federation_path), HistoryQuery("#", None, None, None, 100)))
+        assert {r.event_id for r in left} == {r.event_id for r in records} - {
+            r.event_id for r in gone
+        }

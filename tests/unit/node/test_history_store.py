@@ -214,7 +214,13 @@ def test_an_event_id_is_stored_once(make_backend: Callable[[str], HistoryBackend
         log.record([rec(1, t=1.0), rec(1, t=2.0)])
         found, _ = await log.query(HistoryQuery("#", None, None, None, 10))
         assert [r.published_at for r in found] == [1.0]
-        assert log.entries == 1
+        assert log.entries == 1 and log.bytes == rec(1).size
+        log.record([rec(2), rec(1), rec(3, payload=b"longer")])  # one known among new ones
+        await log.flush()
+        assert (
+            log.entries == 3
+            and log.bytes == rec(1).size + rec(2).size + rec(3, payload=b"longer").size
+        )
 
     run(with_log(make_backend(fresh_id()), body))
 
@@ -353,3 +359,41 @@ def test_candidates_are_streamed_in_order(make_backend: Callable[[str], HistoryB
         assert backend.delete(["e00000"])[0].event_id == "e00000"
     finally:
         backend.close()
+
+
+def test_postgis_reconnects_after_the_server_dropped_it(postgres_dsn: str) -> None:
+    """A connection the server ended (a restart) costs at most the request that found it
+    broken (`StorageFailed`); the next one connects again."""
+    import psycopg
+
+    from geofed.routing import StorageFailed
+
+    async def body(log: HistoryLog) -> None:
+        log.record([rec(1)])
+        await log.flush()
+        with psycopg.connect(postgres_dsn, autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE pid <> pg_backend_pid() AND datname = current_database()"
+                " AND backend_type = 'client backend'"
+            )
+        q = HistoryQuery("#", None, None, None, 10)
+        try:
+            found, _ = await log.query(q)
+        except StorageFailed:
+            found, _ = await log.query(q)
+        assert [r.event_id for r in found] == ["e00001"]
+
+    run(with_log(PostgisHistory(postgres_dsn, fresh_id()), body))
+
+
+def test_postgis_refuses_a_bad_dsn_naming_the_setting() -> None:
+    from geofed.node._history import open_backend
+    from geofed.routing import InvalidInput
+
+    with pytest.raises(InvalidInput) as err:
+        PostgisHistory("postgresql://nobody@127.0.0.1:1/none", "b").open()
+    assert err.value.field == "history_dsn"
+    with pytest.raises(InvalidInput) as err:
+        open_backend("b", "", "mysql://x")
+    assert err.value.field == "history_dsn"
