@@ -26,7 +26,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -263,6 +263,7 @@ class HttpBridge:
             r.add_get(f"/{prefix}/{{topic:.+}}", self._history(delete=False))
             r.add_delete(f"/{prefix}/{{topic:.+}}", self._history(delete=True))
         r.add_get("/subscribe/{filter:.+}", self.subscribe)
+        r.add_get("/ws/subscribe/{filter:.+}", self.subscribe_ws)
         r.add_get("/openapi.json", self.openapi)
         r.add_get("/api/federation", self.federation)
         r.add_get("/api/status", self.status)
@@ -482,12 +483,17 @@ class HttpBridge:
 
     # -- live push -------------------------------------------------------------------
 
-    async def subscribe(self, request: web.Request) -> web.StreamResponse:
-        """GET /subscribe/<filter>: matching events as Server-Sent Events, until the client goes."""
+    @contextlib.asynccontextmanager
+    async def _live(self, request: web.Request) -> AsyncIterator[tuple[dict[str, Any], _Stream]]:
+        """A plain subscription for one live stream (SSE or WebSocket), withdrawn after it.
+
+        Yields what the ``ready`` message says and the delivery stream. A
+        client id with a session here keeps that session as it is (a
+        location moves it); without one the bridge makes a client for the
+        stream, whose session ends with it.
+        """
         node = self.node
         params = _Params(request, ("location", "geofence", "client"))
-        if request.method == "HEAD":  # the headers of a stream, without subscribing
-            return web.Response(headers={"Content-Type": "text/event-stream"})
         topic_filter = request.match_info["filter"]
         given = params.get("client")
         client = validate_id(given or f"sse-{uuid.uuid4().hex[:16]}", "client")
@@ -517,7 +523,39 @@ class HttpBridge:
                     node.client_disconnect(who, client)
             raise _as_param(exc, _SUBSCRIBE_PARAMS) from None
         self._streams.add(stream)
+        ready = {
+            "broker": node.broker_id,
+            "client": client,
+            "subscription": SSE_SUBSCRIPTION_ID,
+            "filter": topic_filter,
+            "location": [where.lon, where.lat],
+        }
         try:
+            yield ready, stream
+        finally:
+            self._streams.discard(stream)
+            node.client_stream_closed(sub.key, stream)
+            if given is None:  # the bridge made this client: it goes with its stream
+                with contextlib.suppress(GeofedError):
+                    node.client_disconnect(who, client)
+
+    async def _next_feature(self, stream: _Stream, wait: float | None) -> dict[str, Any] | None:
+        """The next delivery as a GeoJSON Feature; None after `wait` s idle; `_Ended` at the end."""
+        try:
+            item = await asyncio.wait_for(stream.get(), wait)
+        except TimeoutError:
+            return None
+        if item is _END:
+            raise _Ended
+        assert isinstance(item, cpb.Delivery)
+        return event_feature(item.event, self.node.peer_geofences)
+
+    async def subscribe(self, request: web.Request) -> web.StreamResponse:
+        """GET /subscribe/<filter>: matching events as Server-Sent Events, until the client goes."""
+        if request.method == "HEAD":  # the headers of a stream, without subscribing
+            _Params(request, ("location", "geofence", "client"))
+            return web.Response(headers={"Content-Type": "text/event-stream"})
+        async with self._live(request) as (ready, stream):
             response = web.StreamResponse(
                 headers={
                     "Content-Type": "text/event-stream",
@@ -526,32 +564,43 @@ class HttpBridge:
                 }
             )
             await response.prepare(request)
-            ready = {
-                "broker": node.broker_id,
-                "client": client,
-                "subscription": SSE_SUBSCRIPTION_ID,
-                "filter": topic_filter,
-                "location": [where.lon, where.lat],
-            }
             await response.write(_sse("ready", json.dumps(ready)))
-            while True:
-                try:
-                    item = await asyncio.wait_for(stream.get(), KEEPALIVE_S)
-                except TimeoutError:
-                    await response.write(b": keep-alive\n\n")
-                    continue
-                if item is _END:
-                    break
-                assert isinstance(item, cpb.Delivery)
-                feature = event_feature(item.event, node.peer_geofences)
-                await response.write(_sse("event", json.dumps(feature), item.event.id))
+            with contextlib.suppress(_Ended):
+                while True:
+                    feature = await self._next_feature(stream, KEEPALIVE_S)
+                    if feature is None:
+                        await response.write(b": keep-alive\n\n")
+                    else:
+                        await response.write(_sse("event", json.dumps(feature), feature["id"]))
             return response
-        finally:
-            self._streams.discard(stream)
-            node.client_stream_closed(sub.key, stream)
-            if given is None:  # the bridge made this client: it goes with its stream
-                with contextlib.suppress(GeofedError):
-                    node.client_disconnect(who, client)
+
+    async def subscribe_ws(self, request: web.Request) -> web.StreamResponse:
+        """GET /ws/subscribe/<filter>: the same stream over a WebSocket, one JSON text each."""
+        ws = web.WebSocketResponse(heartbeat=KEEPALIVE_S)
+        if not ws.can_prepare(request).ok:
+            raise InvalidInput("Upgrade", "a WebSocket upgrade request is required")
+        async with self._live(request) as (ready, stream):
+            await ws.prepare(request)
+            await ws.send_json({"type": "ready", **ready})
+
+            async def read_until_closed() -> None:
+                async for _ in ws:  # the client sends nothing we use; its close ends the stream
+                    pass
+                stream.close(None)
+
+            reader = asyncio.get_running_loop().create_task(read_until_closed())
+            try:
+                with contextlib.suppress(_Ended, ConnectionError):
+                    while True:
+                        feature = await self._next_feature(stream, None)
+                        if feature is not None and not ws.closed:
+                            await ws.send_json(feature)
+            finally:
+                reader.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reader
+                await ws.close()
+            return ws
 
     # -- the map and its data -------------------------------------------------------------
 
@@ -703,6 +752,10 @@ class HttpBridge:
         if origin not in self.node.federation:
             raise InvalidInput("origin", f"no broker {origin!r} in the federation")
         return web.json_response(route_summary(self.node.federation, origin, fence))
+
+
+class _Ended(Exception):
+    """A live stream's subscription ended (withdrawn, moved away, the node stopping)."""
 
 
 def _sse(event: str, data: str, event_id: str = "") -> bytes:

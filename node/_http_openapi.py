@@ -163,6 +163,24 @@ def openapi_document(broker_id: str) -> dict[str, Any]:
                     },
                 }
             },
+            "/ws/subscribe/{filter}": {
+                "get": {
+                    "summary": "Matching events as they arrive, over a WebSocket",
+                    "description": (
+                        "The stream of /subscribe/{filter} over a WebSocket: text messages, first"
+                        " {'type': 'ready', ...}, then one GeoJSON Feature per delivery. The"
+                        " client's close ends the subscription."
+                    ),
+                    "parameters": [_FILTER, _LOCATION, _GEOFENCE, _CLIENT],
+                    "responses": {
+                        "101": {"description": "switching to the WebSocket protocol"},
+                        "307": {"$ref": "#/components/responses/Redirect"},
+                        "400": _ERROR,
+                        "401": _ERROR,
+                        "403": _ERROR,
+                    },
+                }
+            },
             "/api/federation": {
                 "get": {
                     "summary": "The federation file, this broker, its strategy and map settings",

@@ -231,6 +231,35 @@ def test_an_event_stream_of_a_grpc_clients_id_leaves_its_session_alone(
     run(main())
 
 
+def test_websocket_stream_gets_events_and_its_close_withdraws_the_subscription(
+    fed: LocalFederation,
+) -> None:
+    def held_at_ap() -> float:
+        return metric(fed.nodes["ap"].metrics_url, "geofed_subscriptions", scope="local")
+
+    async def main() -> None:
+        while held_at_ap():  # earlier tests' streams at ap are gone (a hang fails)
+            await asyncio.sleep(0.05)
+        async with aiohttp.ClientSession() as http:
+            async with http.ws_connect(
+                url(fed, "ap", "/ws/subscribe/t9/%23"), params={"location": SINGAPORE}
+            ) as ws:
+                ready = await ws.receive_json()
+                assert ready["type"] == "ready" and ready["broker"] == "ap"
+                assert held_at_ap() == 1
+                await fed.quiescent()
+                _, body = await put(http, fed, "eu", "/publish/t9/x", b"ws", location=PARIS)
+                got = await ws.receive_json()
+                assert got["id"] == body["id"] and got["properties"]["payload"] == "ws"
+            # Closed by the client: the stream's subscription is withdrawn (a hang fails).
+            while held_at_ap():
+                await asyncio.sleep(0.05)
+            async with http.get(url(fed, "ap", "/ws/subscribe/t9/%23")) as resp:
+                assert resp.status == 400 and (await resp.json())["field"] == "Upgrade"
+
+    run(main())
+
+
 def test_publisher_and_subscriber_outside_the_area_are_redirected(fed: LocalFederation) -> None:
     async def main() -> None:
         async with aiohttp.ClientSession() as http:
