@@ -29,6 +29,7 @@ from ._config import (
     add_arguments,
     from_args,
 )
+from ._history import HistoryBackend, HistoryLog, PostgisHistory, SqliteHistory
 from ._links import LinkHost, PeerLink, Transport
 from ._metrics import (
     AUTH_REFUSED,
@@ -101,6 +102,11 @@ __all__ = [
     "PeerLink",
     "Transport",
     "add_arguments",
+    # the message history (docs/design.md §10)
+    "HistoryBackend",
+    "HistoryLog",
+    "PostgisHistory",
+    "SqliteHistory",
     "from_args",
     "main",
     "run",
