@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 from openapi_spec_validator import validate
 from prometheus_client import CollectorRegistry
 
@@ -13,7 +15,7 @@ from geofed.node._http import WEB_DIR, HttpBridge, _as_param
 from geofed.routing import InvalidInput, TooLarge, WrongBroker
 
 
-def bridge() -> HttpBridge:
+def bridge(**settings: str) -> HttpBridge:
     config = NodeConfig(
         broker_id="eu",
         federation="three",
@@ -21,6 +23,7 @@ def bridge() -> HttpBridge:
         peer_listen="127.0.0.1:0",
         metrics_listen="127.0.0.1:0",
         http_listen="127.0.0.1:0",
+        **settings,
     )
     return HttpBridge(BrokerServer(config, CollectorRegistry()))
 
@@ -85,3 +88,21 @@ def test_errors_are_renamed_to_the_parameter_that_carried_the_value() -> None:
 )
 def test_the_map_files_are_in_the_package(name: str) -> None:
     assert (WEB_DIR / name).is_file()
+
+
+def test_the_map_settings_come_from_the_node_config() -> None:
+    tiles = "http://127.0.0.1:9/tiles/{z}/{x}/{y}.png"
+    b = bridge(http_map_tiles=tiles, strategy="subscription-geofence")
+
+    async def main() -> dict[str, object]:
+        async with TestClient(TestServer(b.app)) as client:
+            resp = await client.get("/api/federation")
+            assert resp.status == 200
+            answer: dict[str, object] = await resp.json()
+            return answer
+
+    answer = asyncio.run(main())
+    assert answer["tiles"] == tiles and answer["broker"] == "eu"
+    assert answer["strategy"] == "subscription-geofence"
+    features = answer["federation"]["features"]  # type: ignore[index]
+    assert sorted(f["properties"]["id"] for f in features) == ["ap", "eu", "us"]
