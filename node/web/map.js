@@ -27,10 +27,17 @@
   window.geofedMap = state;
 
   var eventLayer = L.layerGroup().addTo(map);
+  state.eventLayer = eventLayer;
   var historyLayer = L.layerGroup().addTo(map);
   var drawnLayer = L.layerGroup().addTo(map);
 
   function text(el, value) { el.textContent = value; return el; }
+  // Leaflet tooltips take HTML: anything from a publisher (topic, payload) is escaped.
+  function esc(value) {
+    return String(value).replace(/[&<>"']/g, function (c) {
+      return { "&": "&amp;", "<": "&lt;", ">": "&gt;", "\"": "&quot;", "'": "&#39;" }[c];
+    });
+  }
   function make(tag, cls) { var el = document.createElement(tag); if (cls) { el.className = cls; } return el; }
   function fail(where, err) {
     state.errors.push(where + ": " + err);
@@ -117,7 +124,7 @@
           color: color, weight: id === info.broker ? 2.5 : 1.2, fillColor: color, fillOpacity: 0.12,
           className: "broker-area broker-area-" + id
         }
-      }).bindTooltip(id + (f.properties.name ? " (" + f.properties.name + ")" : ""), { sticky: true });
+      }).bindTooltip(esc(id + (f.properties.name ? " (" + f.properties.name + ")" : "")), { sticky: true });
       layer.addTo(map);
       state.areas[id] = layer;
       var site = f.properties.site;
@@ -126,7 +133,7 @@
         L.circleMarker([site[1], site[0]], {
           radius: 5, color: "#000", weight: 1, fillColor: color, fillOpacity: 1,
           className: "broker-site broker-site-" + id
-        }).bindTooltip(id, { permanent: true, direction: "right", className: "broker-label" }).addTo(map);
+        }).bindTooltip(esc(id), { permanent: true, direction: "right", className: "broker-label" }).addTo(map);
       }
     });
     state.ready = true;
@@ -172,7 +179,7 @@
         seen[key] = { up: up, rate: rate };
         line.setStyle({ color: up ? "#1a7f37" : "#c62828", dashArray: up ? null : "4 4",
                         weight: 1.5 + Math.min(6, Math.log1p(rate)) });
-        line.setTooltipContent(key.replace("|", " ↔ ") + ": " + (up ? "up" : "down") + ", " + rate.toFixed(1) + " msg/s");
+        line.setTooltipContent(esc(key.replace("|", " ↔ ")) + ": " + (up ? "up" : "down") + ", " + rate.toFixed(1) + " msg/s");
       });
     });
   }
@@ -198,7 +205,7 @@
     if (state.events.length > MAX_EVENTS) { state.events.shift(); }
     var c = f.geometry.coordinates;
     L.circleMarker([c[1], c[0]], { radius: 6, color: "#b00", fillColor: "#f44", fillOpacity: 0.8, className: "live-event" })
-      .bindTooltip(f.properties.topic + " = " + f.properties.payload.slice(0, 80)).addTo(eventLayer);
+      .bindTooltip(esc(f.properties.topic + " = " + f.properties.payload.slice(0, 80))).addTo(eventLayer);
     var list = document.getElementById("events");
     list.insertBefore(eventItem(f, "live"), list.firstChild);
     while (list.children.length > MAX_EVENTS) { list.removeChild(list.lastChild); }
@@ -283,7 +290,7 @@
     fc.features.forEach(function (f) {
       var c = f.geometry.coordinates;
       L.circleMarker([c[1], c[0]], { radius: 5, color: "#035", fillColor: "#39f", fillOpacity: 0.8, className: "history-event" })
-        .bindTooltip(f.properties.topic + " = " + String(f.properties.payload).slice(0, 80)).addTo(historyLayer);
+        .bindTooltip(esc(f.properties.topic + " = " + String(f.properties.payload).slice(0, 80))).addTo(historyLayer);
       list.appendChild(eventItem(f, "history"));
     });
     box.appendChild(list);
