@@ -130,15 +130,6 @@ def test_map_shows_areas_live_events_routes_and_history(
     assert "map/nyc/temp = 23.5 (us)" in item.text
     assert browser.find_elements(By.CSS_SELECTOR, "path.live-event")
 
-    # A publisher's text is shown as text, also in the markers' tooltips (HTML in Leaflet).
-    html = '<img class="injected" src="x">'
-    hostile = asyncio.run(publish_over_http("52.52,13.40", "map/html", html.encode()))["id"]
-    wait(browser, f"document.querySelector('#events li[data-id=\"{hostile}\"]')", "the event")
-    browser.execute_script("geofedMap.eventLayer.eachLayer(l => l.openTooltip());")
-    tips = browser.find_elements(By.CSS_SELECTOR, ".leaflet-tooltip")
-    assert any(html in t.get_attribute("textContent") for t in tips)
-    assert browser.find_elements(By.CSS_SELECTOR, "img.injected") == []
-    browser.execute_script("geofedMap.eventLayer.eachLayer(l => l.closeTooltip());")
 
     wait(
         browser,
@@ -169,6 +160,16 @@ def test_map_shows_areas_live_events_routes_and_history(
     assert listed == expected
     SCREENSHOT.parent.mkdir(exist_ok=True)
     assert browser.save_screenshot(str(SCREENSHOT))
+
+    # A publisher's text is shown as text, also in the markers' tooltips (HTML in Leaflet).
+    html = '<img class="injected" src="x">'
+    hostile = asyncio.run(publish_over_http("52.52,13.40", "map/html", html.encode()))["id"]
+    wait(browser, f"document.querySelector('#events li[data-id=\"{hostile}\"]')", "the event")
+    browser.execute_script("geofedMap.eventLayer.eachLayer(l => l.openTooltip());")
+    tips = browser.find_elements(By.CSS_SELECTOR, ".leaflet-tooltip")
+    assert any(html in t.get_attribute("textContent") for t in tips)
+    assert browser.find_elements(By.CSS_SELECTOR, "img.injected") == []
+    browser.execute_script("geofedMap.eventLayer.eachLayer(l => l.closeTooltip());")
 
     browser.find_element(By.CSS_SELECTOR, "input[name=mode][value=history]").click()
     draw(browser, PARIS_BOX)
