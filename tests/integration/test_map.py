@@ -130,7 +130,6 @@ def test_map_shows_areas_live_events_routes_and_history(
     assert "map/nyc/temp = 23.5 (us)" in item.text
     assert browser.find_elements(By.CSS_SELECTOR, "path.live-event")
 
-
     wait(
         browser,
         "document.querySelectorAll('#links tbody tr[data-link]').length === 6"
