@@ -34,7 +34,7 @@ from typing import Any
 from shapely.geometry import box
 
 from geofed.bench._machine import describe
-from geofed.node._history import HistoryBackend, HistoryLog, PostgisHistory, SqliteHistory
+from geofed.node import HistoryBackend, HistoryLog, PostgisHistory, SqliteHistory
 from geofed.routing import HistoryQuery, HistoryRecord, LatLon, circle
 
 RESULTS = Path(__file__).resolve().parent / "results" / "history.md"

@@ -46,6 +46,7 @@ class LocalNode:
     process: subprocess.Popen[bytes]
     log_path: Path
     mqtt: str = ""  # host:port of its MQTT listener ("" when off)
+    http: str = ""  # host:port of its HTTP bridge ("" when off)
 
 
 def free_ports(n: int) -> list[int]:
@@ -87,6 +88,8 @@ class LocalFederation:
             or ``cert`` (each client's certificate from `client_tls`).
         mqtt: give every broker an MQTT listener on a free port, written into
             the generated federation file as its ``mqtt_endpoint`` (docs/mqtt.md).
+        http: give every broker an HTTP bridge (REST, Server-Sent Events, the web map)
+            on a free port, written into the federation file as its ``http_endpoint``.
     """
 
     def __init__(
@@ -102,6 +105,7 @@ class LocalFederation:
         tls: bool = False,
         client_auth: str = "none",
         mqtt: bool = True,
+        http: bool = True,
     ) -> None:
         self.source = Federation.load(federation)
         self.strategy = strategy
@@ -118,6 +122,7 @@ class LocalFederation:
         self.tls = tls
         self.client_auth = client_auth
         self.mqtt = mqtt
+        self.http = http
         self.certs_dir = self.workdir / "certs"
         self._health_tls: TLSConfig | None = None
         self._node_federation: dict[str, Path] = {}  # a broker's own copy, dialling via proxies
@@ -125,16 +130,20 @@ class LocalFederation:
     def start(self, timeout: float = 60.0) -> LocalFederation:
         """Start every node and wait until all are healthy and linked."""
         ids = list(self.source.ids)
-        ports = free_ports(4 * len(ids))
+        ports = free_ports(5 * len(ids))
         endpoints = {
-            bid: (f"127.0.0.1:{ports[4 * i + 1]}", f"127.0.0.1:{ports[4 * i]}")
+            bid: (f"127.0.0.1:{ports[5 * i + 1]}", f"127.0.0.1:{ports[5 * i]}")
             for i, bid in enumerate(ids)
         }
         fed = self.source.with_endpoints(endpoints)
-        if self.mqtt:
+        if self.mqtt or self.http:
             fed = Federation(
                 [
-                    dataclasses.replace(b, mqtt_endpoint=f"127.0.0.1:{ports[4 * i + 3]}")
+                    dataclasses.replace(
+                        b,
+                        mqtt_endpoint=f"127.0.0.1:{ports[5 * i + 3]}" if self.mqtt else "",
+                        http_endpoint=f"127.0.0.1:{ports[5 * i + 4]}" if self.http else "",
+                    )
                     for i, b in enumerate(fed.brokers)
                 ]
             )
@@ -147,7 +156,7 @@ class LocalFederation:
         if self._proxies is not None:
             self._route_links_through(self._proxies)
         for i, bid in enumerate(ids):
-            self.start_node(bid, metrics_port=ports[4 * i + 2])
+            self.start_node(bid, metrics_port=ports[5 * i + 2])
         self.wait_ready(timeout)
         return self
 
@@ -215,6 +224,8 @@ class LocalFederation:
         )
         if b.mqtt_endpoint:
             env["GEOFED_MQTT_LISTEN"] = b.mqtt_endpoint
+        if b.http_endpoint:
+            env["GEOFED_HTTP_LISTEN"] = b.http_endpoint
         if self.tls:
             env["GEOFED_TLS_DIR"] = str(self.certs_dir / "brokers" / broker_id)
             env["GEOFED_CLIENT_AUTH"] = self.client_auth
@@ -243,6 +254,7 @@ class LocalFederation:
             proc,
             log_path,
             b.mqtt_endpoint,
+            http=b.http_endpoint,
         )
         self.nodes[broker_id] = node
         return node

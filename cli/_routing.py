@@ -17,8 +17,8 @@ from geofed.routing import (
     predict,
     read_sites,
     reference_deliveries,
+    route_summary,
     simulate,
-    strategy_for,
 )
 
 from ._args import GEOFENCE_HELP, geofence_arg, location_arg
@@ -84,24 +84,12 @@ def _route(args: argparse.Namespace) -> int:
         else:
             raise InvalidInput("at", "give --at or --location for a world geofence")
         origin = fed.responsible(where)
-    flood = len(fed) - 1
-    rows = []
-    for name in STRATEGIES:
-        s = strategy_for(name, fed)
-        ev = sorted(s.event_targets(origin, fence))
-        sub = sorted(s.subscription_targets(origin, fence))
-        rows.append({"strategy": name, "event_to": ev, "subscription_to": sub})
-    meeting = sorted(fed.brokers_meeting(fence) - {origin})
-    result = {
-        "origin": origin,
-        "geofence": None if fence is None else fence.wkt,
-        "brokers_meeting": meeting,
-        "flooding_messages": flood,
-        "geofence_messages": len(meeting),
-        "saved": flood - len(meeting),
-        "saved_pct": round(100.0 * (flood - len(meeting)) / flood, 1) if flood else 0.0,
-        "strategies": rows,
-    }
+    result = route_summary(fed, origin, fence)
+    meeting, rows, flood = (
+        result["brokers_meeting"],
+        result["strategies"],
+        result["flooding_messages"],
+    )
     if args.json:
         print(json.dumps(result, indent=2))
         return 0

@@ -112,13 +112,21 @@ def details_for(exc: GeofedError) -> str:
     return str(exc)
 
 
-def trailing_metadata(exc: GeofedError) -> tuple[tuple[str, str], ...]:
-    """Trailing metadata that lets `from_rpc_error` rebuild `exc` on the client."""
+def error_record(exc: GeofedError) -> dict[str, Any]:
+    """The error as JSON-ready data: its class, message and fields (``field``, ``limit``...).
+
+    What gRPC clients get in trailing metadata and HTTP clients as the body.
+    """
     cls = next((c for c in _BY_NAME.values() if type(exc) is c), GeofedError)
     record: dict[str, Any] = {"type": cls.__name__, "message": str(exc)}
     for name in _FIELDS.get(cls, ()):
         record[name] = getattr(exc, name)
-    return ((ERROR_METADATA_KEY, json.dumps(record)),)
+    return record
+
+
+def trailing_metadata(exc: GeofedError) -> tuple[tuple[str, str], ...]:
+    """Trailing metadata that lets `from_rpc_error` rebuild `exc` on the client."""
+    return ((ERROR_METADATA_KEY, json.dumps(error_record(exc))),)
 
 
 def _metadata_error(metadata: Sequence[tuple[str, Any]] | None) -> GeofedError | None:
@@ -174,6 +182,7 @@ __all__ = [
     "Unavailable",
     "WrongBroker",
     "details_for",
+    "error_record",
     "from_rpc_error",
     "status_for",
     "trailing_metadata",

@@ -21,6 +21,7 @@ from ._certs import (
 from ._config import (
     CLIENT_PORT,
     ENV_PREFIX,
+    HTTP_PORT,
     METRICS_PORT,
     MQTT_PORT,
     PEER_PORT,
@@ -28,6 +29,7 @@ from ._config import (
     add_arguments,
     from_args,
 )
+from ._history import HistoryBackend, HistoryLog, PostgisHistory, SqliteHistory
 from ._links import LinkHost, PeerLink, Transport
 from ._metrics import (
     AUTH_REFUSED,
@@ -100,6 +102,11 @@ __all__ = [
     "PeerLink",
     "Transport",
     "add_arguments",
+    # the message history (docs/design.md §10)
+    "HistoryBackend",
+    "HistoryLog",
+    "PostgisHistory",
+    "SqliteHistory",
     "from_args",
     "main",
     "run",
@@ -128,6 +135,7 @@ __all__ = [
     # ports and the environment
     "CLIENT_PORT",
     "ENV_PREFIX",
+    "HTTP_PORT",
     "METRICS_PORT",
     "MQTT_PORT",
     "PEER_PORT",

@@ -15,6 +15,7 @@ The building blocks are `_tls` (credentials, names), `_tokens` (JWT) and
 from __future__ import annotations
 
 import logging
+import ssl
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +56,15 @@ class Principal:
 
 
 ANONYMOUS = Principal("")
+
+
+def certificate_names(ssl_object: Any) -> list[str]:
+    """The DNS and URI names of a TLS connection's verified client certificate ([] without).
+
+    `ssl_object` is the connection's ``ssl_object`` extra info (None in plaintext).
+    """
+    cert = ssl_object.getpeercert() if ssl_object is not None else None
+    return [v for k, v in (cert or {}).get("subjectAltName", ()) if k in ("DNS", "URI")]
 
 
 def add_port(
@@ -117,6 +127,21 @@ class Security:
         return add_port(
             server, listen, field, server_credentials(self.files, require_client_auth=mutual)
         )
+
+    def server_ssl_context(self) -> ssl.SSLContext | None:
+        """TLS for the listeners beside gRPC (MQTT, HTTP); None without ``tls_dir``.
+
+        The broker's certificate; with ``client_auth cert`` a client
+        certificate from the federation's CA is required, as on the client port.
+        """
+        if self.files is None:
+            return None
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(str(self.files.cert), str(self.files.key))
+        if self.client_auth == "cert":
+            ctx.load_verify_locations(str(self.files.ca))
+            ctx.verify_mode = ssl.CERT_REQUIRED
+        return ctx
 
     def dial(self, peer: BrokerInfo) -> grpc.aio.Channel:
         """A channel to `peer`'s federation port; with TLS, only `peer` itself may answer."""

@@ -27,6 +27,8 @@ METRICS_PORT = 9400
 """Default port of the Prometheus /metrics endpoint."""
 MQTT_PORT = 1883
 """The registered MQTT port (8883 with TLS); the listener is off unless `mqtt_listen` is set."""
+HTTP_PORT = 8400
+"""Suggested port of the HTTP bridge and web map; off unless `http_listen` is set."""
 REQUIRED = ("broker_id", "federation")
 """Settings without a default: flag, environment or file must give them."""
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -169,6 +171,21 @@ class NodeConfig:
     mqtt_connect_timeout_s: float = _doc(
         "an MQTT connection that sends no CONNECT within this time is closed", default=10.0
     )
+    http_listen: str = _doc(
+        "host:port of the HTTP bridge (REST publish, history, Server-Sent Events, the web map;"
+        f" TLS with tls_dir), e.g. 0.0.0.0:{HTTP_PORT}; empty = off",
+        default="",
+    )
+    http_max_url_bytes: int = _doc(
+        "longest HTTP request target (path and query, as sent) the bridge reads; longer ones"
+        " are refused with 400 naming 'query'",
+        default=65_536,
+    )
+    http_map_tiles: str = _doc(
+        "tile URL template for the web map's background (e.g. https://host/{z}/{x}/{y}.png);"
+        " empty = the bundled world outline only (works offline)",
+        default="",
+    )
     client_keepalive_s: float = _doc(
         "ping idle client connections this often; one that does not answer within the same"
         " time is closed, ending its streams (0 = off)",
@@ -213,7 +230,7 @@ class NodeConfig:
             )
         for name in ("client_listen", "peer_listen", "metrics_listen"):
             _check_listen(name, getattr(self, name))
-        for name in ("health_listen", "mqtt_listen"):
+        for name in ("health_listen", "mqtt_listen", "http_listen"):
             if getattr(self, name):
                 _check_listen(name, getattr(self, name))
         if self.log_level not in LOG_LEVELS:
@@ -233,6 +250,7 @@ class NodeConfig:
             "subscriber_queue_bytes",
             "peer_queue_bytes",
             "node_queue_bytes",
+            "http_max_url_bytes",
             "history_max_bytes",
             "history_max_rows",
             "history_max_answer_bytes",

@@ -39,7 +39,7 @@ from geofed.v1 import geo_pb2 as gpb
 from geofed.wire import geofence_from_text, geofence_to_pb, location_from_text
 
 from . import _mqtt_codec as mq
-from ._auth import ANONYMOUS, Principal
+from ._auth import ANONYMOUS, Principal, certificate_names
 from ._metrics import MQTT_PROTOCOL_VERSIONS
 from ._mqtt_geo import (
     FENCE_LEVEL,
@@ -138,15 +138,7 @@ class MqttListener:
         return self.port
 
     def _ssl_context(self) -> ssl.SSLContext | None:
-        files = self.node.security.files
-        if files is None:
-            return None
-        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ctx.load_cert_chain(str(files.cert), str(files.key))
-        if self.node.security.client_auth == "cert":
-            ctx.load_verify_locations(str(files.ca))
-            ctx.verify_mode = ssl.CERT_REQUIRED
-        return ctx
+        return self.node.security.server_ssl_context()
 
     async def stop(self) -> None:
         """Stop accepting, tell MQTT 5 clients the server shuts down, close every connection."""
@@ -436,9 +428,7 @@ class _Connection:
         token = None
         if packet.password:
             token = packet.password.decode("ascii", errors="replace")
-        ssl_object = self.writer.get_extra_info("ssl_object")
-        cert = ssl_object.getpeercert() if ssl_object is not None else None
-        names = [v for k, v in (cert or {}).get("subjectAltName", ()) if k in ("DNS", "URI")]
+        names = certificate_names(self.writer.get_extra_info("ssl_object"))
         return security.authenticate(token, names, "no token in the CONNECT password")
 
     # -- after CONNECT -------------------------------------------------------------

@@ -310,6 +310,8 @@ class BrokerServer(Guarded):
         self.metrics_port = 0
         self.mqtt: Any = None  # the MqttListener, with mqtt_listen
         self.mqtt_port = 0
+        self.http: Any = None  # the HttpBridge, with http_listen
+        self.http_port = 0
         self._started = False
         self._stopped = False
         self._ready = asyncio.Event()
@@ -383,6 +385,11 @@ class BrokerServer(Guarded):
 
             self.mqtt = MqttListener(self)
             self.mqtt_port = await self.mqtt.start(self.config.mqtt_listen)
+        if self.config.http_listen:
+            from ._http import HttpBridge  # aiohttp is imported only when the bridge runs
+
+            self.http = HttpBridge(self)
+            self.http_port = await self.http.start(self.config.http_listen)
         await self._client_server.start()
         await self._peer_server.start()
         if self._health_server is not None:
@@ -394,13 +401,14 @@ class BrokerServer(Guarded):
             link.start()
         self._reaper = asyncio.create_task(self._reap_sessions(), name="session-reaper")
         log.info(
-            "broker %s serving: clients :%d, peers :%d, metrics :%d, mqtt %s, strategy %s,"
-            " %d peers",
+            "broker %s serving: clients :%d, peers :%d, metrics :%d, mqtt %s, http %s,"
+            " strategy %s, %d peers",
             self.broker_id,
             self.client_port,
             self.peer_port,
             self.metrics_port,
             f":{self.mqtt_port}" if self.mqtt is not None else "off",
+            f":{self.http_port}" if self.http is not None else "off",
             self.config.strategy,
             len(self.links),
         )
@@ -415,6 +423,8 @@ class BrokerServer(Guarded):
         await self.health.enter_graceful_shutdown()
         if self.mqtt is not None:
             await self.mqtt.stop()
+        if self.http is not None:
+            await self.http.stop()
         for stream in list(self._streams.values()):
             stream.close((grpc.StatusCode.UNAVAILABLE, "broker shutting down"))
         await asyncio.gather(*(link.drain(grace) for link in self.links.values()))
@@ -1069,6 +1079,17 @@ class BrokerServer(Guarded):
                 with contextlib.suppress(GeofedError):
                     self.dispatch(self.core.unsubscribe(*key))
             self._update_sub_gauges()
+
+    def client_disconnect(self, who: Principal, client: str) -> None:
+        """A client leaves for good: its session ends and its subscriptions are withdrawn."""
+        self.check_owner(who, client)
+        for sub in self.core.subscriptions_of(client):
+            stream = self._streams.pop(sub.key, None)
+            if stream is not None:
+                stream.close(None)
+        self.end_session(client, self.core.subscriptions_of(client))
+        self.dispatch(self.core.disconnect(client))
+        self._update_sub_gauges()
 
     def client_unsubscribe(self, who: Principal, client: str, sub_id: str) -> None:
         """Withdraw a subscription, end its stream and forget its queue."""

@@ -73,7 +73,7 @@ from ._model import (
 )
 from ._oracle import reference_deliveries, reference_topic_match
 from ._simulate import SimResult, Simulator, simulate
-from ._strategies import STRATEGIES, Strategy, strategy_for
+from ._strategies import STRATEGIES, Strategy, route_summary, strategy_for
 from ._topics import topic_matches, validate_filter, validate_topic
 from ._trace import TraceOp, op_to_record, parse_op, parse_ops, read_trace
 
@@ -150,6 +150,7 @@ __all__ = [
     "read_trace",
     "reference_deliveries",
     "reference_topic_match",
+    "route_summary",
     "simulate",
     "strategy_for",
     "to_wkt",

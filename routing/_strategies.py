@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from ._errors import InvalidInput
 from ._federation import Federation
@@ -131,3 +131,37 @@ def strategy_for(name: str, federation: Federation, *, field: str = "strategy") 
             field, f"unknown strategy {name!r}; one of {', '.join(STRATEGIES)}"
         ) from None
     return cls(federation)
+
+
+def route_summary(federation: Federation, origin: str, geofence: Geofence | None) -> dict[str, Any]:
+    """Where a geofence drawn at broker `origin` sends messages, per strategy (JSON-ready).
+
+    What ``geofed route`` prints and the HTTP bridge's ``/api/route`` answers:
+    the brokers whose area meets the geofence (`Federation.brokers_meeting`,
+    the origin included), the remote ones among them, and each strategy's event
+    and subscription targets from `origin`, against the N−1 messages of flooding.
+    """
+    meeting = federation.brokers_meeting(geofence)
+    remote = sorted(meeting - {origin})
+    flood = len(federation) - 1
+    rows = []
+    for name in STRATEGIES:
+        s = strategy_for(name, federation)
+        rows.append(
+            {
+                "strategy": name,
+                "event_to": sorted(s.event_targets(origin, geofence)),
+                "subscription_to": sorted(s.subscription_targets(origin, geofence)),
+            }
+        )
+    return {
+        "origin": origin,
+        "geofence": None if geofence is None else geofence.wkt,
+        "brokers": sorted(meeting),
+        "brokers_meeting": remote,
+        "flooding_messages": flood,
+        "geofence_messages": len(remote),
+        "saved": flood - len(remote),
+        "saved_pct": round(100.0 * (flood - len(remote)) / flood, 1) if flood else 0.0,
+        "strategies": rows,
+    }

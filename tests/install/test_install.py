@@ -217,6 +217,23 @@ def test_route_resolves_bundled_federation(venv: Venv, federation: str, outside:
     assert out.strip(), f"geofed route --federation {federation} printed nothing"
 
 
+def test_web_map_files_are_installed(venv: Venv, outside: Path) -> None:
+    """The HTTP bridge serves the map from package data: every file is in the install."""
+    out = venv.py(
+        "import json; from geofed.node._http import WEB_DIR; "
+        "print(json.dumps(sorted(str(p.relative_to(WEB_DIR)) for p in WEB_DIR.rglob('*')"
+        " if p.is_file())))",
+        outside,
+    )
+    installed = set(json.loads(out))
+    tracked = {
+        str(p.relative_to(ROOT / "node" / "web"))
+        for p in (ROOT / "node" / "web").rglob("*")
+        if p.is_file()
+    }
+    assert tracked and installed == tracked
+
+
 def test_extras_are_not_installed(venv: Venv, outside: Path) -> None:
     out = venv.py(
         "import importlib.util, json; "

@@ -167,6 +167,15 @@ def test_publish_needs_a_matching_pattern(policy: Policy) -> None:
     denied(policy.check_publish, "alice", [], "c1", "clients/c2/x")  # another client's tree
 
 
+def test_a_history_delete_filter_needs_a_publish_pattern_covering_it(policy: Policy) -> None:
+    """check_publish given a filter (a history delete): one pattern must cover it."""
+    policy.check_publish("alice", [], "c1", "sensors/alice/+")  # sensors/%u/+
+    policy.check_publish("alice", [], "c1", "clients/c1/#")  # clients/%c/#
+    policy.check_publish("alice", [], "c1", "clients/c1/+/x")
+    for topic_filter in ("sensors/+/+", "sensors/alice/#", "sensors/#", "#", "clients/+/#"):
+        assert denied(policy.check_publish, "alice", [], "c1", topic_filter).rule == "publish"
+
+
 def test_default_deny_for_identities_the_policy_does_not_name(policy: Policy) -> None:
     policy.check_publish("mallory", [], "m1", "clients/m1/hello")  # only what everyone has
     assert denied(policy.check_publish, "mallory", [], "m1", "news/fr/headlines").rule == "publish"
