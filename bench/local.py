@@ -46,6 +46,7 @@ class LocalNode:
     process: subprocess.Popen[bytes]
     log_path: Path
     mqtt: str = ""  # host:port of its MQTT listener ("" when off)
+    mqtt_ws: str = ""  # host:port of its MQTT-over-WebSocket listener, path /mqtt ("" when off)
 
 
 def free_ports(n: int) -> list[int]:
@@ -85,8 +86,9 @@ class LocalFederation:
             settings from `client_tls`.
         client_auth: how brokers authenticate clients with `tls`: ``none``
             or ``cert`` (each client's certificate from `client_tls`).
-        mqtt: give every broker an MQTT listener on a free port, written into
-            the generated federation file as its ``mqtt_endpoint`` (docs/mqtt.md).
+        mqtt: give every broker an MQTT listener and an MQTT-over-WebSocket
+            listener on free ports, written into the generated federation file as
+            its ``mqtt_endpoint`` and ``mqtt_ws_endpoint`` (docs/mqtt.md).
     """
 
     def __init__(
@@ -125,16 +127,21 @@ class LocalFederation:
     def start(self, timeout: float = 60.0) -> LocalFederation:
         """Start every node and wait until all are healthy and linked."""
         ids = list(self.source.ids)
-        ports = free_ports(4 * len(ids))
+        n = 5  # client, peer, metrics, MQTT, MQTT over WebSocket
+        ports = free_ports(n * len(ids))
         endpoints = {
-            bid: (f"127.0.0.1:{ports[4 * i + 1]}", f"127.0.0.1:{ports[4 * i]}")
+            bid: (f"127.0.0.1:{ports[n * i + 1]}", f"127.0.0.1:{ports[n * i]}")
             for i, bid in enumerate(ids)
         }
         fed = self.source.with_endpoints(endpoints)
         if self.mqtt:
             fed = Federation(
                 [
-                    dataclasses.replace(b, mqtt_endpoint=f"127.0.0.1:{ports[4 * i + 3]}")
+                    dataclasses.replace(
+                        b,
+                        mqtt_endpoint=f"127.0.0.1:{ports[n * i + 3]}",
+                        mqtt_ws_endpoint=f"127.0.0.1:{ports[n * i + 4]}",
+                    )
                     for i, b in enumerate(fed.brokers)
                 ]
             )
@@ -147,7 +154,7 @@ class LocalFederation:
         if self._proxies is not None:
             self._route_links_through(self._proxies)
         for i, bid in enumerate(ids):
-            self.start_node(bid, metrics_port=ports[4 * i + 2])
+            self.start_node(bid, metrics_port=ports[n * i + 2])
         self.wait_ready(timeout)
         return self
 
@@ -215,6 +222,8 @@ class LocalFederation:
         )
         if b.mqtt_endpoint:
             env["GEOFED_MQTT_LISTEN"] = b.mqtt_endpoint
+        if b.mqtt_ws_endpoint:
+            env["GEOFED_MQTT_WS_LISTEN"] = b.mqtt_ws_endpoint
         if self.tls:
             env["GEOFED_TLS_DIR"] = str(self.certs_dir / "brokers" / broker_id)
             env["GEOFED_CLIENT_AUTH"] = self.client_auth
@@ -243,6 +252,7 @@ class LocalFederation:
             proc,
             log_path,
             b.mqtt_endpoint,
+            b.mqtt_ws_endpoint,
         )
         self.nodes[broker_id] = node
         return node

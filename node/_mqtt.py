@@ -18,7 +18,7 @@ import logging
 import ssl
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from geofed.errors import status_for
 from geofed.routing import (
@@ -63,6 +63,20 @@ _PACKET_OVERHEAD = 1 << 17  # topic, properties and headers allowed beside paylo
 _RECEIVE_MAXIMUM = 65_535  # QoS 1 deliveries in flight per connection (MQTT's maximum)
 
 
+class _Writer(Protocol):
+    """Where a connection's packets go: an `asyncio.StreamWriter` or a `WebSocketWriter`."""
+
+    def write(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    async def wait_closed(self) -> None: ...
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any: ...
+
+
 class _Close(Exception):
     """End the connection (after an optional DISCONNECT, MQTT 5 only)."""
 
@@ -105,7 +119,11 @@ class _Inflight:
 
 
 class MqttListener:
-    """The MQTT listener of one node: accepts connections and runs one `_Connection` each."""
+    """The MQTT listeners of one node, TCP and WebSocket: one `_Connection` per client.
+
+    Both transports share the client table (a client may reconnect over the
+    other one: session takeover works across them) and the session logic.
+    """
 
     def __init__(self, node: BrokerServer) -> None:
         self.node = node
@@ -114,8 +132,10 @@ class MqttListener:
         self.connections: dict[str, _Connection] = {}
         self.qos: dict[SubKey, int] = {}  # granted QoS of the MQTT subscriptions held here
         self._server: asyncio.Server | None = None
+        self._ws_server: Any = None  # the _mqtt_ws.WebSocketServer, with mqtt_ws_listen
         self._tasks: set[asyncio.Task[None]] = set()
         self.port = 0
+        self.ws_port = 0
         self.tls = node.security.files is not None
         self.default_location = _default_location(node.federation.broker(node.broker_id), node)
 
@@ -136,6 +156,32 @@ class MqttListener:
             ) from None
         self.port = int(self._server.sockets[0].getsockname()[1])
         return self.port
+
+    async def start_websocket(self, listen: str) -> int:
+        """Serve MQTT over WebSocket on `listen` (wss with the node's ``tls_dir``); the port.
+
+        Raises:
+            InvalidInput: naming ``mqtt_ws_listen`` when the port cannot be bound.
+        """
+        from ._mqtt_ws import WebSocketServer  # aiohttp is imported only when it serves
+
+        self._ws_server = WebSocketServer(self._serve_websocket, self.max_packet)
+        self.ws_port = await self._ws_server.start(listen, self._ssl_context())
+        return self.ws_port
+
+    def reference(self, target: BrokerInfo, websocket: bool) -> str:
+        """What a redirect names: the target's MQTT endpoint over the client's transport.
+
+        A WebSocket client gets a URL (``ws[s]://host:port/mqtt``), what
+        browser clients connect to; a TCP client ``host:port``.
+        """
+        if not websocket:
+            return target.mqtt_endpoint
+        if not target.mqtt_ws_endpoint:
+            return ""
+        from ._mqtt_ws import PATH
+
+        return f"{'wss' if self.tls else 'ws'}://{target.mqtt_ws_endpoint}{PATH}"
 
     def _ssl_context(self) -> ssl.SSLContext | None:
         files = self.node.security.files
@@ -159,13 +205,21 @@ class MqttListener:
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 1.0)
+        if self._ws_server is not None:
+            await self._ws_server.stop()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await self._run(_Connection(self, reader, writer, websocket=False))
+
+    async def _serve_websocket(self, reader: mq.ByteReader, writer: _Writer) -> None:
+        await self._run(_Connection(self, reader, writer, websocket=True))
+
+    async def _run(self, conn: _Connection) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
         try:
-            await _Connection(self, reader, writer).run()
+            await conn.run()
         finally:
             self._tasks.discard(task)
 
@@ -190,12 +244,13 @@ class _Connection:
     """One MQTT client connection: the protocol state between CONNECT and the socket closing."""
 
     def __init__(
-        self, listener: MqttListener, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self, listener: MqttListener, reader: mq.ByteReader, writer: _Writer, *, websocket: bool
     ) -> None:
         self.listener = listener
         self.node = listener.node
         self.reader = reader
         self.writer = writer
+        self.websocket = websocket  # redirects name the WebSocket endpoint
         self.version = mq.MQTT_5
         self.client = ""
         self.who: Principal = ANONYMOUS
@@ -385,6 +440,7 @@ class _Connection:
             return self._refuse(label, code, str(exc))
         if opened.redirect is not None:
             target = opened.redirect
+            reference = self.listener.reference(target, self.websocket)
             node.metrics.mqtt_connects.labels(version=label, result="redirected").inc()
             log.info(
                 "mqtt client %s at %s,%s redirected to broker %s (%s)",
@@ -392,11 +448,12 @@ class _Connection:
                 where.lat,
                 where.lon,
                 target.id,
-                target.mqtt_endpoint,
+                reference,
             )
             if v5:
                 ack.code = mq.USE_ANOTHER_SERVER
-                ack.properties.values[mq.SERVER_REFERENCE] = target.mqtt_endpoint
+                if reference:
+                    ack.properties.values[mq.SERVER_REFERENCE] = reference
                 ack.properties.values[mq.REASON_STRING] = f"location belongs to broker {target.id}"
             else:
                 ack.code = mq.V311_REFUSED_UNAVAILABLE
@@ -491,20 +548,19 @@ class _Connection:
             raise self._bad_geo(exc) from None
         if target is None:
             return
+        reference = self.listener.reference(target, self.websocket)
         log.info(
             "mqtt client %s moved to %s,%s: redirected to broker %s (%s)",
             self.client,
             point.lat,
             point.lon,
             target.id,
-            target.mqtt_endpoint,
+            reference,
         )
         if self.version == mq.MQTT_311:
             # No Server Reference in 3.1.1: the new broker as a message, then the close.
-            self.send(mq.Publish(REDIRECT_TOPIC, target.mqtt_endpoint.encode()))
-        raise _Close(
-            mq.SERVER_MOVED, f"location belongs to broker {target.id}", target.mqtt_endpoint
-        )
+            self.send(mq.Publish(REDIRECT_TOPIC, reference.encode()))
+        raise _Close(mq.SERVER_MOVED, f"location belongs to broker {target.id}", reference)
 
     # PUBLISH ---------------------------------------------------------------------
 

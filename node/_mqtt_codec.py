@@ -15,11 +15,10 @@ tested against paho-mqtt and mosquitto's clients (docs/mqtt.md).
 
 from __future__ import annotations
 
-import asyncio
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 # Packet types (fixed header, high nibble).
 CONNECT = 1
@@ -314,7 +313,13 @@ class _Reader:
         return props
 
 
-async def read_packet(reader: asyncio.StreamReader, max_size: int) -> tuple[int, int, bytes]:
+class ByteReader(Protocol):
+    """Where packets are read from: an `asyncio.StreamReader` (TCP) or a WebSocket's frames."""
+
+    async def readexactly(self, n: int) -> bytes: ...
+
+
+async def read_packet(reader: ByteReader, max_size: int) -> tuple[int, int, bytes]:
     """Read one packet: (type, fixed-header flags, the rest).
 
     Raises:

@@ -282,8 +282,9 @@ class BrokerServer(Guarded):
         self.client_port = 0
         self.peer_port = 0
         self.metrics_port = 0
-        self.mqtt: Any = None  # the MqttListener, with mqtt_listen
+        self.mqtt: Any = None  # the MqttListener, with mqtt_listen or mqtt_ws_listen
         self.mqtt_port = 0
+        self.mqtt_ws_port = 0
         self._started = False
         self._stopped = False
         self._ready = asyncio.Event()
@@ -349,11 +350,14 @@ class BrokerServer(Guarded):
                 "metrics_listen", f"cannot listen on {self.config.metrics_listen}: {exc.strerror}"
             ) from None
         self.metrics_port = self._metrics_server.server_port
-        if self.config.mqtt_listen:
+        if self.config.mqtt_listen or self.config.mqtt_ws_listen:
             from ._mqtt import MqttListener  # the module imports this one
 
             self.mqtt = MqttListener(self)
-            self.mqtt_port = await self.mqtt.start(self.config.mqtt_listen)
+            if self.config.mqtt_listen:
+                self.mqtt_port = await self.mqtt.start(self.config.mqtt_listen)
+            if self.config.mqtt_ws_listen:
+                self.mqtt_ws_port = await self.mqtt.start_websocket(self.config.mqtt_ws_listen)
         await self._client_server.start()
         await self._peer_server.start()
         if self._health_server is not None:
@@ -365,13 +369,14 @@ class BrokerServer(Guarded):
             link.start()
         self._reaper = asyncio.create_task(self._reap_sessions(), name="session-reaper")
         log.info(
-            "broker %s serving: clients :%d, peers :%d, metrics :%d, mqtt %s, strategy %s,"
-            " %d peers",
+            "broker %s serving: clients :%d, peers :%d, metrics :%d, mqtt %s, mqtt-ws %s,"
+            " strategy %s, %d peers",
             self.broker_id,
             self.client_port,
             self.peer_port,
             self.metrics_port,
-            f":{self.mqtt_port}" if self.mqtt is not None else "off",
+            f":{self.mqtt_port}" if self.mqtt_port else "off",
+            f":{self.mqtt_ws_port}" if self.mqtt_ws_port else "off",
             self.config.strategy,
             len(self.links),
         )

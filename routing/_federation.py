@@ -40,6 +40,8 @@ class BrokerInfo:
         name: a human-readable name.
         mqtt_endpoint: ``host:port`` of its MQTT listener ("" if not given): the Server
             Reference of MQTT redirects.
+        mqtt_ws_endpoint: ``host:port`` of its MQTT-over-WebSocket listener ("" if not
+            given): what redirects name to WebSocket clients (as ``ws[s]://host:port/mqtt``).
     """
 
     id: str
@@ -49,6 +51,7 @@ class BrokerInfo:
     site: LatLon | None = None
     name: str = ""
     mqtt_endpoint: str = ""
+    mqtt_ws_endpoint: str = ""
 
 
 class Federation:
@@ -190,6 +193,7 @@ class Federation:
                     b.site,
                     b.name,
                     b.mqtt_endpoint,
+                    b.mqtt_ws_endpoint,
                 )
                 for b in self.brokers
             ]
@@ -208,6 +212,8 @@ class Federation:
                 props["client_endpoint"] = b.client_endpoint
             if b.mqtt_endpoint:
                 props["mqtt_endpoint"] = b.mqtt_endpoint
+            if b.mqtt_ws_endpoint:
+                props["mqtt_ws_endpoint"] = b.mqtt_ws_endpoint
             if b.site is not None:
                 props["site"] = [b.site.lon, b.site.lat]
             features.append(
@@ -263,6 +269,9 @@ class Federation:
                     name=str(props.get("name") or ""),
                     mqtt_endpoint=_endpoint(
                         props.get("mqtt_endpoint"), f"{where}.properties.mqtt_endpoint"
+                    ),
+                    mqtt_ws_endpoint=_endpoint(
+                        props.get("mqtt_ws_endpoint"), f"{where}.properties.mqtt_ws_endpoint"
                     ),
                 )
             )

@@ -15,11 +15,13 @@ import shutil
 import signal
 import subprocess
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.packettypes import PacketTypes
@@ -89,6 +91,7 @@ class Paho:
     client_id: str
     version: int = paho.MQTTv5
     clean_session: bool = True  # 3.1.1
+    websocket: bool = False  # MQTT over WebSocket (connect to the mqtt_ws endpoint)
     c: paho.Client = field(init=False)
     connack: Any = None
     connack_props: Any = None
@@ -107,8 +110,11 @@ class Paho:
             paho.CallbackAPIVersion.VERSION2,
             client_id=self.client_id,
             protocol=self.version,
+            transport="websockets" if self.websocket else "tcp",
             **kw,
         )
+        if self.websocket:
+            self.c.ws_set_options(path="/mqtt")
         self.c.on_connect = self._on_connect
         self.c.on_message = lambda c, u, m: self.messages.append(m)
         self.c.on_disconnect = self._on_disconnect
@@ -126,6 +132,11 @@ class Paho:
         self.c.loop(timeout=0.05)
 
     def connect(self, endpoint: str, props: Properties | None = None, clean: bool = True) -> Any:
+        """Connect to ``host:port`` (or, over WebSocket, ``ws[s]://host:port/mqtt``)."""
+        if self.websocket and "://" in endpoint:
+            url = urllib.parse.urlsplit(endpoint)
+            assert url.path == "/mqtt", endpoint
+            endpoint = url.netloc
         host, _, p = endpoint.rpartition(":")
         self.connack = self.disconnect = None
         if self.version == paho.MQTTv5:
@@ -368,6 +379,118 @@ def test_the_will_is_published_when_a_client_vanishes(fed: LocalFederation) -> N
     w.close()
 
 
+def test_websocket_clients_and_tcp_and_grpc_see_each_others_events(fed: LocalFederation) -> None:
+    """MQTT over WebSocket (paho, transport "websockets") beside TCP and gRPC clients.
+
+    X: paho 5.0 over WebSocket at us (New York) with a subscription geofence
+    over Europe; Y: paho 3.1.1 over TCP at ap; Z: gRPC at eu. Publishers: w1
+    paho 3.1.1 over WebSocket at eu (Paris, in the topic prefix), w2
+    mosquitto_pub over TCP at eu (Paris), w3 gRPC in Frankfurt, w4 gRPC in
+    New York. X takes publishers in Europe only: w1, w2, w3; Y and Z all four.
+    """
+    before = {b: local_subs(fed, b) for b in fed.nodes}
+    delivered = total(fed, DELIVERIES)
+    x = Paho("x-ws-sub", websocket=True)
+    assert (
+        x.connect(fed.nodes["us"].mqtt_ws, user(PacketTypes.CONNECT, geofed_location=NEW_YORK)) == 0
+    )
+    assert x.subscribe("web/#", 1, user(PacketTypes.SUBSCRIBE, geofed_geofence=EUROPE)) == [1]
+    y = Paho("x-tcp-sub", paho.MQTTv311)
+    assert y.connect(fed.nodes["ap"].mqtt) == 0
+    assert y.subscribe(f"$geofed/loc={SINGAPORE}/web/#", 1) == [1]
+    w = Paho("x-ws-pub", paho.MQTTv311, websocket=True)
+    assert w.connect(fed.nodes["eu"].mqtt_ws) == 0
+
+    async def run() -> list[str]:
+        z_client = await geofed.connect(
+            client_id="x-ws-z", location=FRANKFURT, federation=fed.federation_path
+        )
+        async with z_client:
+            z = await z_client.subscribe("web/#")
+            await asyncio.to_thread(
+                until,
+                lambda: [local_subs(fed, b) - before[b] for b in ("eu", "us", "ap")] == [1, 1, 1],
+                "every subscription held",
+            )
+            await fed.quiescent(HANG_S)
+            rc, _ = await asyncio.to_thread(w.publish, f"$geofed/loc={PARIS}/web/ws", b"w1")
+            assert rc == 0
+            done = await asyncio.to_thread(
+                mosquitto,
+                "mosquitto_pub", "-p", port(fed, "eu"), "-V", "mqttv5", "-q", "1", "-t", "web/tcp",
+                "-m", "w2", "-D", "publish", "user-property", "geofed-location", PARIS,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            for cid, where, payload in (
+                ("x-ws-p3", FRANKFURT, b"w3"),
+                ("x-ws-p4", geofed.LatLon(40.71, -74.0), b"w4"),
+            ):
+                async with await geofed.connect(
+                    client_id=cid, location=where, federation=fed.federation_path
+                ) as pub:
+                    await pub.publish("web/grpc", payload)
+            return sorted([(await z.next(HANG_S)).payload.decode() for _ in range(4)])
+
+    z_got = asyncio.run(run())
+    got = {
+        "x": sorted(p.decode() for _, p in x.receive(3)),
+        "y": sorted(p.decode() for _, p in y.receive(4)),
+        "z": z_got,
+    }
+    assert got == {
+        "x": ["w1", "w2", "w3"],
+        "y": ["w1", "w2", "w3", "w4"],
+        "z": ["w1", "w2", "w3", "w4"],
+    }
+    asyncio.run(fed.quiescent(HANG_S))
+    assert total(fed, DELIVERIES) - delivered == 11  # nothing else was delivered
+    assert [m.qos for m in x.messages] == [1, 1, 1]
+    for c in (x, y, w):
+        c.close()
+
+
+def test_websocket_redirects_name_the_websocket_endpoint(fed: LocalFederation) -> None:
+    ws_url = {b: f"ws://{n.mqtt_ws}/mqtt" for b, n in fed.nodes.items()}
+    r = Paho("x-ws-redirect", websocket=True)
+    rc = r.connect(fed.nodes["eu"].mqtt_ws, user(PacketTypes.CONNECT, geofed_location=NEW_YORK))
+    assert rc.value == 0x9C
+    assert r.connack_props.ServerReference == ws_url["us"]
+    r = Paho("x-ws-redirect", websocket=True)
+    connect = user(PacketTypes.CONNECT, geofed_location=NEW_YORK)
+    assert r.connect(ws_url["us"], connect) == 0  # paho follows the reference
+    r.c.publish(
+        "any/topic", b"x", 0, properties=user(PacketTypes.PUBLISH, geofed_location=SINGAPORE)
+    )
+    until(lambda: r.disconnect is not None, "DISCONNECT", r.step)
+    assert r.disconnect.value == 0x9D
+    assert r.disconnect_props.ServerReference == ws_url["ap"]
+    old = Paho("x-ws-redirect-311", paho.MQTTv311, websocket=True)
+    assert old.connect(fed.nodes["eu"].mqtt_ws) == 0
+    old.c.publish(f"$geofed/loc={SINGAPORE}", b"", 0)
+    until(lambda: old.disconnect is not None, "the connection to close", old.step)
+    assert [(t, p.decode()) for t, p in old.receive(1)] == [("$geofed/redirect", ws_url["ap"])]
+
+
+def test_websocket_needs_the_mqtt_subprotocol_and_binary_frames(fed: LocalFederation) -> None:
+    url = f"http://{fed.nodes['eu'].mqtt_ws}/mqtt"
+
+    async def run() -> None:
+        async with aiohttp.ClientSession() as http:
+            with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                await http.ws_connect(url)  # no subprotocol
+            assert refused.value.status == 400
+            async with http.ws_connect(url, protocols=("mqtt",)) as ws:
+                assert ws.protocol == "mqtt"
+                await ws.send_str("CONNECT")  # MQTT goes in binary frames: the server closes
+                msg = await ws.receive(HANG_S)
+                assert msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+
+    asyncio.run(run())
+    p = Paho("x-ws-after", websocket=True)  # the node keeps serving
+    assert p.connect(fed.nodes["eu"].mqtt_ws) == 0
+    p.close()
+
+
 def test_tls_with_client_certificates(tmp_path: Path) -> None:
     """With tls_dir the listener serves TLS; with client_auth cert a certificate is the identity."""
     with LocalFederation(THREE, "event-geofence", tmp_path, tls=True, client_auth="cert") as sec:
@@ -380,11 +503,24 @@ def test_tls_with_client_certificates(tmp_path: Path) -> None:
             c.c.tls_set(ca_certs=alice.ca_file, certfile=alice.cert_file, keyfile=alice.key_file)
             assert c.connect(eu.mqtt, user(PacketTypes.CONNECT, geofed_location=PARIS)) == 0
             clients.append(c)
-        sub, pub = clients
+        wss = Paho("alice-wss", websocket=True)  # MQTT over WebSocket over TLS
+        wss.c.tls_set(ca_certs=alice.ca_file, certfile=alice.cert_file, keyfile=alice.key_file)
+        assert wss.connect(eu.mqtt_ws, user(PacketTypes.CONNECT, geofed_location=PARIS)) == 0
+        clients.append(wss)
+        sub, pub, wss = clients
         assert sub.subscribe("t/#", 1) == [1]
+        assert wss.subscribe("t/#", 1) == [1]
         rc, _ = pub.publish("t/1", b"over TLS")
         assert rc == 0
-        assert sub.receive(1) == [("t/1", b"over TLS")]
+        rc, _ = wss.publish("t/2", b"over wss")
+        assert rc == 0
+        for c in (sub, wss):
+            assert sorted(c.receive(2)) == [("t/1", b"over TLS"), ("t/2", b"over wss")]
+        moved = Paho("alice-wss-moved", websocket=True)
+        moved.c.tls_set(ca_certs=alice.ca_file, certfile=alice.cert_file, keyfile=alice.key_file)
+        rc = moved.connect(eu.mqtt_ws, user(PacketTypes.CONNECT, geofed_location=NEW_YORK))
+        assert rc.value == 0x9C
+        assert moved.connack_props.ServerReference == f"wss://{sec.nodes['us'].mqtt_ws}/mqtt"
         # Without a client certificate the handshake fails; without TLS nothing is read.
         refused = metric(eu.metrics_url, "geofed_mqtt_connects_total")
         for extra in (["--cafile", alice.ca_file], []):
