@@ -1,0 +1,436 @@
+"""Benchmark MQTT throughput: events/s through one geofed node next to Mosquitto, as a ratio.
+
+Not a test: it prints what it measured and appends it to
+``bench/results/mqtt.md`` with the command and the machine (``--out``
+elsewhere, ``--no-record`` nowhere).
+
+Set-up, the same for both brokers, on loopback in one run: ``--publishers``
+``mosquitto_pub`` processes (MQTT 5, QoS 0 or 1, ``--repeat``) publish
+``--events`` events of ``--payload`` bytes to ``bench/t`` between them, and
+one ``mosquitto_sub`` (MQTT 5, the same QoS) subscribed to ``bench/#``
+receives them all (``-C``). The rate is the events over the time from the
+first publisher's start until the subscriber has received the last one.
+
+* **geofed**: one ``geofed node`` (a one-broker federation covering the
+  world, MQTT listener on, no store). The publishers give their location
+  (Paris) on CONNECT; the subscriber's filter carries a subscription
+  geofence (a 50 km circle around Paris) that each event is matched
+  against, and ``--subs`` more geofenced subscriptions on the same filter
+  (1–100 km circles within about 1,000 km of Paris, none containing it: every
+  event is checked against them and matches none) are held by a persistent
+  gRPC session. The node's subscriber queue is raised to hold every event of
+  a run (its default drops the oldest deliveries of a subscriber that falls
+  behind; Mosquitto's is unlimited here too).
+* **Mosquitto**: Debian's ``mosquitto`` broker, topic-only (it passes the
+  geofed user properties on and ignores them), started from a generated
+  configuration on a free loopback port: no persistence, no queue limit.
+
+Each QoS runs ``--rounds`` times per broker, the order of the two brokers
+rotated from one run to the next so that a drift of the machine's load
+favours neither. The ratio is geofed's median events/s over Mosquitto's.
+
+Usage: ``python -m geofed.bench.mqtt_bench [--events 50000] [--publishers 4]
+[--subs 1000] [--qos 0,1] [--rounds 3]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+from geofed.client import connect
+from geofed.node import DELIVERIES, SUBSCRIPTIONS
+from geofed.routing import GeofedError, LatLon
+
+from ._machine import describe
+from .local import LocalFederation, free_ports
+from .scrape import metric
+
+RESULTS = Path(__file__).resolve().parent / "results" / "mqtt.md"
+TOPIC = "bench/t"
+FILTER = "bench/#"
+PARIS = (48.85, 2.35)
+PARIS_TEXT = f"{PARIS[0]},{PARIS[1]}"
+SUBSCRIBER_FENCE = f"circle:{PARIS_TEXT},50000"
+HANG_S = 600.0  # a client that has not finished by then is hung, not slow
+
+
+def mosquitto_binary() -> str:
+    """The Mosquitto broker's path (Debian installs it in /usr/sbin).
+
+    Raises:
+        GeofedError: it is not installed.
+    """
+    found = shutil.which("mosquitto") or shutil.which("mosquitto", path="/usr/sbin:/usr/bin")
+    if found is None:
+        raise GeofedError("the mosquitto broker is not installed (Debian package 'mosquitto')")
+    return found
+
+
+class Mosquitto:
+    """A Mosquitto broker on a free loopback port, from a generated configuration."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.port = free_ports(1)[0]
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Mosquitto:
+        conf = self.workdir / "mosquitto.conf"
+        conf.write_text(
+            "\n".join(
+                [
+                    f"listener {self.port} 127.0.0.1",
+                    "allow_anonymous true",
+                    "persistence false",
+                    "max_queued_messages 0",  # no limit: no drop, as the geofed node here
+                    "log_dest stderr",
+                    "log_type error",
+                    "log_type warning",
+                    "",
+                ]
+            ),
+            encoding="utf-8",
+        )
+        log = (self.workdir / "mosquitto.log").open("ab")
+        self.process = subprocess.Popen(
+            [mosquitto_binary(), "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT
+        )
+        log.close()
+        deadline = time.monotonic() + 60.0
+        while not _accepts(self.port):
+            if self.process.poll() is not None:
+                raise GeofedError(
+                    f"mosquitto exited with {self.process.returncode}: "
+                    + (self.workdir / "mosquitto.log").read_text(errors="replace")[-2000:]
+                )
+            if time.monotonic() > deadline:
+                raise GeofedError(f"mosquitto not listening on {self.port} after 60 s")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def _accepts(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def one_broker_federation(path: Path) -> Path:
+    """A federation of one broker, ``node``, covering the world."""
+    world = [[-180.0, -90.0], [180.0, -90.0], [180.0, 90.0], [-180.0, 90.0], [-180.0, -90.0]]
+    doc = {
+        "type": "FeatureCollection",
+        "features": [
+            {
+                "type": "Feature",
+                "properties": {"id": "node", "site": [PARIS[1], PARIS[0]]},
+                "geometry": {"type": "Polygon", "coordinates": [world]},
+            }
+        ],
+    }
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    return path
+
+
+def background_fences(n: int, seed: int) -> list[dict[str, Any]]:
+    """`n` circles of 1-100 km within about 1,000 km of Paris, none containing Paris."""
+    rng = random.Random(seed)
+    fences: list[dict[str, Any]] = []
+    while len(fences) < n:
+        lat = PARIS[0] + rng.uniform(-9.0, 9.0)
+        lon = PARIS[1] + rng.uniform(-13.0, 13.0)
+        radius = rng.uniform(1_000.0, 100_000.0)
+        if _km(PARIS, (lat, lon)) * 1000.0 > radius + 20_000.0:  # clear of the 64-gon's error
+            fences.append({"circle": {"lat": lat, "lon": lon, "radius_m": radius}})
+    return fences
+
+
+def _km(a: tuple[float, float], b: tuple[float, float]) -> float:
+    la1, lo1, la2, lo2 = map(math.radians, (*a, *b))
+    h = (
+        math.sin((la2 - la1) / 2) ** 2
+        + math.cos(la1) * math.cos(la2) * math.sin((lo2 - lo1) / 2) ** 2
+    )
+    return 2 * 6371.0088 * math.asin(math.sqrt(h))
+
+
+async def hold_subscriptions(fed: LocalFederation, fences: list[dict[str, Any]]) -> None:
+    """A persistent gRPC session subscribing `FILTER` once per geofence, then closed (kept)."""
+    client = await connect(
+        client_id="bench-background",
+        location=LatLon(*PARIS),
+        federation=fed.federation_path,
+        session_expiry_s=86_400.0,
+    )
+    async with client:
+        for i, fence in enumerate(fences):
+            await client.subscribe(FILTER, geofence=fence, subscription_id=f"bg-{i}")
+
+
+@dataclass
+class Run:
+    """One measured run."""
+
+    broker: str
+    qos: int
+    events: int
+    seconds: float
+    order: int
+
+    @property
+    def rate(self) -> float:
+        return self.events / self.seconds
+
+
+def _geo_args(geofed: bool, packet: str, name: str, value: str) -> list[str]:
+    return ["-D", packet, "user-property", name, value] if geofed else []
+
+
+class _Lines:
+    """Reads the subscriber's output (one payload per line): probes seen, events counted."""
+
+    def __init__(self, stream: IO[bytes], marker: bytes, events: int) -> None:
+        self.stream = stream
+        self.marker = marker
+        self.events = events
+        self.probes = 0
+        self.counted = 0
+        self.first = threading.Event()
+        self.done = threading.Event()
+        self.end = 0.0
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        for line in self.stream:
+            if line.rstrip(b"\n") == self.marker:
+                self.counted += 1
+                if self.counted == self.events:
+                    self.end = time.perf_counter()
+                    self.done.set()
+            else:
+                self.probes += 1
+            self.first.set()
+
+
+def measure(
+    port: int, qos: int, events: int, publishers: int, payload: int, geofed: bool, tag: str
+) -> tuple[float, int]:
+    """Seconds from the first publisher's start until the subscriber has every event; probes.
+
+    The subscriber is known to be subscribed once a probe published after it
+    started reaches it (probes are sent one after the other until one does).
+    """
+    where = _geo_args(geofed, "connect", "geofed-location", PARIS_TEXT)
+    sub = subprocess.Popen(
+        [
+            "mosquitto_sub", "-p", str(port), "-V", "mqttv5", "-q", str(qos),
+            "-i", f"bench-sub-{tag}", "-t", FILTER, *where,
+            *_geo_args(geofed, "subscribe", "geofed-geofence", SUBSCRIBER_FENCE),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert sub.stdout is not None
+    marker = b"x" * payload
+    lines = _Lines(sub.stdout, marker, events)
+    try:
+        deadline = time.monotonic() + 60.0
+        while not lines.first.is_set():
+            if time.monotonic() > deadline or sub.poll() is not None:
+                raise GeofedError(f"the subscriber on port {port} got no probe in 60 s")
+            probe = ["mosquitto_pub", "-p", str(port), "-V", "mqttv5", "-q", "1",
+                     "-i", f"bench-probe-{tag}", "-t", "bench/probe", "-m", "-",
+                     *where]  # fmt: skip
+            subprocess.run(probe, check=True, timeout=HANG_S, capture_output=True)
+            lines.first.wait(1.0)  # a poll interval: the next probe follows if none arrived
+        shares = [events // publishers + (i < events % publishers) for i in range(publishers)]
+        commands = [
+            [
+                "mosquitto_pub", "-p", str(port), "-V", "mqttv5", "-q", str(qos),
+                "-i", f"bench-pub-{tag}-{i}", "-t", TOPIC, "-m", marker.decode(),
+                "--repeat", str(share), *where,
+            ]
+            for i, share in enumerate(shares)
+            if share
+        ]  # fmt: skip
+        start = time.perf_counter()
+        pubs = [
+            subprocess.Popen(c, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for c in commands
+        ]
+        for p in pubs:
+            _, err = p.communicate(timeout=HANG_S)
+            if p.returncode != 0:
+                raise GeofedError(f"mosquitto_pub failed ({p.returncode}): {err.decode()}")
+        if not lines.done.wait(HANG_S):
+            raise GeofedError(
+                f"the subscriber got {lines.counted} of {events} events in {HANG_S} s"
+            )
+        return lines.end - start, lines.probes
+    finally:
+        sub.kill()
+        sub.wait()
+        lines.thread.join()
+
+
+def run(
+    events: int, publishers: int, subs: int, qos_levels: list[int], rounds: int, payload: int
+) -> tuple[list[Run], dict[str, Any]]:
+    """Both brokers, every QoS, `rounds` times each, the brokers' order rotated."""
+    runs: list[Run] = []
+    facts: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="geofed-mqtt-bench-") as tmp:
+        work = Path(tmp)
+        fed_file = one_broker_federation(work / "one.geojson")
+        queue = str(max(events, 1) * 2)
+        env = {
+            "GEOFED_SUBSCRIBER_QUEUE_SIZE": queue,
+            "GEOFED_SUBSCRIBER_QUEUE_BYTES": str(max(events, 1) * 4096),
+            "GEOFED_LOG_LEVEL": "warning",
+        }
+        with (
+            LocalFederation(fed_file, "event-geofence", work / "geofed", extra_env=env) as fed,
+            Mosquitto(work) as mosq,
+        ):
+            node = fed.nodes["node"]
+            asyncio.run(hold_subscriptions(fed, background_fences(subs, seed=1)))
+            held = metric(node.metrics_url, SUBSCRIPTIONS, scope="local")
+            if held != subs:
+                raise GeofedError(f"the node holds {held:.0f} subscriptions, not {subs}")
+            ports = {"geofed": int(node.mqtt.rsplit(":", 1)[1]), "mosquitto": mosq.port}
+            delivered = metric(node.metrics_url, DELIVERIES)
+            expected = 0
+            turn = 0
+            for qos in qos_levels:
+                for _ in range(rounds):
+                    order = ["geofed", "mosquitto"][:: 1 if turn % 2 == 0 else -1]
+                    turn += 1
+                    for broker in order:
+                        tag = f"{broker}-{len(runs)}"
+                        print(f"[qos {qos}] {broker} ...", file=sys.stderr)
+                        seconds, probes = measure(
+                            ports[broker], qos, events, publishers, payload, broker == "geofed", tag
+                        )
+                        runs.append(Run(broker, qos, events, seconds, len(runs) + 1))
+                        if broker == "geofed":
+                            expected += events + probes
+            facts["geofed_deliveries"] = metric(node.metrics_url, DELIVERIES) - delivered
+            facts["expected_deliveries"] = expected
+            facts["subscriptions"] = metric(node.metrics_url, SUBSCRIPTIONS, scope="local")
+            facts["mosquitto_version"] = _mosquitto_version()
+    if facts["geofed_deliveries"] != facts["expected_deliveries"]:
+        raise GeofedError(
+            f"geofed delivered {facts['geofed_deliveries']:.0f} events,"
+            f" {facts['expected_deliveries']} expected (events and probes received; no"
+            " background subscription may match)"
+        )
+    return runs, facts
+
+
+def _mosquitto_version() -> str:
+    done = subprocess.run(
+        [mosquitto_binary(), "-h"], capture_output=True, text=True, timeout=60, check=False
+    )
+    first = (done.stdout or done.stderr).splitlines()
+    return first[0].strip() if first else "mosquitto"
+
+
+def table(runs: list[Run]) -> str:
+    """Per QoS: every run's events/s, the medians and geofed's ratio to Mosquitto."""
+    lines = [
+        "| QoS | geofed events/s (runs) | Mosquitto events/s (runs) | geofed median "
+        "| Mosquitto median | ratio |",
+        "|---:|---|---|---:|---:|---:|",
+    ]
+    for qos in sorted({r.qos for r in runs}):
+        g = [r.rate for r in runs if r.qos == qos and r.broker == "geofed"]
+        m = [r.rate for r in runs if r.qos == qos and r.broker == "mosquitto"]
+        gm, mm = statistics.median(g), statistics.median(m)
+        lines.append(
+            f"| {qos} | {', '.join(f'{x:,.0f}' for x in g)} | {', '.join(f'{x:,.0f}' for x in m)}"
+            f" | {gm:,.0f} | {mm:,.0f} | {gm / mm:.2f}× |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--events", type=int, default=50_000, help="events per run")
+    p.add_argument("--publishers", type=int, default=4, help="mosquitto_pub processes per run")
+    p.add_argument(
+        "--subs", type=int, default=1000, help="background geofenced subscriptions at geofed"
+    )
+    p.add_argument("--qos", default="0,1", help="comma-separated QoS levels (0, 1)")
+    p.add_argument("--rounds", type=int, default=3, help="runs per broker and QoS")
+    p.add_argument("--payload", type=int, default=64, help="payload bytes")
+    p.add_argument("--out", type=Path, default=RESULTS, help="the Markdown file appended to")
+    p.add_argument("--no-record", action="store_true", help="append the result nowhere")
+    args = p.parse_args(argv)
+    qos_levels = [int(q) for q in args.qos.split(",") if q.strip()]
+    if not qos_levels or any(q not in (0, 1) for q in qos_levels):
+        p.error(f"--qos takes 0, 1 or 0,1; got {args.qos!r}")
+    for name in ("events", "publishers", "rounds", "payload"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be >= 1")
+    if args.subs < 0:
+        p.error("--subs must be >= 0")
+    load_before = os.getloadavg()
+    runs, facts = run(
+        args.events, args.publishers, args.subs, qos_levels, args.rounds, args.payload
+    )
+    load_after = os.getloadavg()
+    result = table(runs)
+    print(result)
+    if not args.no_record:
+        cmd = "python -m geofed.bench.mqtt_bench " + " ".join(
+            argv if argv is not None else sys.argv[1:]
+        )
+        new = not args.out.exists() or not args.out.read_text(encoding="utf-8").strip()
+        with args.out.open("a", encoding="utf-8") as f:
+            if new:
+                f.write("# MQTT throughput: one geofed node next to Mosquitto\n")
+            f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n")
+            f.write(
+                f"Command: `{cmd.strip()}`  \nMachine: {describe()}  \n"
+                f"Broker: {facts['mosquitto_version']}  \n"
+                f"Load average (1 / 5 min): {load_before[0]:.2f} / {load_before[1]:.2f} before,"
+                f" {load_after[0]:.2f} / {load_after[1]:.2f} after  \n"
+                f"geofed: {facts['subscriptions']:,.0f} geofenced subscriptions held, "
+                f"{facts['geofed_deliveries']:,.0f} deliveries, all to the measured subscriber"
+                f" ({facts['expected_deliveries']:,} events and probes it received)\n\n{result}\n"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
