@@ -5,11 +5,13 @@ Not a test: it prints what it measured and appends it to
 elsewhere, ``--no-record`` nowhere).
 
 Set-up, the same for both brokers, on loopback in one run: ``--publishers``
-``mosquitto_pub`` processes (MQTT 5, QoS 0 or 1, ``--repeat``) publish
+``mosquitto_pub`` processes (MQTT 5, QoS 0 or 1, one event per input line,
+``-l``, up to ``--inflight`` QoS 1 messages in flight each) publish
 ``--events`` events of ``--payload`` bytes to ``bench/t`` between them, and
 one ``mosquitto_sub`` (MQTT 5, the same QoS) subscribed to ``bench/#``
-receives them all (``-C``). The rate is the events over the time from the
-first publisher's start until the subscriber has received the last one.
+receives them all. The rate is the events over the time from the first
+publisher's start until the subscriber has received the last one; the
+subscriber is known to be subscribed before that (a probe reached it).
 
 * **geofed**: one ``geofed node`` (a one-broker federation covering the
   world, MQTT listener on, no store). The publishers give their location
@@ -30,7 +32,7 @@ rotated from one run to the next so that a drift of the machine's load
 favours neither. The ratio is geofed's median events/s over Mosquitto's.
 
 Usage: ``python -m geofed.bench.mqtt_bench [--events 50000] [--publishers 4]
-[--subs 1000] [--qos 0,1] [--rounds 3]``
+[--subs 1000] [--qos 0,1] [--rounds 3] [--payload 64] [--inflight 100]``
 """
 
 from __future__ import annotations
@@ -205,11 +207,22 @@ class Run:
     qos: int
     events: int
     seconds: float
+    cpu_s: float  # the broker process's CPU time (user + system) during the run
     order: int
 
     @property
     def rate(self) -> float:
         return self.events / self.seconds
+
+    @property
+    def per_cpu_s(self) -> float:
+        return self.events / self.cpu_s if self.cpu_s > 0 else math.inf
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _geo_args(geofed: bool, packet: str, name: str, value: str) -> list[str]:
@@ -243,8 +256,18 @@ class _Lines:
             self.first.set()
 
 
+@dataclass(frozen=True)
+class Load:
+    """What the publishers send in one run."""
+
+    events: int
+    publishers: int
+    payload: int
+    inflight: int  # QoS 1 messages in flight per publisher (mosquitto_pub -M)
+
+
 def measure(
-    port: int, qos: int, events: int, publishers: int, payload: int, geofed: bool, tag: str
+    port: int, qos: int, load: Load, geofed: bool, tag: str, workdir: Path
 ) -> tuple[float, int]:
     """Seconds from the first publisher's start until the subscriber has every event; probes.
 
@@ -262,7 +285,8 @@ def measure(
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
     assert sub.stdout is not None
-    marker = b"x" * payload
+    events = load.events
+    marker = b"x" * load.payload
     lines = _Lines(sub.stdout, marker, events)
     try:
         deadline = time.monotonic() + 60.0
@@ -274,20 +298,28 @@ def measure(
                      *where]  # fmt: skip
             subprocess.run(probe, check=True, timeout=HANG_S, capture_output=True)
             lines.first.wait(1.0)  # a poll interval: the next probe follows if none arrived
-        shares = [events // publishers + (i < events % publishers) for i in range(publishers)]
-        commands = [
-            [
-                "mosquitto_pub", "-p", str(port), "-V", "mqttv5", "-q", str(qos),
-                "-i", f"bench-pub-{tag}-{i}", "-t", TOPIC, "-m", marker.decode(),
-                "--repeat", str(share), *where,
-            ]
-            for i, share in enumerate(shares)
-            if share
-        ]  # fmt: skip
+        n = load.publishers
+        shares = [events // n + (i < events % n) for i in range(n)]
+        inputs = []
+        for i, share in enumerate(s for s in shares if s):
+            path = workdir / f"lines-{i}"  # one event per line: mosquitto_pub -l
+            if not path.exists() or path.stat().st_size != share * (load.payload + 1):
+                path.write_bytes((marker + b"\n") * share)
+            inputs.append(path)
+        command = ["mosquitto_pub", "-p", str(port), "-V", "mqttv5", "-q", str(qos),
+                   "-M", str(load.inflight), "-t", TOPIC, "-l", *where]  # fmt: skip
         start = time.perf_counter()
-        pubs = [
-            subprocess.Popen(c, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for c in commands
-        ]
+        pubs = []
+        for i, path in enumerate(inputs):
+            with path.open("rb") as lines_in:
+                pubs.append(
+                    subprocess.Popen(
+                        [*command, "-i", f"bench-pub-{tag}-{i}"],
+                        stdin=lines_in,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.PIPE,
+                    )
+                )
         for p in pubs:
             _, err = p.communicate(timeout=HANG_S)
             if p.returncode != 0:
@@ -304,7 +336,7 @@ def measure(
 
 
 def run(
-    events: int, publishers: int, subs: int, qos_levels: list[int], rounds: int, payload: int
+    load: Load, subs: int, qos_levels: list[int], rounds: int
 ) -> tuple[list[Run], dict[str, Any]]:
     """Both brokers, every QoS, `rounds` times each, the brokers' order rotated."""
     runs: list[Run] = []
@@ -312,6 +344,7 @@ def run(
     with tempfile.TemporaryDirectory(prefix="geofed-mqtt-bench-") as tmp:
         work = Path(tmp)
         fed_file = one_broker_federation(work / "one.geojson")
+        events = load.events
         queue = str(max(events, 1) * 2)
         env = {
             "GEOFED_SUBSCRIBER_QUEUE_SIZE": queue,
@@ -328,6 +361,8 @@ def run(
             if held != subs:
                 raise GeofedError(f"the node holds {held:.0f} subscriptions, not {subs}")
             ports = {"geofed": int(node.mqtt.rsplit(":", 1)[1]), "mosquitto": mosq.port}
+            assert mosq.process is not None
+            pids = {"geofed": node.process.pid, "mosquitto": mosq.process.pid}
             delivered = metric(node.metrics_url, DELIVERIES)
             expected = 0
             turn = 0
@@ -338,10 +373,12 @@ def run(
                     for broker in order:
                         tag = f"{broker}-{len(runs)}"
                         print(f"[qos {qos}] {broker} ...", file=sys.stderr)
+                        cpu = cpu_seconds(pids[broker])
                         seconds, probes = measure(
-                            ports[broker], qos, events, publishers, payload, broker == "geofed", tag
+                            ports[broker], qos, load, broker == "geofed", tag, work
                         )
-                        runs.append(Run(broker, qos, events, seconds, len(runs) + 1))
+                        cpu = cpu_seconds(pids[broker]) - cpu
+                        runs.append(Run(broker, qos, events, seconds, cpu, len(runs) + 1))
                         if broker == "geofed":
                             expected += events + probes
             facts["geofed_deliveries"] = metric(node.metrics_url, DELIVERIES) - delivered
@@ -366,19 +403,27 @@ def _mosquitto_version() -> str:
 
 
 def table(runs: list[Run]) -> str:
-    """Per QoS: every run's events/s, the medians and geofed's ratio to Mosquitto."""
+    """Per QoS: every run's events/s, the medians and geofed's ratio to Mosquitto.
+
+    Beside the wall-clock rates, the events per CPU second of the broker
+    process: on a shared machine, what each broker costs, whatever else ran.
+    """
     lines = [
         "| QoS | geofed events/s (runs) | Mosquitto events/s (runs) | geofed median "
-        "| Mosquitto median | ratio |",
-        "|---:|---|---|---:|---:|---:|",
+        "| Mosquitto median | ratio | geofed events per CPU s | Mosquitto events per CPU s "
+        "| ratio per CPU s |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for qos in sorted({r.qos for r in runs}):
-        g = [r.rate for r in runs if r.qos == qos and r.broker == "geofed"]
-        m = [r.rate for r in runs if r.qos == qos and r.broker == "mosquitto"]
-        gm, mm = statistics.median(g), statistics.median(m)
+        g = [r for r in runs if r.qos == qos and r.broker == "geofed"]
+        m = [r for r in runs if r.qos == qos and r.broker == "mosquitto"]
+        gm, mm = statistics.median(r.rate for r in g), statistics.median(r.rate for r in m)
+        gc = statistics.median(r.per_cpu_s for r in g)
+        mc = statistics.median(r.per_cpu_s for r in m)
         lines.append(
-            f"| {qos} | {', '.join(f'{x:,.0f}' for x in g)} | {', '.join(f'{x:,.0f}' for x in m)}"
-            f" | {gm:,.0f} | {mm:,.0f} | {gm / mm:.2f}× |"
+            f"| {qos} | {', '.join(f'{r.rate:,.0f}' for r in g)} "
+            f"| {', '.join(f'{r.rate:,.0f}' for r in m)} | {gm:,.0f} | {mm:,.0f} "
+            f"| {gm / mm:.2f}× | {gc:,.0f} | {mc:,.0f} | {gc / mc:.2f}× |"
         )
     return "\n".join(lines)
 
@@ -393,21 +438,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--qos", default="0,1", help="comma-separated QoS levels (0, 1)")
     p.add_argument("--rounds", type=int, default=3, help="runs per broker and QoS")
     p.add_argument("--payload", type=int, default=64, help="payload bytes")
+    p.add_argument(
+        "--inflight", type=int, default=100, help="QoS 1 messages in flight per publisher"
+    )
     p.add_argument("--out", type=Path, default=RESULTS, help="the Markdown file appended to")
     p.add_argument("--no-record", action="store_true", help="append the result nowhere")
     args = p.parse_args(argv)
     qos_levels = [int(q) for q in args.qos.split(",") if q.strip()]
     if not qos_levels or any(q not in (0, 1) for q in qos_levels):
         p.error(f"--qos takes 0, 1 or 0,1; got {args.qos!r}")
-    for name in ("events", "publishers", "rounds", "payload"):
+    for name in ("events", "publishers", "rounds", "payload", "inflight"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1")
     if args.subs < 0:
         p.error("--subs must be >= 0")
     load_before = os.getloadavg()
-    runs, facts = run(
-        args.events, args.publishers, args.subs, qos_levels, args.rounds, args.payload
-    )
+    load = Load(args.events, args.publishers, args.payload, args.inflight)
+    runs, facts = run(load, args.subs, qos_levels, args.rounds)
     load_after = os.getloadavg()
     result = table(runs)
     print(result)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from geofed.errors import status_for
 from geofed.routing import (
     BrokerInfo,
+    Event,
     GeofedError,
     InvalidInput,
     LatLon,
@@ -61,6 +62,8 @@ log = logging.getLogger("geofed.node.mqtt")
 
 _PACKET_OVERHEAD = 1 << 17  # topic, properties and headers allowed beside payload and geofence
 _RECEIVE_MAXIMUM = 65_535  # QoS 1 deliveries in flight per connection (MQTT's maximum)
+_WRITE_BATCH = 256  # deliveries written to the socket in one go
+_PUBLISH_BATCH = 512  # events of a burst of PUBLISH packets published together
 
 
 class _Writer(Protocol):
@@ -248,8 +251,10 @@ class _Connection:
     ) -> None:
         self.listener = listener
         self.node = listener.node
-        self.reader = reader
+        self.packets = mq.PacketReader(reader, listener.max_packet)
         self.writer = writer
+        self.out: list[bytes] = []  # packets to write once no more input is waiting
+        self.pending: list[tuple[Event, int]] = []  # a burst's events, QoS 1 packet ids (or 0)
         self.websocket = websocket  # redirects name the WebSocket endpoint
         self.version = mq.MQTT_5
         self.client = ""
@@ -271,16 +276,27 @@ class _Connection:
     # -- writing ---------------------------------------------------------------
 
     def send(self, packet: mq.ConnAck | mq.Publish | mq.PubAck | mq.SubAck | mq.UnsubAck) -> None:
-        self.writer.write(packet.encode(self.version))
+        """Queue a packet: the answers to a burst of packets go out in one write (`flush`)."""
+        self.out.append(packet.encode(self.version))
 
     def send_other(self, packet: mq.PingResp | mq.Disconnect) -> None:
-        self.writer.write(packet.encode(self.version))
+        """Write a packet now, after what is queued."""
+        self.out.append(packet.encode(self.version))
+        self.flush()
+
+    def flush(self, more: list[bytes] | None = None) -> None:
+        """Write what is queued (and `more`) in one go."""
+        out = self.out + more if more else self.out
+        if out:
+            self.writer.write(out[0] if len(out) == 1 else b"".join(out))
+            self.out = []
 
     def shutdown(self) -> None:
         """The node stops: MQTT 5 clients are told so; the socket closes."""
-        if self.version == mq.MQTT_5 and self.connected:
-            with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):
+            if self.version == mq.MQTT_5 and self.connected:
                 self.send_other(mq.Disconnect(mq.SERVER_SHUTTING_DOWN))
+            self.flush()
         self.writer.close()
 
     # -- the connection ----------------------------------------------------------
@@ -314,6 +330,8 @@ class _Connection:
 
     async def _end(self, clean: bool) -> None:
         node = self.node
+        with contextlib.suppress(_Close):  # what was read before the end is published
+            await self._publish_pending()
         for task in self.pumps.values():
             task.cancel()
         for task in list(self.pumps.values()):
@@ -331,6 +349,7 @@ class _Connection:
             if not clean and self.will is not None and not node._stopped:
                 await self._publish_will(self.will)
         with contextlib.suppress(Exception):
+            self.flush()
             self.writer.close()
             await asyncio.wait_for(self.writer.wait_closed(), 1.0)
         self.closed.set()
@@ -338,9 +357,10 @@ class _Connection:
     async def _publish_will(self, will: mq.Will) -> None:
         try:
             fence = will.properties.user_values(GEOFENCE_PROPERTY)
-            await self._publish_event(
+            event = await self._event(
                 will.topic, will.payload, fence[-1] if fence else None, GEOFENCE_PROPERTY
             )
+            await self.node.publish([event])
             log.info("mqtt client %s gone without DISCONNECT: will published", self.client)
         except GeofedError as exc:
             log.warning("mqtt client %s: will not published: %s", self.client, exc)
@@ -350,9 +370,7 @@ class _Connection:
     async def _connect(self) -> bool:
         node = self.node
         timeout = node.config.mqtt_connect_timeout_s or None
-        kind, flags, body = await asyncio.wait_for(
-            mq.read_packet(self.reader, self.listener.max_packet), timeout
-        )
+        kind, flags, body = await self.packets.next(timeout)
         if kind != mq.CONNECT:
             log.info("mqtt connection %s: first packet is not a CONNECT", self.peer)
             return False
@@ -361,7 +379,7 @@ class _Connection:
         except mq.PacketError as exc:
             if exc.code == mq.UNSUPPORTED_PROTOCOL_VERSION:
                 # Answered in 3.1.1 form, which every version reads.
-                self.writer.write(mq.ConnAck(mq.V311_REFUSED_PROTOCOL).encode(mq.MQTT_311))
+                self.out.append(mq.ConnAck(mq.V311_REFUSED_PROTOCOL).encode(mq.MQTT_311))
             log.info("mqtt connection %s: refused CONNECT: %s", self.peer, exc)
             return False
         self.version = packet.version
@@ -504,18 +522,23 @@ class _Connection:
         """Handle packets until DISCONNECT (True: a normal one, the will is dropped)."""
         timeout = 1.5 * self.keep_alive if self.keep_alive else None
         while True:
+            if not self.packets.ready():  # answered what came in one go: send, then wait
+                await self._publish_pending()
+                self.flush()
+                await self.writer.drain()
             try:
-                kind, flags, body = await asyncio.wait_for(
-                    mq.read_packet(self.reader, self.listener.max_packet), timeout
-                )
+                kind, flags, body = await self.packets.next(timeout)
             except TimeoutError:
                 log.info("mqtt client %s silent for 1.5x its keep-alive: closed", self.client)
                 raise _Close(mq.KEEP_ALIVE_TIMEOUT, "keep-alive timeout") from None
             packet = mq.decode(kind, flags, body, self.version)
+            if not isinstance(packet, mq.Publish):
+                await self._publish_pending()
             props = getattr(packet, "properties", None)
             if props is not None:
                 located = props.user_values(LOCATION_PROPERTY)
                 if located:
+                    await self._publish_pending()  # published from where they were
                     await self._locate(located[-1], LOCATION_PROPERTY)
             if isinstance(packet, mq.Publish):
                 await self._on_publish(packet)
@@ -531,7 +554,6 @@ class _Connection:
                 return packet.code != mq.DISCONNECT_WITH_WILL
             else:
                 raise _Close(mq.PROTOCOL_ERROR, f"unexpected packet type {kind}")
-            await self.writer.drain()
 
     def _bad_geo(self, exc: GeofedError) -> _Close:
         """Bad geo-context that no acknowledgement can carry: log it, end the connection."""
@@ -565,7 +587,21 @@ class _Connection:
     # PUBLISH ---------------------------------------------------------------------
 
     async def _on_publish(self, packet: mq.Publish) -> None:
+        """A PUBLISH: its event joins the burst being read (`pending`), or is refused.
+
+        A plain PUBLISH (QoS 0/1, no geo-context in the topic) only adds its
+        event to `pending`; everything else first publishes what is pending,
+        so the events of a connection are published and acknowledged in order.
+        """
         v5 = self.version == mq.MQTT_5
+        plain = (
+            packet.qos < 2
+            and not (packet.retain and v5)
+            and (not v5 or packet.properties.get(mq.TOPIC_ALIAS) is None)
+            and not packet.topic.startswith(PREFIX)
+        )
+        if not plain:
+            await self._publish_pending()
         if packet.qos == 2:
             raise _Close(mq.QOS_NOT_SUPPORTED, "QoS 2 is not supported")
         if packet.retain and v5:
@@ -587,12 +623,10 @@ class _Connection:
                 self.send(mq.PubAck(packet.packet_id))
             return
         try:
-            await self._publish_event(geo.topic, packet.payload, fence, source)
+            event = await self._event(geo.topic, packet.payload, fence, source)
         except GeofedError as exc:
+            await self._publish_pending()
             self.node.on_reject(status_for(exc))
-            if isinstance(exc, StorageFailed):
-                # Not acknowledged: the client sends it again after reconnecting.
-                raise _Close(mq.SERVER_UNAVAILABLE, str(exc)) from None
             if not v5 or not packet.qos:
                 log.warning(
                     "mqtt client %s: publish to %r refused: %s: disconnected",
@@ -604,26 +638,44 @@ class _Connection:
             props = mq.Properties({mq.REASON_STRING: str(exc)[:1000]})
             self.send(mq.PubAck(packet.packet_id, _reason_for(exc), props))
             return
-        if packet.qos:
-            self.send(mq.PubAck(packet.packet_id))  # the event is durable (with a store)
+        self.pending.append((event, packet.packet_id if packet.qos else 0))
+        if len(self.pending) >= _PUBLISH_BATCH:
+            await self._publish_pending()
 
-    async def _publish_event(
-        self, topic: str, payload: bytes, fence: str | None, source: str
-    ) -> None:
+    async def _publish_pending(self) -> None:
+        """Publish the events of a burst together, then acknowledge the QoS 1 ones in order.
+
+        PUBACK follows the node's acceptance (with a store: once durable).
+        """
+        if not self.pending:
+            return
+        batch, self.pending = self.pending, []
+        try:
+            await self.node.publish([event for event, _ in batch])
+        except GeofedError as exc:
+            for _ in batch:
+                self.node.on_reject(status_for(exc))
+            # Not acknowledged: the client sends them again after reconnecting.
+            code = mq.SERVER_UNAVAILABLE if isinstance(exc, StorageFailed) else _reason_for(exc)
+            raise _Close(code, str(exc)) from None
+        for _, packet_id in batch:
+            if packet_id:
+                self.send(mq.PubAck(packet_id))
+
+    async def _event(self, topic: str, payload: bytes, fence: str | None, source: str) -> Event:
+        """A client's event, checked by the node as a gRPC publish is (not yet published)."""
         node = self.node
         where = node.location_of(self.client) or self.listener.default_location
         pb = gpb.Event(
-            topic=topic,
-            payload=payload,
-            publisher=gpb.LatLon(lat=where.lat, lon=where.lon),
-            geofence=geofence_to_pb(geofence_from_text(fence or "", source)),
+            topic=topic, payload=payload, publisher=gpb.LatLon(lat=where.lat, lon=where.lon)
         )
+        if fence:
+            pb.geofence.CopyFrom(geofence_to_pb(geofence_from_text(fence, source)))
         node.check_owner(self.who, self.client)
         try:
-            event = await node.client_event(self.who, self.client, pb, "event")
+            return await node.client_event(self.who, self.client, pb, "event")
         except GeofedError as exc:
             raise _geo_error(exc, source) from None
-        await node.publish([event])
 
     # SUBSCRIBE / UNSUBSCRIBE ---------------------------------------------------------
 
@@ -724,14 +776,30 @@ class _Connection:
         )
 
     async def _deliver(self, key: SubKey, stream: _Stream, qos: int) -> None:
-        """Write a subscription's deliveries to the client until its stream ends."""
+        """Write a subscription's deliveries to the client until its stream ends.
+
+        What the stream holds when the pump wakes is written in one go (one
+        socket write for up to `_WRITE_BATCH` deliveries, not one each).
+        """
         node = self.node
         try:
             while True:
-                item = await stream.get()
-                if item is _END:
+                items = [await stream.get(), *stream.take_ready(_WRITE_BATCH - 1)]
+                out: list[bytes] = []
+                ended = False
+                for item in items:
+                    if item is _END:
+                        ended = True
+                        break
+                    if qos and self.window.locked():  # the client's window is full
+                        await self._write_out(out)
+                        out = []
+                    out.append(await self._delivery(key, item, qos))
+                await self._write_out(out)
+                if not qos and key in self.sent:
+                    await self._ack(key)  # QoS 0: handed over is done
+                if ended:
                     return
-                await self._write_delivery(key, item, qos)
         except (ConnectionError, RuntimeError):
             self.writer.close()  # the read loop ends and cleans up
         finally:
@@ -739,7 +807,12 @@ class _Connection:
             if self.pumps.get(key) is asyncio.current_task():
                 del self.pumps[key]
 
-    async def _write_delivery(self, key: SubKey, item: cpb.Delivery, qos: int) -> None:
+    async def _write_out(self, packets: list[bytes]) -> None:
+        self.flush(packets)
+        await self.writer.drain()
+
+    async def _delivery(self, key: SubKey, item: cpb.Delivery, qos: int) -> bytes:
+        """The PUBLISH of one delivery, encoded; a QoS 1 one takes a place in the window."""
         event = item.event
         packet = mq.Publish(event.topic, bytes(event.payload), qos)
         if self.version == mq.MQTT_5:
@@ -754,10 +827,7 @@ class _Connection:
                 self.outstanding.setdefault(key, set()).add(item.offset)
         if item.offset:
             self.sent[key] = max(self.sent.get(key, 0), item.offset)
-        self.send(packet)
-        await self.writer.drain()
-        if item.offset and not qos:
-            await self._ack(key)  # QoS 0: handed over is done
+        return packet.encode(self.version)
 
     def _packet_id(self) -> int:
         for _ in range(65_535):

@@ -1,7 +1,7 @@
 """MQTT 3.1.1 and 5.0 packets: the subset a QoS 0/1 broker needs, both directions.
 
-Pure and synchronous (bytes in, dataclasses out, and back). `read_packet`
-is the only coroutine: it frames one packet off an asyncio stream. A packet
+Pure and synchronous (bytes in, dataclasses out, and back). `PacketReader`
+frames packets off a byte stream (TCP or WebSocket). A packet
 that breaks the specification raises `PacketError` carrying the MQTT 5
 reason code (0x81 malformed packet, 0x82 protocol error, 0x95 packet too
 large); the listener answers with it (MQTT 5) or just closes (3.1.1).
@@ -15,6 +15,7 @@ tested against paho-mqtt and mosquitto's clients (docs/mqtt.md).
 
 from __future__ import annotations
 
+import asyncio
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -316,30 +317,82 @@ class _Reader:
 class ByteReader(Protocol):
     """Where packets are read from: an `asyncio.StreamReader` (TCP) or a WebSocket's frames."""
 
-    async def readexactly(self, n: int) -> bytes: ...
+    async def read(self, n: int) -> bytes:
+        """The next bytes that arrived (about `n` at most); b"" once the stream has ended."""
+        ...
 
 
-async def read_packet(reader: ByteReader, max_size: int) -> tuple[int, int, bytes]:
-    """Read one packet: (type, fixed-header flags, the rest).
+_CHUNK = 1 << 16  # bytes asked of the stream at a time
 
-    Raises:
-        asyncio.IncompleteReadError: the connection closed (at a packet boundary or not).
-        PacketError: a remaining length over 4 bytes or over `max_size`.
+
+class PacketReader:
+    """Frames packets off a byte stream, reading it a chunk at a time.
+
+    The packets of a chunk are handed out without awaiting the stream again,
+    so a connection handles a burst of small packets in one go (and answers
+    them in one write: `ready` says whether another packet is waiting).
+    Memory: at most one packet (`max_size`) plus one chunk.
     """
-    first = (await reader.readexactly(1))[0]
-    length, shift = 0, 0
-    for i in range(4):
-        b = (await reader.readexactly(1))[0]
-        length += (b & 0x7F) << shift
-        if not b & 0x80:
-            break
-        shift += 7
-        if i == 3:
-            raise _malformed("remaining length longer than 4 bytes")
-    if length > max_size:
-        raise PacketError(PACKET_TOO_LARGE, f"packet of {length} bytes, limit {max_size}")
-    body = await reader.readexactly(length) if length else b""
-    return first >> 4, first & 0x0F, body
+
+    def __init__(self, stream: ByteReader, max_size: int) -> None:
+        self._stream = stream
+        self._max = max_size
+        self._buf = bytearray()
+        self._pos = 0
+        self._next: tuple[int, int, bytes] | None = None
+
+    def ready(self) -> bool:
+        """Whether a whole packet is already buffered (`next` returns it without waiting).
+
+        Raises:
+            PacketError: the buffered header is malformed or announces a packet too large.
+        """
+        if self._next is None:
+            self._next = self._parse()
+        return self._next is not None
+
+    async def next(self, timeout: float | None = None) -> tuple[int, int, bytes]:
+        """The next packet: (type, fixed-header flags, the rest).
+
+        Raises:
+            asyncio.IncompleteReadError: the stream ended (at a packet boundary or not).
+            TimeoutError: nothing arrived for `timeout` seconds while a packet was awaited.
+            PacketError: a remaining length over 4 bytes or over `max_size`.
+        """
+        while not self.ready():
+            async with asyncio.timeout(timeout):
+                data = await self._stream.read(_CHUNK)
+            if not data:
+                raise asyncio.IncompleteReadError(bytes(self._buf[self._pos :]), None)
+            if self._pos:
+                del self._buf[: self._pos]
+                self._pos = 0
+            self._buf += data
+        packet, self._next = self._next, None
+        assert packet is not None
+        return packet
+
+    def _parse(self) -> tuple[int, int, bytes] | None:
+        buf, pos = self._buf, self._pos
+        i, length, shift = pos + 1, 0, 0
+        while True:
+            if i >= len(buf):
+                return None
+            b = buf[i]
+            length += (b & 0x7F) << shift
+            i += 1
+            if not b & 0x80:
+                break
+            shift += 7
+            if i - pos > 4:
+                raise _malformed("remaining length longer than 4 bytes")
+        if length > self._max:
+            raise PacketError(PACKET_TOO_LARGE, f"packet of {length} bytes, limit {self._max}")
+        if i + length > len(buf):
+            return None
+        self._pos = i + length
+        first = buf[pos]
+        return first >> 4, first & 0x0F, bytes(buf[i : self._pos])
 
 
 def _packet(kind: int, flags: int, body: bytes) -> bytes:
@@ -611,7 +664,7 @@ def decode_connect(flags: int, body: bytes) -> Connect:
 
 
 def decode(kind: int, flags: int, body: bytes, version: int) -> Packet:
-    """Decode a packet read by `read_packet`, for a connection of protocol `version`.
+    """Decode a packet read by `PacketReader`, for a connection of protocol `version`.
 
     Raises:
         PacketError: malformed, or not allowed from a client.

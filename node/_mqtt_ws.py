@@ -34,31 +34,28 @@ _FRAME_OVERHEAD = 16  # an MQTT fixed header beside the largest packet, in one f
 
 
 class WebSocketReader:
-    """The client's bytes, pulled frame by frame as the session reads (bounded by one frame)."""
+    """The client's bytes, a binary frame at a time (`ByteReader`)."""
 
     def __init__(self, ws: web.WebSocketResponse) -> None:
         self._ws = ws
-        self._buf = bytearray()
 
-    async def readexactly(self, n: int) -> bytes:
-        """`n` bytes; as `asyncio.StreamReader.readexactly`, IncompleteReadError at the end.
+    async def read(self, n: int) -> bytes:
+        """The next frame's bytes (a frame is at most the largest packet); b"" at the end.
 
         Raises:
             PacketError: a text frame (MQTT packets travel in binary frames).
         """
-        while len(self._buf) < n:
+        while True:
             msg = await self._ws.receive()
             if msg.type is WSMsgType.BINARY:
-                self._buf += msg.data
+                if msg.data:
+                    return bytes(msg.data)
             elif msg.type is WSMsgType.TEXT:
                 raise mq.PacketError(
                     mq.MALFORMED_PACKET, "a WebSocket text frame (MQTT packets go in binary frames)"
                 )
             else:  # CLOSE, CLOSING, CLOSED, ERROR
-                raise asyncio.IncompleteReadError(bytes(self._buf), n)
-        data = bytes(self._buf[:n])
-        del self._buf[:n]
-        return data
+                return b""
 
 
 class WebSocketWriter:

@@ -178,6 +178,13 @@ class _Stream:
         self._items.append((_END, 0))
         self._ready.set()
 
+    def take_ready(self, most: int) -> list[Any]:
+        """Up to `most` items already queued, without waiting (written out in one go)."""
+        out: list[Any] = []
+        while self._items and len(out) < most:
+            out.append(self._take())
+        return out
+
     async def get(self) -> Any:
         while not self._items:
             if self.behind is not None and self._refill is not None:
