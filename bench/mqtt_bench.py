@@ -39,8 +39,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
-import math
 import os
 import random
 import shutil
@@ -51,14 +51,14 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Any
 
 from geofed.client import connect
 from geofed.node import DELIVERIES, SUBSCRIPTIONS
-from geofed.routing import GeofedError, LatLon
+from geofed.routing import GeofedError, LatLon, great_circle_m
 
 from ._machine import describe
 from .local import LocalFederation, free_ports
@@ -85,61 +85,58 @@ def mosquitto_binary() -> str:
     return found
 
 
+@dataclass
 class Mosquitto:
+    """A running Mosquitto broker (`mosquitto`)."""
+
+    port: int
+    process: subprocess.Popen[bytes]
+
+
+@contextlib.contextmanager
+def mosquitto(workdir: Path) -> Iterator[Mosquitto]:
     """A Mosquitto broker on a free loopback port, from a generated configuration."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
-        self.port = free_ports(1)[0]
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def __enter__(self) -> Mosquitto:
-        conf = self.workdir / "mosquitto.conf"
-        conf.write_text(
-            "\n".join(
-                [
-                    f"listener {self.port} 127.0.0.1",
-                    "allow_anonymous true",
-                    "persistence false",
-                    "max_queued_messages 0",  # no limit: no drop, as the geofed node here
-                    "log_dest stderr",
-                    "log_type error",
-                    "log_type warning",
-                    "",
-                ]
-            ),
-            encoding="utf-8",
-        )
-        log = (self.workdir / "mosquitto.log").open("ab")
-        self.process = subprocess.Popen(
+    port = free_ports(1)[0]
+    conf = workdir / "mosquitto.conf"
+    conf.write_text(
+        "\n".join(
+            [
+                f"listener {port} 127.0.0.1",
+                "allow_anonymous true",
+                "persistence false",
+                "max_queued_messages 0",  # no limit: no drop, as the geofed node here
+                "log_dest stderr",
+                "log_type error",
+                "log_type warning",
+                "",
+            ]
+        ),
+        encoding="utf-8",
+    )
+    log_path = workdir / "mosquitto.log"
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(
             [mosquitto_binary(), "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT
         )
-        log.close()
+    try:
         deadline = time.monotonic() + 60.0
-        while not _accepts(self.port):
-            if self.process.poll() is not None:
+        while not _accepts(port):
+            if process.poll() is not None:
                 raise GeofedError(
-                    f"mosquitto exited with {self.process.returncode}: "
-                    + (self.workdir / "mosquitto.log").read_text(errors="replace")[-2000:]
+                    f"mosquitto exited with {process.returncode}: "
+                    + log_path.read_text(errors="replace")[-2000:]
                 )
             if time.monotonic() > deadline:
-                raise GeofedError(f"mosquitto not listening on {self.port} after 60 s")
+                raise GeofedError(f"mosquitto not listening on {port} after 60 s")
             time.sleep(0.02)
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        yield Mosquitto(port, process)
+    finally:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def _accepts(port: int) -> bool:
@@ -172,18 +169,10 @@ def background_fences(n: int, seed: int) -> list[dict[str, Any]]:
         lat = PARIS[0] + rng.uniform(-9.0, 9.0)
         lon = PARIS[1] + rng.uniform(-13.0, 13.0)
         radius = rng.uniform(1_000.0, 100_000.0)
-        if _km(PARIS, (lat, lon)) * 1000.0 > radius + 20_000.0:  # clear of the 64-gon's error
+        # Clear of Paris by 20 km more than the radius: the 64-gon's error aside.
+        if great_circle_m(LatLon(*PARIS), LatLon(lat, lon)) > radius + 20_000.0:
             fences.append({"circle": {"lat": lat, "lon": lon, "radius_m": radius}})
     return fences
-
-
-def _km(a: tuple[float, float], b: tuple[float, float]) -> float:
-    la1, lo1, la2, lo2 = map(math.radians, (*a, *b))
-    h = (
-        math.sin((la2 - la1) / 2) ** 2
-        + math.cos(la1) * math.cos(la2) * math.sin((lo2 - lo1) / 2) ** 2
-    )
-    return 2 * 6371.0088 * math.asin(math.sqrt(h))
 
 
 async def hold_subscriptions(fed: LocalFederation, fences: list[dict[str, Any]]) -> None:
@@ -215,8 +204,9 @@ class Run:
         return self.events / self.seconds
 
     @property
-    def per_cpu_s(self) -> float:
-        return self.events / self.cpu_s if self.cpu_s > 0 else math.inf
+    def per_cpu_s(self) -> float | None:
+        """None when the run took less CPU than the clock's tick (too short to tell)."""
+        return self.events / self.cpu_s if self.cpu_s > 0 else None
 
 
 def cpu_seconds(pid: int) -> float:
@@ -333,6 +323,7 @@ def measure(
         sub.kill()
         sub.wait()
         lines.thread.join()
+        sub.stdout.close()
 
 
 def run(
@@ -353,7 +344,7 @@ def run(
         }
         with (
             LocalFederation(fed_file, "event-geofence", work / "geofed", extra_env=env) as fed,
-            Mosquitto(work) as mosq,
+            mosquitto(work) as mosq,
         ):
             node = fed.nodes["node"]
             asyncio.run(hold_subscriptions(fed, background_fences(subs, seed=1)))
@@ -361,7 +352,6 @@ def run(
             if held != subs:
                 raise GeofedError(f"the node holds {held:.0f} subscriptions, not {subs}")
             ports = {"geofed": int(node.mqtt.rsplit(":", 1)[1]), "mosquitto": mosq.port}
-            assert mosq.process is not None
             pids = {"geofed": node.process.pid, "mosquitto": mosq.process.pid}
             delivered = metric(node.metrics_url, DELIVERIES)
             expected = 0
@@ -418,14 +408,24 @@ def table(runs: list[Run]) -> str:
         g = [r for r in runs if r.qos == qos and r.broker == "geofed"]
         m = [r for r in runs if r.qos == qos and r.broker == "mosquitto"]
         gm, mm = statistics.median(r.rate for r in g), statistics.median(r.rate for r in m)
-        gc = statistics.median(r.per_cpu_s for r in g)
-        mc = statistics.median(r.per_cpu_s for r in m)
+        gc, mc = _median_per_cpu(g), _median_per_cpu(m)
+        per_cpu = (
+            f"{gc:,.0f} | {mc:,.0f} | {gc / mc:.2f}×"
+            if gc is not None and mc is not None
+            else "– | – | –"  # a run too short for the CPU clock
+        )
         lines.append(
             f"| {qos} | {', '.join(f'{r.rate:,.0f}' for r in g)} "
             f"| {', '.join(f'{r.rate:,.0f}' for r in m)} | {gm:,.0f} | {mm:,.0f} "
-            f"| {gm / mm:.2f}× | {gc:,.0f} | {mc:,.0f} | {gc / mc:.2f}× |"
+            f"| {gm / mm:.2f}× | {per_cpu} |"
         )
     return "\n".join(lines)
+
+
+def _median_per_cpu(runs: list[Run]) -> float | None:
+    values = [r.per_cpu_s for r in runs]
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if len(known) == len(values) else None
 
 
 def main(argv: list[str] | None = None) -> int:
