@@ -22,14 +22,17 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import jwt
 import paho.mqtt.client as paho
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 import geofed
 from geofed.bench import LocalFederation, metric
-from geofed.node import DELIVERIES, EVENTS_PUBLISHED, SUBSCRIPTIONS
+from geofed.node import AUTH_REFUSED, DELIVERIES, EVENTS_PUBLISHED, SUBSCRIPTIONS
 
 pytestmark = pytest.mark.integration
 
@@ -131,7 +134,13 @@ class Paho:
     def step(self) -> None:
         self.c.loop(timeout=0.05)
 
-    def connect(self, endpoint: str, props: Properties | None = None, clean: bool = True) -> Any:
+    def connect(
+        self,
+        endpoint: str,
+        props: Properties | None = None,
+        clean: bool = True,
+        keepalive: int = 30,
+    ) -> Any:
         """Connect to ``host:port`` (or, over WebSocket, ``ws[s]://host:port/mqtt``)."""
         if self.websocket and "://" in endpoint:
             url = urllib.parse.urlsplit(endpoint)
@@ -140,9 +149,9 @@ class Paho:
         host, _, p = endpoint.rpartition(":")
         self.connack = self.disconnect = None
         if self.version == paho.MQTTv5:
-            self.c.connect(host, int(p), keepalive=30, clean_start=clean, properties=props)
+            self.c.connect(host, int(p), keepalive=keepalive, clean_start=clean, properties=props)
         else:
-            self.c.connect(host, int(p), keepalive=30)
+            self.c.connect(host, int(p), keepalive=keepalive)
         until(lambda: self.connack is not None, f"{self.client_id}: CONNACK", self.step)
         return self.connack
 
@@ -529,4 +538,86 @@ def test_tls_with_client_certificates(tmp_path: Path) -> None:
             assert done.returncode != 0
         assert metric(eu.metrics_url, "geofed_mqtt_connects_total") == refused
         for c in clients:
+            c.close()
+
+
+def test_a_client_silent_past_its_keep_alive_is_closed_and_its_will_published(
+    fed: LocalFederation,
+) -> None:
+    """A client that stops sending (no PINGREQ: its loop is not driven) is closed once
+    1.5 x its keep-alive passed without a packet, and its will is published."""
+    eu = fed.nodes["eu"]
+    w = Paho("x-ka-watch")
+    assert w.connect(eu.mqtt, user(PacketTypes.CONNECT, geofed_location=PARIS)) == 0
+    assert w.subscribe("status/#", 1) == [1]
+    silent = Paho("x-ka-silent")
+    silent.c.will_set("status/x-ka-silent", b"timed out", qos=1)
+    assert silent.connect(eu.mqtt, user(PacketTypes.CONNECT, geofed_location=PARIS), keepalive=1)
+    assert silent.connack == 0
+    # From here on `silent` is never driven: it sends nothing, not even PINGREQ.
+    assert w.receive(1) == [("status/x-ka-silent", b"timed out")]
+    line = next(x for x in eu.log_path.read_text().splitlines() if "x-ka-silent" in x)
+    assert "keep-alive" in line
+    w.close()
+    silent.c.socket().close()
+
+
+def test_a_jwt_in_the_connect_password_is_the_identity(tmp_path: Path) -> None:
+    """client_auth token: the JWT goes in the CONNECT password (TCP and WebSocket);
+    a forged or expired one, or none, is refused with CONNACK 0x86 (3.1.1: 4)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    public = tmp_path / "token.pub"
+    public.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    forger = ec.generate_private_key(ec.SECP256R1())
+
+    def token(sub: str, signer: ec.EllipticCurvePrivateKey = key, ttl: float = 600) -> str:
+        claims = {"sub": sub, "exp": int(time.time() + ttl), "iat": int(time.time()) - 1}
+        return jwt.encode(claims, signer, algorithm="ES256")
+
+    env = {"GEOFED_TOKEN_KEY": str(public)}
+    with LocalFederation(
+        THREE, "event-geofence", tmp_path / "fed", tls=True, client_auth="token", extra_env=env
+    ) as sec:
+        eu = sec.nodes["eu"]
+        tls = sec.client_tls()
+        assert tls is not None
+
+        def client(
+            cid: str, password: str | None, version: int = paho.MQTTv5, ws: bool = False
+        ) -> Paho:
+            c = Paho(cid, version, websocket=ws)
+            c.c.tls_set(ca_certs=tls.ca_file)
+            if password is not None:
+                c.c.username_pw_set("any", password)
+            return c
+
+        sub = client("carol-sub", token("carol"))
+        assert sub.connect(eu.mqtt, user(PacketTypes.CONNECT, geofed_location=PARIS)) == 0
+        assert sub.subscribe("t/#", 1) == [1]
+        pub = client("carol-pub", token("carol"), ws=True)  # wss, the same password
+        assert pub.connect(eu.mqtt_ws, user(PacketTypes.CONNECT, geofed_location=PARIS)) == 0
+        rc, _ = pub.publish("t/1", b"with a token")
+        assert rc == 0
+        assert sub.receive(1) == [("t/1", b"with a token")]
+        refused = metric(eu.metrics_url, AUTH_REFUSED, reason="unauthenticated")
+        for bad in (None, token("carol", forger), token("carol", ttl=-60)):
+            c = client("carol-bad", bad)
+            rc = c.connect(eu.mqtt, user(PacketTypes.CONNECT, geofed_location=PARIS))
+            assert rc.value == 0x86, (bad, rc)
+        port_ = eu.mqtt.rsplit(":", 1)[1]
+        forged = token("carol", forger)
+        old = mosquitto("mosquitto_pub", "-p", port_, "-V", "mqttv311", "--cafile", tls.ca_file,
+                        "-u", "any", "-P", forged, "-t", "t/2", "-m", "x")  # fmt: skip
+        assert old.returncode != 0 and "bad user name or password" in old.stderr.lower(), old
+        ok = mosquitto("mosquitto_pub", "-p", port_, "-V", "mqttv311", "--cafile", tls.ca_file,
+                       "-u", "any", "-P", token("carol"), "-q", "1", "-d",
+                       "-t", f"$geofed/loc={PARIS}/t/3", "-m", "3.1.1 with a token")  # fmt: skip
+        assert ok.returncode == 0 and "received PUBACK" in ok.stdout, ok
+        assert sub.receive(2)[1] == ("t/3", b"3.1.1 with a token")
+        assert metric(eu.metrics_url, AUTH_REFUSED, reason="unauthenticated") == refused + 4
+        for c in (sub, pub):
             c.close()
