@@ -177,8 +177,13 @@ class Properties:
 # -- primitive encoders and a reader --------------------------------------------
 
 
+_ONE_BYTE = [bytes((i,)) for i in range(128)]  # the Variable Byte Integers of one byte
+
+
 def encode_varint(n: int) -> bytes:
     """A Variable Byte Integer (1-4 bytes)."""
+    if 0 <= n < 128:
+        return _ONE_BYTE[n]
     if not 0 <= n <= MAX_REMAINING_LENGTH:
         raise ValueError(f"variable byte integer out of range: {n}")
     out = bytearray()
@@ -189,11 +194,14 @@ def encode_varint(n: int) -> bytes:
             return bytes(out)
 
 
+_U16_BYTES = struct.Struct("!H")
+
+
 def _str(s: str) -> bytes:
     data = s.encode("utf-8")
     if len(data) > 0xFFFF:
         raise ValueError("string longer than 65,535 bytes")
-    return struct.pack("!H", len(data)) + data
+    return _U16_BYTES.pack(len(data)) + data
 
 
 def _bin(b: bytes) -> bytes:
@@ -223,8 +231,9 @@ def encode_properties(props: Properties | None) -> bytes:
                 out += _bin(value)
         for name, value in props.user:
             out.append(USER_PROPERTY)
-            out += _str(name) + _str(value)
-    return encode_varint(len(out)) + bytes(out)
+            out += _str(name)
+            out += _str(value)
+    return encode_varint(len(out)) + out
 
 
 class _Reader:
@@ -475,12 +484,14 @@ class Publish:
 
     def encode(self, version: int) -> bytes:
         flags = (0x08 if self.dup else 0) | self.qos << 1 | (0x01 if self.retain else 0)
-        body = _str(self.topic)
+        parts = [_str(self.topic)]
         if self.qos:
-            body += struct.pack("!H", self.packet_id)
+            parts.append(_U16_BYTES.pack(self.packet_id))
         if version == MQTT_5:
-            body += encode_properties(self.properties)
-        return _packet(PUBLISH, flags, body + self.payload)
+            parts.append(encode_properties(self.properties))
+        parts.append(self.payload)
+        body = b"".join(parts)
+        return b"".join((_ONE_BYTE[PUBLISH << 4 | flags], encode_varint(len(body)), body))
 
 
 @dataclass
