@@ -114,6 +114,14 @@ def _geo_error(exc: GeofedError, prop: str) -> GeofedError:
 
 
 @dataclass
+class _DelayedWill:
+    """A will waiting out its Will Delay Interval (`now`: publish it at once)."""
+
+    task: asyncio.Task[None]
+    now: asyncio.Event
+
+
+@dataclass
 class _Inflight:
     """A QoS 1 delivery waiting for its PUBACK."""
 
@@ -134,6 +142,7 @@ class MqttListener:
         self.max_packet = cfg.max_payload_bytes + cfg.max_geofence_bytes + _PACKET_OVERHEAD
         self.connections: dict[str, _Connection] = {}
         self.qos: dict[SubKey, int] = {}  # granted QoS of the MQTT subscriptions held here
+        self.wills: dict[str, _DelayedWill] = {}  # wills waiting out their Will Delay Interval
         self._server: asyncio.Server | None = None
         self._ws_server: Any = None  # the _mqtt_ws.WebSocketServer, with mqtt_ws_listen
         self._tasks: set[asyncio.Task[None]] = set()
@@ -197,8 +206,39 @@ class MqttListener:
             ctx.verify_mode = ssl.CERT_REQUIRED
         return ctx
 
+    def delay_will(self, conn: _Connection, will: mq.Will, delay: float) -> None:
+        """Publish `conn`'s will after `delay` s (MQTT 5 Will Delay Interval, capped by the
+        session expiry) unless its client reconnects first (`reconnected`)."""
+        now = asyncio.Event()
+
+        async def later() -> None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(now.wait(), delay)
+            if self.wills.get(conn.client) is delayed:
+                del self.wills[conn.client]
+            await conn._publish_will(will)
+
+        task = asyncio.get_running_loop().create_task(later(), name=f"mqtt-will-{conn.client}")
+        delayed = self.wills[conn.client] = _DelayedWill(task, now)
+        log.info("mqtt client %s gone without DISCONNECT: will in %.0f s", conn.client, delay)
+
+    def reconnected(self, client: str, clean_start: bool) -> None:
+        """A client connected again: its delayed will is dropped, or (Clean Start: the old
+        session ended) published now."""
+        delayed = self.wills.pop(client, None)
+        if delayed is None:
+            return
+        if clean_start:
+            delayed.now.set()
+        else:
+            delayed.task.cancel()
+            log.info("mqtt client %s reconnected within its Will Delay Interval: no will", client)
+
     async def stop(self) -> None:
         """Stop accepting, tell MQTT 5 clients the server shuts down, close every connection."""
+        for delayed in self.wills.values():  # not published when the node stops
+            delayed.task.cancel()
+        self.wills.clear()
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections.values()):
@@ -262,6 +302,7 @@ class _Connection:
         self.connected = False
         self.will: mq.Will | None = None
         self.keep_alive = 0
+        self.expiry = 0.0  # the session expiry granted (> 0: persistent)
         self.session: _Session | None = None
         self.pumps: dict[SubKey, asyncio.Task[None]] = {}
         self.inflight: dict[int, _Inflight] = {}
@@ -347,7 +388,11 @@ class _Connection:
             if self.listener.connections.get(self.client) is self:
                 del self.listener.connections[self.client]
             if not clean and self.will is not None and not node._stopped:
-                await self._publish_will(self.will)
+                delay = min(self.will.properties.get(mq.WILL_DELAY_INTERVAL, 0), self.expiry)
+                if delay > 0:
+                    self.listener.delay_will(self, self.will, delay)
+                else:
+                    await self._publish_will(self.will)
         with contextlib.suppress(Exception):
             self.flush()
             self.writer.close()
@@ -482,6 +527,8 @@ class _Connection:
         ack.session_present = opened.present
         self.will = packet.will
         self.keep_alive = packet.keep_alive
+        self.expiry = opened.expiry_s
+        self.listener.reconnected(client, packet.clean_start)
         self.send(ack)
         self.connected = True
         self.session = node.stream_opened(client)  # the connection keeps the session alive

@@ -621,3 +621,45 @@ def test_a_jwt_in_the_connect_password_is_the_identity(tmp_path: Path) -> None:
         assert metric(eu.metrics_url, AUTH_REFUSED, reason="unauthenticated") == refused + 4
         for c in (sub, pub):
             c.close()
+
+
+def test_the_will_delay_interval_holds_the_will_until_it_passed_or_the_client_is_back(
+    fed: LocalFederation,
+) -> None:
+    """MQTT 5 Will Delay Interval: the will of a vanished client waits; a reconnect to the
+    session within the delay drops it, a reconnect with Clean Start (the old session
+    ends) publishes it at once."""
+    eu = fed.nodes["eu"]
+    w = Paho("x-wd-watch")
+    assert w.connect(eu.mqtt, user(PacketTypes.CONNECT, geofed_location=PARIS)) == 0
+    assert w.subscribe("wills/#", 1) == [1]
+
+    def connect_props() -> Properties:
+        props = user(PacketTypes.CONNECT, geofed_location=PARIS)
+        props.SessionExpiryInterval = 300
+        return props
+
+    def vanish(cid: str, delay: int) -> None:
+        """A client with a delayed will that goes without DISCONNECT."""
+        c = Paho(cid)
+        will = Properties(PacketTypes.WILLMESSAGE)
+        will.WillDelayInterval = delay
+        c.c.will_set(f"wills/{cid}", b"gone", qos=1, properties=will)
+        assert c.connect(eu.mqtt, connect_props()) == 0
+        c.c.socket().close()
+        logged = f"mqtt client {cid} gone without DISCONNECT: will in {delay} s"
+        until(lambda: logged in eu.log_path.read_text(), logged)
+
+    vanish("x-wd-late", 1)
+    assert w.receive(1) == [("wills/x-wd-late", b"gone")]  # once the delay passed
+    vanish("x-wd-back", 300)
+    back = Paho("x-wd-back")
+    assert back.connect(eu.mqtt, connect_props(), clean=False) == 0
+    dropped = "mqtt client x-wd-back reconnected within its Will Delay Interval: no will"
+    until(lambda: dropped in eu.log_path.read_text(), dropped)
+    vanish("x-wd-clean", 300)
+    fresh = Paho("x-wd-clean")
+    assert fresh.connect(eu.mqtt, connect_props(), clean=True) == 0
+    assert w.receive(2)[1] == ("wills/x-wd-clean", b"gone")  # the old session ended: now
+    for c in (w, back, fresh):
+        c.close()
