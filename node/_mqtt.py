@@ -54,6 +54,7 @@ from ._mqtt_geo import (
     subscription_id,
 )
 from ._server import _END, _Stream
+from ._tls import CertificateWatch
 
 if TYPE_CHECKING:
     from ._server import BrokerServer, _Session
@@ -145,6 +146,7 @@ class MqttListener:
         self.wills: dict[str, _DelayedWill] = {}  # wills waiting out their Will Delay Interval
         self._server: asyncio.Server | None = None
         self._ws_server: Any = None  # the _mqtt_ws.WebSocketServer, with mqtt_ws_listen
+        self._tls: ssl.SSLContext | None = None  # made by the first listener that serves TLS
         self._tasks: set[asyncio.Task[None]] = set()
         self.port = 0
         self.ws_port = 0
@@ -196,9 +198,37 @@ class MqttListener:
         return f"{'wss' if self.tls else 'ws'}://{target.mqtt_ws_endpoint}{PATH}"
 
     def _ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context of both listeners (None without ``tls_dir``), made once.
+
+        Its handshake hook hands each new connection the context of the
+        current certificate files: re-issued certificates (`geofed certs`
+        again) are served without a restart, as on the gRPC ports.
+        """
         files = self.node.security.files
         if files is None:
             return None
+        if self._tls is not None:
+            return self._tls
+        watch = CertificateWatch(files, files.read())
+        base = current = self._tls_context()
+
+        def follow(conn: ssl.SSLObject, server_name: str | None, ctx: ssl.SSLContext) -> None:
+            nonlocal current
+            if watch.changed() is not None:
+                try:
+                    current = self._tls_context()
+                except (OSError, ssl.SSLError) as exc:  # changed again while being read
+                    log.warning("mqtt: TLS files not reloaded, keeping the current ones: %s", exc)
+            if current is not base:
+                conn.context = current
+
+        base.sni_callback = follow  # called on every handshake, with or without SNI
+        self._tls = base
+        return base
+
+    def _tls_context(self) -> ssl.SSLContext:
+        files = self.node.security.files
+        assert files is not None
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         ctx.load_cert_chain(str(files.cert), str(files.key))
         if self.node.security.client_auth == "cert":

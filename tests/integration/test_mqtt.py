@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import shutil
 import signal
+import socket
+import ssl
 import subprocess
 import time
 import urllib.parse
@@ -25,14 +27,23 @@ import aiohttp
 import jwt
 import paho.mqtt.client as paho
 import pytest
+from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import Encoding
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 import geofed
 from geofed.bench import LocalFederation, metric
-from geofed.node import AUTH_REFUSED, DELIVERIES, EVENTS_PUBLISHED, SUBSCRIPTIONS
+from geofed.client import TLSConfig
+from geofed.node import (
+    AUTH_REFUSED,
+    DELIVERIES,
+    EVENTS_PUBLISHED,
+    SUBSCRIPTIONS,
+    issue_federation,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -530,6 +541,22 @@ def test_tls_with_client_certificates(tmp_path: Path) -> None:
         rc = moved.connect(eu.mqtt_ws, user(PacketTypes.CONNECT, geofed_location=NEW_YORK))
         assert rc.value == 0x9C
         assert moved.connack_props.ServerReference == f"wss://{sec.nodes['us'].mqtt_ws}/mqtt"
+        # Certificates re-issued under the same CA: new connections get the new one
+        # (TCP and wss), the open ones go on.
+        cert = sec.certs_dir / "brokers" / "eu" / "cert.pem"
+        before = cert.read_bytes()
+        issue_federation(sec.federation_path, sec.certs_dir)
+        assert cert.read_bytes() != before
+        new = x509.load_pem_x509_certificate(cert.read_bytes()).public_bytes(Encoding.DER)
+        for endpoint in (eu.mqtt, eu.mqtt_ws):
+            assert served_certificate(endpoint, alice) == new
+        rc, _ = pub.publish("t/3", b"after the rotation")
+        assert rc == 0
+        assert sub.receive(3)[2] == ("t/3", b"after the rotation")
+        late = Paho("alice-late")
+        late.c.tls_set(ca_certs=alice.ca_file, certfile=alice.cert_file, keyfile=alice.key_file)
+        assert late.connect(eu.mqtt, user(PacketTypes.CONNECT, geofed_location=PARIS)) == 0
+        clients.append(late)
         # Without a client certificate the handshake fails; without TLS nothing is read.
         refused = metric(eu.metrics_url, "geofed_mqtt_connects_total")
         for extra in (["--cafile", alice.ca_file], []):
@@ -663,3 +690,19 @@ def test_the_will_delay_interval_holds_the_will_until_it_passed_or_the_client_is
     assert w.receive(2)[1] == ("wills/x-wd-clean", b"gone")  # the old session ended: now
     for c in (w, back, fresh):
         c.close()
+
+
+def served_certificate(endpoint: str, tls: TLSConfig) -> bytes:
+    """The certificate a TLS listener presents to a new connection (DER)."""
+    ctx = ssl.create_default_context(cafile=tls.ca_file)
+    assert tls.cert_file and tls.key_file
+    ctx.load_cert_chain(tls.cert_file, tls.key_file)
+    ctx.check_hostname = False  # the broker's name is not the loopback address
+    host, _, p = endpoint.rpartition(":")
+    with (
+        socket.create_connection((host, int(p))) as raw,
+        ctx.wrap_socket(raw) as conn,
+    ):
+        der = conn.getpeercert(binary_form=True)
+    assert der is not None
+    return der
