@@ -21,15 +21,12 @@ import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
-import jwt
 import paho.mqtt.client as paho
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import Encoding
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
@@ -44,6 +41,9 @@ from geofed.node import (
     SUBSCRIPTIONS,
     issue_federation,
 )
+
+if TYPE_CHECKING:
+    from conftest import TokenSigner  # tests/integration/conftest.py
 
 pytestmark = pytest.mark.integration
 
@@ -589,23 +589,13 @@ def test_a_client_silent_past_its_keep_alive_is_closed_and_its_will_published(
     silent.c.socket().close()
 
 
-def test_a_jwt_in_the_connect_password_is_the_identity(tmp_path: Path) -> None:
+def test_a_jwt_in_the_connect_password_is_the_identity(
+    tmp_path: Path, token_signer: TokenSigner
+) -> None:
     """client_auth token: the JWT goes in the CONNECT password (TCP and WebSocket);
     a forged or expired one, or none, is refused with CONNACK 0x86 (3.1.1: 4)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    public = tmp_path / "token.pub"
-    public.write_bytes(
-        key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
-    )
-    forger = ec.generate_private_key(ec.SECP256R1())
-
-    def token(sub: str, signer: ec.EllipticCurvePrivateKey = key, ttl: float = 600) -> str:
-        claims = {"sub": sub, "exp": int(time.time() + ttl), "iat": int(time.time()) - 1}
-        return jwt.encode(claims, signer, algorithm="ES256")
-
-    env = {"GEOFED_TOKEN_KEY": str(public)}
+    token = token_signer.token
+    env = {"GEOFED_TOKEN_KEY": str(token_signer.public)}
     with LocalFederation(
         THREE, "event-geofence", tmp_path / "fed", tls=True, client_auth="token", extra_env=env
     ) as sec:
@@ -631,12 +621,12 @@ def test_a_jwt_in_the_connect_password_is_the_identity(tmp_path: Path) -> None:
         assert rc == 0
         assert sub.receive(1) == [("t/1", b"with a token")]
         refused = metric(eu.metrics_url, AUTH_REFUSED, reason="unauthenticated")
-        for bad in (None, token("carol", forger), token("carol", ttl=-60)):
+        for bad in (None, token("carol", forged=True), token("carol", ttl=-60)):
             c = client("carol-bad", bad)
             rc = c.connect(eu.mqtt, user(PacketTypes.CONNECT, geofed_location=PARIS))
             assert rc.value == 0x86, (bad, rc)
         port_ = eu.mqtt.rsplit(":", 1)[1]
-        forged = token("carol", forger)
+        forged = token("carol", forged=True)
         old = mosquitto("mosquitto_pub", "-p", port_, "-V", "mqttv311", "--cafile", tls.ca_file,
                         "-u", "any", "-P", forged, "-t", "t/2", "-m", "x")  # fmt: skip
         assert old.returncode != 0 and "bad user name or password" in old.stderr.lower(), old
