@@ -53,7 +53,7 @@ from ._mqtt_geo import (
     split_topic,
     subscription_id,
 )
-from ._server import _END, _Stream
+from ._server import _END, _stored, _Stream
 from ._tls import CertificateWatch
 
 if TYPE_CHECKING:
@@ -143,6 +143,7 @@ class MqttListener:
         self.max_packet = cfg.max_payload_bytes + cfg.max_geofence_bytes + _PACKET_OVERHEAD
         self.connections: dict[str, _Connection] = {}
         self.qos: dict[SubKey, int] = {}  # granted QoS of the MQTT subscriptions held here
+        self._restored = False
         self.wills: dict[str, _DelayedWill] = {}  # wills waiting out their Will Delay Interval
         self._server: asyncio.Server | None = None
         self._ws_server: Any = None  # the _mqtt_ws.WebSocketServer, with mqtt_ws_listen
@@ -159,6 +160,7 @@ class MqttListener:
         Raises:
             InvalidInput: naming ``mqtt_listen`` when the port cannot be bound.
         """
+        await self._restore_qos()
         host, _, port = listen.rpartition(":")
         try:
             self._server = await asyncio.start_server(
@@ -179,9 +181,19 @@ class MqttListener:
         """
         from ._mqtt_ws import WebSocketServer  # aiohttp is imported only when it serves
 
+        await self._restore_qos()
         self._ws_server = WebSocketServer(self._serve_websocket, self.max_packet)
         self.ws_port = await self._ws_server.start(listen, self._ssl_context())
         return self.ws_port
+
+    async def _restore_qos(self) -> None:
+        """The QoS of the persistent MQTT subscriptions a durable node kept (once)."""
+        if self._restored:
+            return
+        self._restored = True
+        for stored, qos in (await self.node.store.mqtt_qos()).items():
+            client, sub_id = stored.split("\x1f")  # as _stored joined them
+            self.qos[(client, sub_id)] = qos
 
     def reference(self, target: BrokerInfo, websocket: bool) -> str:
         """What a redirect names: the target's MQTT endpoint over the client's transport.
@@ -824,6 +836,9 @@ class _Connection:
         except GeofedError as exc:
             raise _geo_error(exc, source) from None
         self.listener.qos[sub.key] = qos
+        if self.node.store.durable and sub.key in self.node.pending:  # persistent: kept
+            self.node.store.put_mqtt_qos(_stored(sub.key), qos)
+            await self.node.store.commit()
         old = self.pumps.pop(sub.key, None)
         if old is not None:
             old.cancel()  # its stream was closed by the new one: it only ends

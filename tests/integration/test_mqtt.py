@@ -696,3 +696,34 @@ def served_certificate(endpoint: str, tls: TLSConfig) -> bytes:
         der = conn.getpeercert(binary_form=True)
     assert der is not None
     return der
+
+
+def test_a_durable_broker_keeps_the_qos_of_persistent_subscriptions_across_a_restart(
+    tmp_path: Path,
+) -> None:
+    """QoS 0 and QoS 1 subscriptions of a persistent session, the broker restarted while the
+    client is away: on reconnect each resumes at the QoS it was granted."""
+    with LocalFederation(THREE, "subscription-geofence", tmp_path, durable=True) as dur:
+        connect = user(PacketTypes.CONNECT, geofed_location=NEW_YORK)
+        connect.SessionExpiryInterval = 3600
+        s = Paho("x-qos-kept")
+        assert s.connect(dur.nodes["us"].mqtt, connect) == 0
+        assert s.subscribe("q0/#", 0) == [0]
+        assert s.subscribe("q1/#", 1) == [1]
+        s.close()
+        until(lambda: s.disconnect is not None, "the disconnect", s.step)
+        dur.stop_node("us")
+        dur.start_node("us")
+        dur.wait_ready(HANG_S)
+        us = dur.nodes["us"]
+        for topic in ("q0/a", "q1/a"):
+            where = ["-D", "publish", "user-property", "geofed-location", NEW_YORK]
+            done = mosquitto("mosquitto_pub", "-p", us.mqtt.rsplit(":", 1)[1], "-V", "mqttv5",
+                             "-q", "1", "-t", topic, "-m", topic, *where)  # fmt: skip
+            assert done.returncode == 0, done.stderr
+        until(lambda: metric(us.metrics_url, DELIVERIES) >= 2, "both queued at us")
+        s = Paho("x-qos-kept")
+        assert s.connect(us.mqtt, connect, clean=False) == 0 and s.session_present is True
+        s.receive(2)
+        assert sorted((m.topic, m.qos) for m in s.messages) == [("q0/a", 0), ("q1/a", 1)]
+        s.close()
