@@ -46,6 +46,7 @@ class LocalNode:
     process: subprocess.Popen[bytes]
     log_path: Path
     mqtt: str = ""  # host:port of its MQTT listener ("" when off)
+    mqtt_ws: str = ""  # host:port of its MQTT-over-WebSocket listener, path /mqtt ("" when off)
     http: str = ""  # host:port of its HTTP bridge ("" when off)
 
 
@@ -86,8 +87,9 @@ class LocalFederation:
             settings from `client_tls`.
         client_auth: how brokers authenticate clients with `tls`: ``none``
             or ``cert`` (each client's certificate from `client_tls`).
-        mqtt: give every broker an MQTT listener on a free port, written into
-            the generated federation file as its ``mqtt_endpoint`` (docs/mqtt.md).
+        mqtt: give every broker an MQTT listener and an MQTT-over-WebSocket
+            listener on free ports, written into the generated federation file as
+            its ``mqtt_endpoint`` and ``mqtt_ws_endpoint`` (docs/mqtt.md).
         http: give every broker an HTTP bridge (REST, Server-Sent Events, the web map)
             on a free port, written into the federation file as its ``http_endpoint``.
     """
@@ -130,9 +132,10 @@ class LocalFederation:
     def start(self, timeout: float = 60.0) -> LocalFederation:
         """Start every node and wait until all are healthy and linked."""
         ids = list(self.source.ids)
-        ports = free_ports(5 * len(ids))
+        n = 6  # client, peer, metrics, MQTT, MQTT over WebSocket, HTTP
+        ports = free_ports(n * len(ids))
         endpoints = {
-            bid: (f"127.0.0.1:{ports[5 * i + 1]}", f"127.0.0.1:{ports[5 * i]}")
+            bid: (f"127.0.0.1:{ports[n * i + 1]}", f"127.0.0.1:{ports[n * i]}")
             for i, bid in enumerate(ids)
         }
         fed = self.source.with_endpoints(endpoints)
@@ -141,8 +144,9 @@ class LocalFederation:
                 [
                     dataclasses.replace(
                         b,
-                        mqtt_endpoint=f"127.0.0.1:{ports[5 * i + 3]}" if self.mqtt else "",
-                        http_endpoint=f"127.0.0.1:{ports[5 * i + 4]}" if self.http else "",
+                        mqtt_endpoint=f"127.0.0.1:{ports[n * i + 3]}" if self.mqtt else "",
+                        mqtt_ws_endpoint=f"127.0.0.1:{ports[n * i + 4]}" if self.mqtt else "",
+                        http_endpoint=f"127.0.0.1:{ports[n * i + 5]}" if self.http else "",
                     )
                     for i, b in enumerate(fed.brokers)
                 ]
@@ -156,7 +160,7 @@ class LocalFederation:
         if self._proxies is not None:
             self._route_links_through(self._proxies)
         for i, bid in enumerate(ids):
-            self.start_node(bid, metrics_port=ports[5 * i + 2])
+            self.start_node(bid, metrics_port=ports[n * i + 2])
         self.wait_ready(timeout)
         return self
 
@@ -224,6 +228,8 @@ class LocalFederation:
         )
         if b.mqtt_endpoint:
             env["GEOFED_MQTT_LISTEN"] = b.mqtt_endpoint
+        if b.mqtt_ws_endpoint:
+            env["GEOFED_MQTT_WS_LISTEN"] = b.mqtt_ws_endpoint
         if b.http_endpoint:
             env["GEOFED_HTTP_LISTEN"] = b.http_endpoint
         if self.tls:
@@ -254,6 +260,7 @@ class LocalFederation:
             proc,
             log_path,
             b.mqtt_endpoint,
+            b.mqtt_ws_endpoint,
             http=b.http_endpoint,
         )
         self.nodes[broker_id] = node

@@ -66,10 +66,14 @@ def _up(args: argparse.Namespace) -> int:
     print(f"starting {len(fed.source)} brokers ({args.strategy}) ...", file=sys.stderr)
     try:
         fed.start(timeout=120)
-        print(f"{'broker':<16} {'client':<22} {'peer':<22} {'mqtt':<22} {'http':<22} metrics")
+        print(
+            f"{'broker':<16} {'client':<22} {'peer':<22} {'mqtt':<22} {'mqtt-ws':<22}"
+            f" {'http':<22} metrics"
+        )
         for n in fed.nodes.values():
             print(
-                f"{n.broker_id:<16} {n.client:<22} {n.peer:<22} {n.mqtt:<22} {n.http:<22}"
+                f"{n.broker_id:<16} {n.client:<22} {n.peer:<22} {n.mqtt:<22} {n.mqtt_ws:<22}"
+                f" {n.http:<22}"
                 f" {n.metrics_url}"
             )
         print(f"federation file: {fed.federation_path}")

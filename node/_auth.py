@@ -34,6 +34,7 @@ from ._links import CHANNEL_OPTIONS
 from ._metrics import NodeMetrics
 from ._policy import PolicyFile
 from ._tls import (
+    CertificateWatch,
     TLSFiles,
     channel_credentials,
     check_broker,
@@ -111,6 +112,7 @@ class Security:
             else None
         )
         self.policy = PolicyFile(config.policy_file) if config.policy_file else None
+        self._ssl: ssl.SSLContext | None = None  # server_ssl_context, made once
 
     @property
     def authenticating(self) -> bool:
@@ -129,13 +131,38 @@ class Security:
         )
 
     def server_ssl_context(self) -> ssl.SSLContext | None:
-        """TLS for the listeners beside gRPC (MQTT, HTTP); None without ``tls_dir``.
+        """TLS for the listeners beside gRPC (MQTT, MQTT over WebSocket, HTTP); None
+        without ``tls_dir``. Made once and shared by them.
 
-        The broker's certificate; with ``client_auth cert`` a client
-        certificate from the federation's CA is required, as on the client port.
+        The broker's certificate; with ``client_auth cert`` a client certificate
+        from the federation's CA is required, as on the client port. Its handshake
+        hook hands each new connection a context of the current certificate files:
+        re-issued certificates (`geofed certs` again) are served without a restart,
+        as on the gRPC ports.
         """
         if self.files is None:
             return None
+        if self._ssl is not None:
+            return self._ssl
+        watch = CertificateWatch(self.files, self.files.read())
+        base = current = self._new_ssl_context()
+
+        def follow(conn: ssl.SSLObject, server_name: str | None, ctx: ssl.SSLContext) -> None:
+            nonlocal current
+            if watch.changed() is not None:
+                try:
+                    current = self._new_ssl_context()
+                except (OSError, ssl.SSLError) as exc:  # changed again while being read
+                    log.warning("TLS files not reloaded, keeping the current ones: %s", exc)
+            if current is not base:
+                conn.context = current
+
+        base.sni_callback = follow  # called on every handshake, with or without SNI
+        self._ssl = base
+        return base
+
+    def _new_ssl_context(self) -> ssl.SSLContext:
+        assert self.files is not None
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         ctx.load_cert_chain(str(self.files.cert), str(self.files.key))
         if self.client_auth == "cert":

@@ -168,6 +168,11 @@ class NodeConfig:
         f" 0.0.0.0:{MQTT_PORT}; empty = off",
         default="",
     )
+    mqtt_ws_listen: str = _doc(
+        "host:port of the MQTT-over-WebSocket listener for browsers (path /mqtt, subprotocol"
+        " mqtt; wss with tls_dir; docs/mqtt.md); empty = off",
+        default="",
+    )
     mqtt_connect_timeout_s: float = _doc(
         "an MQTT connection that sends no CONNECT within this time is closed", default=10.0
     )
@@ -230,7 +235,7 @@ class NodeConfig:
             )
         for name in ("client_listen", "peer_listen", "metrics_listen"):
             _check_listen(name, getattr(self, name))
-        for name in ("health_listen", "mqtt_listen", "http_listen"):
+        for name in ("health_listen", "mqtt_listen", "mqtt_ws_listen", "http_listen"):
             if getattr(self, name):
                 _check_listen(name, getattr(self, name))
         if self.log_level not in LOG_LEVELS:

@@ -18,11 +18,12 @@ import logging
 import ssl
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from geofed.errors import status_for
 from geofed.routing import (
     BrokerInfo,
+    Event,
     GeofedError,
     InvalidInput,
     LatLon,
@@ -52,7 +53,7 @@ from ._mqtt_geo import (
     split_topic,
     subscription_id,
 )
-from ._server import _END, _Stream
+from ._server import _END, _stored, _Stream
 
 if TYPE_CHECKING:
     from ._server import BrokerServer, _Session
@@ -61,6 +62,22 @@ log = logging.getLogger("geofed.node.mqtt")
 
 _PACKET_OVERHEAD = 1 << 17  # topic, properties and headers allowed beside payload and geofence
 _RECEIVE_MAXIMUM = 65_535  # QoS 1 deliveries in flight per connection (MQTT's maximum)
+_WRITE_BATCH = 256  # deliveries written to the socket in one go
+_PUBLISH_BATCH = 512  # events of a burst of PUBLISH packets published together
+
+
+class _Writer(Protocol):
+    """Where a connection's packets go: an `asyncio.StreamWriter` or a `WebSocketWriter`."""
+
+    def write(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    async def wait_closed(self) -> None: ...
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any: ...
 
 
 class _Close(Exception):
@@ -97,6 +114,14 @@ def _geo_error(exc: GeofedError, prop: str) -> GeofedError:
 
 
 @dataclass
+class _DelayedWill:
+    """A will waiting out its Will Delay Interval (`now`: publish it at once)."""
+
+    task: asyncio.Task[None]
+    now: asyncio.Event
+
+
+@dataclass
 class _Inflight:
     """A QoS 1 delivery waiting for its PUBACK."""
 
@@ -105,7 +130,11 @@ class _Inflight:
 
 
 class MqttListener:
-    """The MQTT listener of one node: accepts connections and runs one `_Connection` each."""
+    """The MQTT listeners of one node, TCP and WebSocket: one `_Connection` per client.
+
+    Both transports share the client table (a client may reconnect over the
+    other one: session takeover works across them) and the session logic.
+    """
 
     def __init__(self, node: BrokerServer) -> None:
         self.node = node
@@ -113,9 +142,13 @@ class MqttListener:
         self.max_packet = cfg.max_payload_bytes + cfg.max_geofence_bytes + _PACKET_OVERHEAD
         self.connections: dict[str, _Connection] = {}
         self.qos: dict[SubKey, int] = {}  # granted QoS of the MQTT subscriptions held here
+        self._restored = False
+        self.wills: dict[str, _DelayedWill] = {}  # wills waiting out their Will Delay Interval
         self._server: asyncio.Server | None = None
+        self._ws_server: Any = None  # the _mqtt_ws.WebSocketServer, with mqtt_ws_listen
         self._tasks: set[asyncio.Task[None]] = set()
         self.port = 0
+        self.ws_port = 0
         self.tls = node.security.files is not None
         self.default_location = _default_location(node.federation.broker(node.broker_id), node)
 
@@ -125,6 +158,7 @@ class MqttListener:
         Raises:
             InvalidInput: naming ``mqtt_listen`` when the port cannot be bound.
         """
+        await self._restore_qos()
         host, _, port = listen.rpartition(":")
         try:
             self._server = await asyncio.start_server(
@@ -137,11 +171,78 @@ class MqttListener:
         self.port = int(self._server.sockets[0].getsockname()[1])
         return self.port
 
+    async def start_websocket(self, listen: str) -> int:
+        """Serve MQTT over WebSocket on `listen` (wss with the node's ``tls_dir``); the port.
+
+        Raises:
+            InvalidInput: naming ``mqtt_ws_listen`` when the port cannot be bound.
+        """
+        from ._mqtt_ws import WebSocketServer  # aiohttp is imported only when it serves
+
+        await self._restore_qos()
+        self._ws_server = WebSocketServer(self._serve_websocket, self.max_packet)
+        self.ws_port = await self._ws_server.start(listen, self._ssl_context())
+        return self.ws_port
+
+    async def _restore_qos(self) -> None:
+        """The QoS of the persistent MQTT subscriptions a durable node kept (once)."""
+        if self._restored:
+            return
+        self._restored = True
+        for stored, qos in (await self.node.store.mqtt_qos()).items():
+            client, sub_id = stored.split("\x1f")  # as _stored joined them
+            self.qos[(client, sub_id)] = qos
+
+    def reference(self, target: BrokerInfo, websocket: bool) -> str:
+        """What a redirect names: the target's MQTT endpoint over the client's transport.
+
+        A WebSocket client gets a URL (``ws[s]://host:port/mqtt``), what
+        browser clients connect to; a TCP client ``host:port``.
+        """
+        if not websocket:
+            return target.mqtt_endpoint
+        if not target.mqtt_ws_endpoint:
+            return ""
+        from ._mqtt_ws import PATH
+
+        return f"{'wss' if self.tls else 'ws'}://{target.mqtt_ws_endpoint}{PATH}"
+
     def _ssl_context(self) -> ssl.SSLContext | None:
         return self.node.security.server_ssl_context()
 
+    def delay_will(self, conn: _Connection, will: mq.Will, delay: float) -> None:
+        """Publish `conn`'s will after `delay` s (MQTT 5 Will Delay Interval, capped by the
+        session expiry) unless its client reconnects first (`reconnected`)."""
+        now = asyncio.Event()
+
+        async def later() -> None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(now.wait(), delay)
+            if self.wills.get(conn.client) is delayed:
+                del self.wills[conn.client]
+            await conn._publish_will(will)
+
+        task = asyncio.get_running_loop().create_task(later(), name=f"mqtt-will-{conn.client}")
+        delayed = self.wills[conn.client] = _DelayedWill(task, now)
+        log.info("mqtt client %s gone without DISCONNECT: will in %.0f s", conn.client, delay)
+
+    def reconnected(self, client: str, clean_start: bool) -> None:
+        """A client connected again: its delayed will is dropped, or (Clean Start: the old
+        session ended) published now."""
+        delayed = self.wills.pop(client, None)
+        if delayed is None:
+            return
+        if clean_start:
+            delayed.now.set()
+        else:
+            delayed.task.cancel()
+            log.info("mqtt client %s reconnected within its Will Delay Interval: no will", client)
+
     async def stop(self) -> None:
         """Stop accepting, tell MQTT 5 clients the server shuts down, close every connection."""
+        for delayed in self.wills.values():  # not published when the node stops
+            delayed.task.cancel()
+        self.wills.clear()
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections.values()):
@@ -151,13 +252,21 @@ class MqttListener:
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 1.0)
+        if self._ws_server is not None:
+            await self._ws_server.stop()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await self._run(_Connection(self, reader, writer, websocket=False))
+
+    async def _serve_websocket(self, reader: mq.ByteReader, writer: _Writer) -> None:
+        await self._run(_Connection(self, reader, writer, websocket=True))
+
+    async def _run(self, conn: _Connection) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
         try:
-            await _Connection(self, reader, writer).run()
+            await conn.run()
         finally:
             self._tasks.discard(task)
 
@@ -182,18 +291,22 @@ class _Connection:
     """One MQTT client connection: the protocol state between CONNECT and the socket closing."""
 
     def __init__(
-        self, listener: MqttListener, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self, listener: MqttListener, reader: mq.ByteReader, writer: _Writer, *, websocket: bool
     ) -> None:
         self.listener = listener
         self.node = listener.node
-        self.reader = reader
+        self.packets = mq.PacketReader(reader, listener.max_packet)
         self.writer = writer
+        self.out: list[bytes] = []  # packets to write once no more input is waiting
+        self.pending: list[tuple[Event, int]] = []  # a burst's events, QoS 1 packet ids (or 0)
+        self.websocket = websocket  # redirects name the WebSocket endpoint
         self.version = mq.MQTT_5
         self.client = ""
         self.who: Principal = ANONYMOUS
         self.connected = False
         self.will: mq.Will | None = None
         self.keep_alive = 0
+        self.expiry = 0.0  # the session expiry granted (> 0: persistent)
         self.session: _Session | None = None
         self.pumps: dict[SubKey, asyncio.Task[None]] = {}
         self.inflight: dict[int, _Inflight] = {}
@@ -208,16 +321,27 @@ class _Connection:
     # -- writing ---------------------------------------------------------------
 
     def send(self, packet: mq.ConnAck | mq.Publish | mq.PubAck | mq.SubAck | mq.UnsubAck) -> None:
-        self.writer.write(packet.encode(self.version))
+        """Queue a packet: the answers to a burst of packets go out in one write (`flush`)."""
+        self.out.append(packet.encode(self.version))
 
     def send_other(self, packet: mq.PingResp | mq.Disconnect) -> None:
-        self.writer.write(packet.encode(self.version))
+        """Write a packet now, after what is queued."""
+        self.out.append(packet.encode(self.version))
+        self.flush()
+
+    def flush(self, more: list[bytes] | None = None) -> None:
+        """Write what is queued (and `more`) in one go."""
+        out = self.out + more if more else self.out
+        if out:
+            self.writer.write(out[0] if len(out) == 1 else b"".join(out))
+            self.out = []
 
     def shutdown(self) -> None:
         """The node stops: MQTT 5 clients are told so; the socket closes."""
-        if self.version == mq.MQTT_5 and self.connected:
-            with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):
+            if self.version == mq.MQTT_5 and self.connected:
                 self.send_other(mq.Disconnect(mq.SERVER_SHUTTING_DOWN))
+            self.flush()
         self.writer.close()
 
     # -- the connection ----------------------------------------------------------
@@ -251,6 +375,8 @@ class _Connection:
 
     async def _end(self, clean: bool) -> None:
         node = self.node
+        with contextlib.suppress(_Close):  # what was read before the end is published
+            await self._publish_pending()
         for task in self.pumps.values():
             task.cancel()
         for task in list(self.pumps.values()):
@@ -266,8 +392,13 @@ class _Connection:
             if self.listener.connections.get(self.client) is self:
                 del self.listener.connections[self.client]
             if not clean and self.will is not None and not node._stopped:
-                await self._publish_will(self.will)
+                delay = min(self.will.properties.get(mq.WILL_DELAY_INTERVAL, 0), self.expiry)
+                if delay > 0:
+                    self.listener.delay_will(self, self.will, delay)
+                else:
+                    await self._publish_will(self.will)
         with contextlib.suppress(Exception):
+            self.flush()
             self.writer.close()
             await asyncio.wait_for(self.writer.wait_closed(), 1.0)
         self.closed.set()
@@ -275,9 +406,10 @@ class _Connection:
     async def _publish_will(self, will: mq.Will) -> None:
         try:
             fence = will.properties.user_values(GEOFENCE_PROPERTY)
-            await self._publish_event(
+            event = await self._event(
                 will.topic, will.payload, fence[-1] if fence else None, GEOFENCE_PROPERTY
             )
+            await self.node.publish([event])
             log.info("mqtt client %s gone without DISCONNECT: will published", self.client)
         except GeofedError as exc:
             log.warning("mqtt client %s: will not published: %s", self.client, exc)
@@ -287,9 +419,7 @@ class _Connection:
     async def _connect(self) -> bool:
         node = self.node
         timeout = node.config.mqtt_connect_timeout_s or None
-        kind, flags, body = await asyncio.wait_for(
-            mq.read_packet(self.reader, self.listener.max_packet), timeout
-        )
+        kind, flags, body = await self.packets.next(timeout)
         if kind != mq.CONNECT:
             log.info("mqtt connection %s: first packet is not a CONNECT", self.peer)
             return False
@@ -298,7 +428,7 @@ class _Connection:
         except mq.PacketError as exc:
             if exc.code == mq.UNSUPPORTED_PROTOCOL_VERSION:
                 # Answered in 3.1.1 form, which every version reads.
-                self.writer.write(mq.ConnAck(mq.V311_REFUSED_PROTOCOL).encode(mq.MQTT_311))
+                self.out.append(mq.ConnAck(mq.V311_REFUSED_PROTOCOL).encode(mq.MQTT_311))
             log.info("mqtt connection %s: refused CONNECT: %s", self.peer, exc)
             return False
         self.version = packet.version
@@ -377,6 +507,7 @@ class _Connection:
             return self._refuse(label, code, str(exc))
         if opened.redirect is not None:
             target = opened.redirect
+            reference = self.listener.reference(target, self.websocket)
             node.metrics.mqtt_connects.labels(version=label, result="redirected").inc()
             log.info(
                 "mqtt client %s at %s,%s redirected to broker %s (%s)",
@@ -384,11 +515,12 @@ class _Connection:
                 where.lat,
                 where.lon,
                 target.id,
-                target.mqtt_endpoint,
+                reference,
             )
             if v5:
                 ack.code = mq.USE_ANOTHER_SERVER
-                ack.properties.values[mq.SERVER_REFERENCE] = target.mqtt_endpoint
+                if reference:
+                    ack.properties.values[mq.SERVER_REFERENCE] = reference
                 ack.properties.values[mq.REASON_STRING] = f"location belongs to broker {target.id}"
             else:
                 ack.code = mq.V311_REFUSED_UNAVAILABLE
@@ -399,6 +531,8 @@ class _Connection:
         ack.session_present = opened.present
         self.will = packet.will
         self.keep_alive = packet.keep_alive
+        self.expiry = opened.expiry_s
+        self.listener.reconnected(client, packet.clean_start)
         self.send(ack)
         self.connected = True
         self.session = node.stream_opened(client)  # the connection keeps the session alive
@@ -437,18 +571,23 @@ class _Connection:
         """Handle packets until DISCONNECT (True: a normal one, the will is dropped)."""
         timeout = 1.5 * self.keep_alive if self.keep_alive else None
         while True:
+            if not self.packets.ready():  # answered what came in one go: send, then wait
+                await self._publish_pending()
+                self.flush()
+                await self.writer.drain()
             try:
-                kind, flags, body = await asyncio.wait_for(
-                    mq.read_packet(self.reader, self.listener.max_packet), timeout
-                )
+                kind, flags, body = await self.packets.next(timeout)
             except TimeoutError:
                 log.info("mqtt client %s silent for 1.5x its keep-alive: closed", self.client)
                 raise _Close(mq.KEEP_ALIVE_TIMEOUT, "keep-alive timeout") from None
             packet = mq.decode(kind, flags, body, self.version)
+            if not isinstance(packet, mq.Publish):
+                await self._publish_pending()
             props = getattr(packet, "properties", None)
             if props is not None:
                 located = props.user_values(LOCATION_PROPERTY)
                 if located:
+                    await self._publish_pending()  # published from where they were
                     await self._locate(located[-1], LOCATION_PROPERTY)
             if isinstance(packet, mq.Publish):
                 await self._on_publish(packet)
@@ -464,7 +603,6 @@ class _Connection:
                 return packet.code != mq.DISCONNECT_WITH_WILL
             else:
                 raise _Close(mq.PROTOCOL_ERROR, f"unexpected packet type {kind}")
-            await self.writer.drain()
 
     def _bad_geo(self, exc: GeofedError) -> _Close:
         """Bad geo-context that no acknowledgement can carry: log it, end the connection."""
@@ -481,25 +619,38 @@ class _Connection:
             raise self._bad_geo(exc) from None
         if target is None:
             return
+        reference = self.listener.reference(target, self.websocket)
         log.info(
             "mqtt client %s moved to %s,%s: redirected to broker %s (%s)",
             self.client,
             point.lat,
             point.lon,
             target.id,
-            target.mqtt_endpoint,
+            reference,
         )
         if self.version == mq.MQTT_311:
             # No Server Reference in 3.1.1: the new broker as a message, then the close.
-            self.send(mq.Publish(REDIRECT_TOPIC, target.mqtt_endpoint.encode()))
-        raise _Close(
-            mq.SERVER_MOVED, f"location belongs to broker {target.id}", target.mqtt_endpoint
-        )
+            self.send(mq.Publish(REDIRECT_TOPIC, reference.encode()))
+        raise _Close(mq.SERVER_MOVED, f"location belongs to broker {target.id}", reference)
 
     # PUBLISH ---------------------------------------------------------------------
 
     async def _on_publish(self, packet: mq.Publish) -> None:
+        """A PUBLISH: its event joins the burst being read (`pending`), or is refused.
+
+        A plain PUBLISH (QoS 0/1, no geo-context in the topic) only adds its
+        event to `pending`; everything else first publishes what is pending,
+        so the events of a connection are published and acknowledged in order.
+        """
         v5 = self.version == mq.MQTT_5
+        plain = (
+            packet.qos < 2
+            and not (packet.retain and v5)
+            and (not v5 or packet.properties.get(mq.TOPIC_ALIAS) is None)
+            and not packet.topic.startswith(PREFIX)
+        )
+        if not plain:
+            await self._publish_pending()
         if packet.qos == 2:
             raise _Close(mq.QOS_NOT_SUPPORTED, "QoS 2 is not supported")
         if packet.retain and v5:
@@ -521,12 +672,10 @@ class _Connection:
                 self.send(mq.PubAck(packet.packet_id))
             return
         try:
-            await self._publish_event(geo.topic, packet.payload, fence, source)
+            event = await self._event(geo.topic, packet.payload, fence, source)
         except GeofedError as exc:
+            await self._publish_pending()
             self.node.on_reject(status_for(exc))
-            if isinstance(exc, StorageFailed):
-                # Not acknowledged: the client sends it again after reconnecting.
-                raise _Close(mq.SERVER_UNAVAILABLE, str(exc)) from None
             if not v5 or not packet.qos:
                 log.warning(
                     "mqtt client %s: publish to %r refused: %s: disconnected",
@@ -538,26 +687,44 @@ class _Connection:
             props = mq.Properties({mq.REASON_STRING: str(exc)[:1000]})
             self.send(mq.PubAck(packet.packet_id, _reason_for(exc), props))
             return
-        if packet.qos:
-            self.send(mq.PubAck(packet.packet_id))  # the event is durable (with a store)
+        self.pending.append((event, packet.packet_id if packet.qos else 0))
+        if len(self.pending) >= _PUBLISH_BATCH:
+            await self._publish_pending()
 
-    async def _publish_event(
-        self, topic: str, payload: bytes, fence: str | None, source: str
-    ) -> None:
+    async def _publish_pending(self) -> None:
+        """Publish the events of a burst together, then acknowledge the QoS 1 ones in order.
+
+        PUBACK follows the node's acceptance (with a store: once durable).
+        """
+        if not self.pending:
+            return
+        batch, self.pending = self.pending, []
+        try:
+            await self.node.publish([event for event, _ in batch])
+        except GeofedError as exc:
+            for _ in batch:
+                self.node.on_reject(status_for(exc))
+            # Not acknowledged: the client sends them again after reconnecting.
+            code = mq.SERVER_UNAVAILABLE if isinstance(exc, StorageFailed) else _reason_for(exc)
+            raise _Close(code, str(exc)) from None
+        for _, packet_id in batch:
+            if packet_id:
+                self.send(mq.PubAck(packet_id))
+
+    async def _event(self, topic: str, payload: bytes, fence: str | None, source: str) -> Event:
+        """A client's event, checked by the node as a gRPC publish is (not yet published)."""
         node = self.node
         where = node.location_of(self.client) or self.listener.default_location
         pb = gpb.Event(
-            topic=topic,
-            payload=payload,
-            publisher=gpb.LatLon(lat=where.lat, lon=where.lon),
-            geofence=geofence_to_pb(geofence_from_text(fence or "", source)),
+            topic=topic, payload=payload, publisher=gpb.LatLon(lat=where.lat, lon=where.lon)
         )
+        if fence:
+            pb.geofence.CopyFrom(geofence_to_pb(geofence_from_text(fence, source)))
         node.check_owner(self.who, self.client)
         try:
-            event = await node.client_event(self.who, self.client, pb, "event")
+            return await node.client_event(self.who, self.client, pb, "event")
         except GeofedError as exc:
             raise _geo_error(exc, source) from None
-        await node.publish([event])
 
     # SUBSCRIBE / UNSUBSCRIBE ---------------------------------------------------------
 
@@ -629,6 +796,9 @@ class _Connection:
         except GeofedError as exc:
             raise _geo_error(exc, source) from None
         self.listener.qos[sub.key] = qos
+        if self.node.store.durable and sub.key in self.node.pending:  # persistent: kept
+            self.node.store.put_mqtt_qos(_stored(sub.key), qos)
+            await self.node.store.commit()
         old = self.pumps.pop(sub.key, None)
         if old is not None:
             old.cancel()  # its stream was closed by the new one: it only ends
@@ -658,14 +828,30 @@ class _Connection:
         )
 
     async def _deliver(self, key: SubKey, stream: _Stream, qos: int) -> None:
-        """Write a subscription's deliveries to the client until its stream ends."""
+        """Write a subscription's deliveries to the client until its stream ends.
+
+        What the stream holds when the pump wakes is written in one go (one
+        socket write for up to `_WRITE_BATCH` deliveries, not one each).
+        """
         node = self.node
         try:
             while True:
-                item = await stream.get()
-                if item is _END:
+                items = [await stream.get(), *stream.take_ready(_WRITE_BATCH - 1)]
+                out: list[bytes] = []
+                ended = False
+                for item in items:
+                    if item is _END:
+                        ended = True
+                        break
+                    if qos and self.window.locked():  # the client's window is full
+                        await self._write_out(out)
+                        out = []
+                    out.append(await self._delivery(key, item, qos))
+                await self._write_out(out)
+                if not qos and key in self.sent:
+                    await self._ack(key)  # QoS 0: handed over is done
+                if ended:
                     return
-                await self._write_delivery(key, item, qos)
         except (ConnectionError, RuntimeError):
             self.writer.close()  # the read loop ends and cleans up
         finally:
@@ -673,7 +859,12 @@ class _Connection:
             if self.pumps.get(key) is asyncio.current_task():
                 del self.pumps[key]
 
-    async def _write_delivery(self, key: SubKey, item: cpb.Delivery, qos: int) -> None:
+    async def _write_out(self, packets: list[bytes]) -> None:
+        self.flush(packets)
+        await self.writer.drain()
+
+    async def _delivery(self, key: SubKey, item: cpb.Delivery, qos: int) -> bytes:
+        """The PUBLISH of one delivery, encoded; a QoS 1 one takes a place in the window."""
         event = item.event
         packet = mq.Publish(event.topic, bytes(event.payload), qos)
         if self.version == mq.MQTT_5:
@@ -688,10 +879,7 @@ class _Connection:
                 self.outstanding.setdefault(key, set()).add(item.offset)
         if item.offset:
             self.sent[key] = max(self.sent.get(key, 0), item.offset)
-        self.send(packet)
-        await self.writer.drain()
-        if item.offset and not qos:
-            await self._ack(key)  # QoS 0: handed over is done
+        return packet.encode(self.version)
 
     def _packet_id(self) -> int:
         for _ in range(65_535):

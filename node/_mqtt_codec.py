@@ -1,7 +1,7 @@
 """MQTT 3.1.1 and 5.0 packets: the subset a QoS 0/1 broker needs, both directions.
 
-Pure and synchronous (bytes in, dataclasses out, and back). `read_packet`
-is the only coroutine: it frames one packet off an asyncio stream. A packet
+Pure and synchronous (bytes in, dataclasses out, and back). `PacketReader`
+frames packets off a byte stream (TCP or WebSocket). A packet
 that breaks the specification raises `PacketError` carrying the MQTT 5
 reason code (0x81 malformed packet, 0x82 protocol error, 0x95 packet too
 large); the listener answers with it (MQTT 5) or just closes (3.1.1).
@@ -19,7 +19,7 @@ import asyncio
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 # Packet types (fixed header, high nibble).
 CONNECT = 1
@@ -177,8 +177,13 @@ class Properties:
 # -- primitive encoders and a reader --------------------------------------------
 
 
+_ONE_BYTE = [bytes((i,)) for i in range(128)]  # the Variable Byte Integers of one byte
+
+
 def encode_varint(n: int) -> bytes:
     """A Variable Byte Integer (1-4 bytes)."""
+    if 0 <= n < 128:
+        return _ONE_BYTE[n]
     if not 0 <= n <= MAX_REMAINING_LENGTH:
         raise ValueError(f"variable byte integer out of range: {n}")
     out = bytearray()
@@ -189,11 +194,14 @@ def encode_varint(n: int) -> bytes:
             return bytes(out)
 
 
+_U16_BYTES = struct.Struct("!H")
+
+
 def _str(s: str) -> bytes:
     data = s.encode("utf-8")
     if len(data) > 0xFFFF:
         raise ValueError("string longer than 65,535 bytes")
-    return struct.pack("!H", len(data)) + data
+    return _U16_BYTES.pack(len(data)) + data
 
 
 def _bin(b: bytes) -> bytes:
@@ -223,8 +231,9 @@ def encode_properties(props: Properties | None) -> bytes:
                 out += _bin(value)
         for name, value in props.user:
             out.append(USER_PROPERTY)
-            out += _str(name) + _str(value)
-    return encode_varint(len(out)) + bytes(out)
+            out += _str(name)
+            out += _str(value)
+    return encode_varint(len(out)) + out
 
 
 class _Reader:
@@ -314,27 +323,85 @@ class _Reader:
         return props
 
 
-async def read_packet(reader: asyncio.StreamReader, max_size: int) -> tuple[int, int, bytes]:
-    """Read one packet: (type, fixed-header flags, the rest).
+class ByteReader(Protocol):
+    """Where packets are read from: an `asyncio.StreamReader` (TCP) or a WebSocket's frames."""
 
-    Raises:
-        asyncio.IncompleteReadError: the connection closed (at a packet boundary or not).
-        PacketError: a remaining length over 4 bytes or over `max_size`.
+    async def read(self, n: int) -> bytes:
+        """The next bytes that arrived (about `n` at most); b"" once the stream has ended."""
+        ...
+
+
+_CHUNK = 1 << 16  # bytes asked of the stream at a time
+
+
+class PacketReader:
+    """Frames packets off a byte stream, reading it a chunk at a time.
+
+    The packets of a chunk are handed out without awaiting the stream again,
+    so a connection handles a burst of small packets in one go (and answers
+    them in one write: `ready` says whether another packet is waiting).
+    Memory: at most one packet (`max_size`) plus one chunk.
     """
-    first = (await reader.readexactly(1))[0]
-    length, shift = 0, 0
-    for i in range(4):
-        b = (await reader.readexactly(1))[0]
-        length += (b & 0x7F) << shift
-        if not b & 0x80:
-            break
-        shift += 7
-        if i == 3:
-            raise _malformed("remaining length longer than 4 bytes")
-    if length > max_size:
-        raise PacketError(PACKET_TOO_LARGE, f"packet of {length} bytes, limit {max_size}")
-    body = await reader.readexactly(length) if length else b""
-    return first >> 4, first & 0x0F, body
+
+    def __init__(self, stream: ByteReader, max_size: int) -> None:
+        self._stream = stream
+        self._max = max_size
+        self._buf = bytearray()
+        self._pos = 0
+        self._next: tuple[int, int, bytes] | None = None
+
+    def ready(self) -> bool:
+        """Whether a whole packet is already buffered (`next` returns it without waiting).
+
+        Raises:
+            PacketError: the buffered header is malformed or announces a packet too large.
+        """
+        if self._next is None:
+            self._next = self._parse()
+        return self._next is not None
+
+    async def next(self, timeout: float | None = None) -> tuple[int, int, bytes]:
+        """The next packet: (type, fixed-header flags, the rest).
+
+        Raises:
+            asyncio.IncompleteReadError: the stream ended (at a packet boundary or not).
+            TimeoutError: nothing arrived for `timeout` seconds while a packet was awaited.
+            PacketError: a remaining length over 4 bytes or over `max_size`.
+        """
+        while not self.ready():
+            async with asyncio.timeout(timeout):
+                data = await self._stream.read(_CHUNK)
+            if not data:
+                raise asyncio.IncompleteReadError(bytes(self._buf[self._pos :]), None)
+            if self._pos:
+                del self._buf[: self._pos]
+                self._pos = 0
+            self._buf += data
+        packet, self._next = self._next, None
+        assert packet is not None
+        return packet
+
+    def _parse(self) -> tuple[int, int, bytes] | None:
+        buf, pos = self._buf, self._pos
+        i, length, shift = pos + 1, 0, 0
+        while True:
+            if i >= len(buf):
+                return None
+            b = buf[i]
+            length += (b & 0x7F) << shift
+            i += 1
+            if not b & 0x80:
+                break
+            shift += 7
+            if i - pos > 4:
+                raise _malformed("remaining length longer than 4 bytes")
+        if length > self._max:
+            raise PacketError(PACKET_TOO_LARGE, f"packet of {length} bytes, limit {self._max}")
+        if i + length > len(buf):
+            return None
+        self._pos = i + length
+        first = buf[pos]
+        return first >> 4, first & 0x0F, bytes(buf[i : self._pos])
 
 
 def _packet(kind: int, flags: int, body: bytes) -> bytes:
@@ -417,12 +484,14 @@ class Publish:
 
     def encode(self, version: int) -> bytes:
         flags = (0x08 if self.dup else 0) | self.qos << 1 | (0x01 if self.retain else 0)
-        body = _str(self.topic)
+        parts = [_str(self.topic)]
         if self.qos:
-            body += struct.pack("!H", self.packet_id)
+            parts.append(_U16_BYTES.pack(self.packet_id))
         if version == MQTT_5:
-            body += encode_properties(self.properties)
-        return _packet(PUBLISH, flags, body + self.payload)
+            parts.append(encode_properties(self.properties))
+        parts.append(self.payload)
+        body = b"".join(parts)
+        return b"".join((_ONE_BYTE[PUBLISH << 4 | flags], encode_varint(len(body)), body))
 
 
 @dataclass
@@ -606,7 +675,7 @@ def decode_connect(flags: int, body: bytes) -> Connect:
 
 
 def decode(kind: int, flags: int, body: bytes, version: int) -> Packet:
-    """Decode a packet read by `read_packet`, for a connection of protocol `version`.
+    """Decode a packet read by `PacketReader`, for a connection of protocol `version`.
 
     Raises:
         PacketError: malformed, or not allowed from a client.

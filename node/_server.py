@@ -191,6 +191,13 @@ class _Stream:
         self._items.append((_END, 0))
         self._ready.set()
 
+    def take_ready(self, most: int) -> list[Any]:
+        """Up to `most` items already queued, without waiting (written out in one go)."""
+        out: list[Any] = []
+        while self._items and len(out) < most:
+            out.append(self._take())
+        return out
+
     async def get(self) -> Any:
         while not self._items:
             if self.behind is not None and self._refill is not None:
@@ -308,8 +315,9 @@ class BrokerServer(Guarded):
         self.client_port = 0
         self.peer_port = 0
         self.metrics_port = 0
-        self.mqtt: Any = None  # the MqttListener, with mqtt_listen
+        self.mqtt: Any = None  # the MqttListener, with mqtt_listen or mqtt_ws_listen
         self.mqtt_port = 0
+        self.mqtt_ws_port = 0
         self.http: Any = None  # the HttpBridge, with http_listen
         self.http_port = 0
         self._started = False
@@ -380,11 +388,14 @@ class BrokerServer(Guarded):
                 "metrics_listen", f"cannot listen on {self.config.metrics_listen}: {exc.strerror}"
             ) from None
         self.metrics_port = self._metrics_server.server_port
-        if self.config.mqtt_listen:
+        if self.config.mqtt_listen or self.config.mqtt_ws_listen:
             from ._mqtt import MqttListener  # the module imports this one
 
             self.mqtt = MqttListener(self)
-            self.mqtt_port = await self.mqtt.start(self.config.mqtt_listen)
+            if self.config.mqtt_listen:
+                self.mqtt_port = await self.mqtt.start(self.config.mqtt_listen)
+            if self.config.mqtt_ws_listen:
+                self.mqtt_ws_port = await self.mqtt.start_websocket(self.config.mqtt_ws_listen)
         if self.config.http_listen:
             from ._http import HttpBridge  # aiohttp is imported only when the bridge runs
 
@@ -401,13 +412,14 @@ class BrokerServer(Guarded):
             link.start()
         self._reaper = asyncio.create_task(self._reap_sessions(), name="session-reaper")
         log.info(
-            "broker %s serving: clients :%d, peers :%d, metrics :%d, mqtt %s, http %s,"
-            " strategy %s, %d peers",
+            "broker %s serving: clients :%d, peers :%d, metrics :%d, mqtt %s, mqtt-ws %s,"
+            " http %s, strategy %s, %d peers",
             self.broker_id,
             self.client_port,
             self.peer_port,
             self.metrics_port,
-            f":{self.mqtt_port}" if self.mqtt is not None else "off",
+            f":{self.mqtt_port}" if self.mqtt_port else "off",
+            f":{self.mqtt_ws_port}" if self.mqtt_ws_port else "off",
             f":{self.http_port}" if self.http is not None else "off",
             self.config.strategy,
             len(self.links),

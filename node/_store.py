@@ -151,6 +151,7 @@ CREATE TABLE IF NOT EXISTS pending (
     PRIMARY KEY (sub, offset)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS remote (
     id TEXT PRIMARY KEY, home TEXT NOT NULL, data BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS mqtt_qos (key TEXT PRIMARY KEY, qos INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS seen (
     peer TEXT NOT NULL, kind TEXT NOT NULL, event_id TEXT NOT NULL, n INTEGER NOT NULL,
     PRIMARY KEY (peer, kind, event_id)) WITHOUT ROWID;
@@ -320,6 +321,15 @@ class Store:
     def delete_subscription(self, key: str) -> None:
         self._write("DELETE FROM pending WHERE sub = ?", (key,))
         self._write("DELETE FROM subscriptions WHERE key = ?", (key,))
+        self._write("DELETE FROM mqtt_qos WHERE key = ?", (key,))
+
+    def put_mqtt_qos(self, key: str, qos: int) -> None:
+        """The QoS granted to a persistent subscription made over MQTT (gone with it)."""
+        self._write("INSERT OR REPLACE INTO mqtt_qos VALUES (?, ?)", (key, qos))
+
+    async def mqtt_qos(self) -> dict[str, int]:
+        """The QoS kept for each persistent MQTT subscription, by subscription key."""
+        return dict(await self._read("SELECT key, qos FROM mqtt_qos", ()))
 
     def put_pending(self, key: str, offset: int, data: bytes) -> None:
         self._write(

@@ -206,12 +206,12 @@ def _check_pair(cert: bytes, key: bytes, files: TLSFiles) -> None:
         )
 
 
-class _Reloader:
-    """The certificate-config fetcher of dynamic server credentials.
+class CertificateWatch:
+    """Tells when a broker's TLS files changed into a new, whole and consistent set.
 
-    gRPC calls it from its own threads on every new handshake; it answers
-    None (keep the current credentials) unless the files changed and the new
-    ones are whole and consistent.
+    Serves every TLS port of the node: gRPC's certificate fetcher (`_Reloader`)
+    and the listeners beside gRPC (`Security.server_ssl_context`: MQTT, HTTP), each
+    asking on new handshakes.
     """
 
     def __init__(self, files: TLSFiles, material: tuple[bytes, bytes, bytes]) -> None:
@@ -222,7 +222,8 @@ class _Reloader:
         self.reloads = 0
         """How many times new files were taken (for tests and logs)."""
 
-    def __call__(self) -> grpc.ServerCertificateConfiguration | None:
+    def changed(self) -> tuple[bytes, bytes, bytes] | None:
+        """The new (CA, certificate, key) if the files changed since last asked, else None."""
         with self._lock:
             try:
                 stamp = self.files._stamp()
@@ -239,7 +240,20 @@ class _Reloader:
             self._material = material
             self.reloads += 1
             log.info("TLS certificate reloaded from %s", self.files.cert)
-            return _config(material)
+            return material
+
+
+class _Reloader(CertificateWatch):
+    """The certificate-config fetcher of dynamic server credentials.
+
+    gRPC calls it from its own threads on every new handshake; it answers
+    None (keep the current credentials) unless the files changed and the new
+    ones are whole and consistent.
+    """
+
+    def __call__(self) -> grpc.ServerCertificateConfiguration | None:
+        material = self.changed()
+        return None if material is None else _config(material)
 
 
 def _config(material: tuple[bytes, bytes, bytes]) -> grpc.ServerCertificateConfiguration:

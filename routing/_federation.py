@@ -40,6 +40,8 @@ class BrokerInfo:
         name: a human-readable name.
         mqtt_endpoint: ``host:port`` of its MQTT listener ("" if not given): the Server
             Reference of MQTT redirects.
+        mqtt_ws_endpoint: ``host:port`` of its MQTT-over-WebSocket listener ("" if not
+            given): what redirects name to WebSocket clients (as ``ws[s]://host:port/mqtt``).
         http_endpoint: ``host:port`` of its HTTP bridge ("" if not given): where HTTP
             redirects point and where the web map reads the other brokers' status.
     """
@@ -51,6 +53,7 @@ class BrokerInfo:
     site: LatLon | None = None
     name: str = ""
     mqtt_endpoint: str = ""
+    mqtt_ws_endpoint: str = ""
     http_endpoint: str = ""
 
 
@@ -193,6 +196,7 @@ class Federation:
                     b.site,
                     b.name,
                     b.mqtt_endpoint,
+                    b.mqtt_ws_endpoint,
                     b.http_endpoint,
                 )
                 for b in self.brokers
@@ -212,6 +216,8 @@ class Federation:
                 props["client_endpoint"] = b.client_endpoint
             if b.mqtt_endpoint:
                 props["mqtt_endpoint"] = b.mqtt_endpoint
+            if b.mqtt_ws_endpoint:
+                props["mqtt_ws_endpoint"] = b.mqtt_ws_endpoint
             if b.http_endpoint:
                 props["http_endpoint"] = b.http_endpoint
             if b.site is not None:
@@ -269,6 +275,9 @@ class Federation:
                     name=str(props.get("name") or ""),
                     mqtt_endpoint=_endpoint(
                         props.get("mqtt_endpoint"), f"{where}.properties.mqtt_endpoint"
+                    ),
+                    mqtt_ws_endpoint=_endpoint(
+                        props.get("mqtt_ws_endpoint"), f"{where}.properties.mqtt_ws_endpoint"
                     ),
                     http_endpoint=_endpoint(
                         props.get("http_endpoint"), f"{where}.properties.http_endpoint"

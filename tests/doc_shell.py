@@ -33,7 +33,17 @@ NORMALISE: list[tuple[str, str]] = [
 ]
 
 # First words that make a line of a plain block look like a command.
-COMMAND_WORDS = ("geofed", "make", "python", "pip", "spark-submit", "kubectl", "docker")
+COMMAND_WORDS = (
+    "geofed",
+    "make",
+    "python",
+    "pip",
+    "spark-submit",
+    "kubectl",
+    "docker",
+    "mosquitto_sub",
+    "mosquitto_pub",
+)
 
 HANG_GUARD_S = 900  # only against a hung process: nothing waits on the clock
 

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+import jwt
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from geofed.bench import LocalFederation
 
@@ -21,3 +26,29 @@ def three_federation(tmp_path: Path) -> Iterator[LocalFederation]:
     )
     with fed:
         yield fed
+
+
+@dataclass(frozen=True)
+class TokenSigner:
+    """Client tokens (ES256 JWTs) and the public key file that nodes check them with."""
+
+    public: Path  # PEM: GEOFED_TOKEN_KEY
+    key: ec.EllipticCurvePrivateKey
+    forger: ec.EllipticCurvePrivateKey  # a key no node trusts
+
+    def token(self, sub: str, *, forged: bool = False, ttl: float = 600) -> str:
+        """A token for identity `sub`, valid `ttl` s from now (negative: expired)."""
+        claims = {"sub": sub, "exp": int(time.time() + ttl), "iat": int(time.time()) - 1}
+        return jwt.encode(claims, self.forger if forged else self.key, algorithm="ES256")
+
+
+@pytest.fixture
+def token_signer(tmp_path: Path) -> TokenSigner:
+    key = ec.generate_private_key(ec.SECP256R1())
+    public = tmp_path / "token.pub"
+    public.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    return TokenSigner(public, key, ec.generate_private_key(ec.SECP256R1()))

@@ -13,21 +13,37 @@ from __future__ import annotations
 import asyncio
 import shutil
 import signal
+import socket
+import ssl
 import subprocess
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import aiohttp
 import paho.mqtt.client as paho
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 import geofed
 from geofed.bench import LocalFederation, metric
-from geofed.node import DELIVERIES, EVENTS_PUBLISHED, SUBSCRIPTIONS
+from geofed.client import TLSConfig
+from geofed.node import (
+    AUTH_REFUSED,
+    DELIVERIES,
+    EVENTS_PUBLISHED,
+    SUBSCRIPTIONS,
+    issue_federation,
+)
+
+if TYPE_CHECKING:
+    from conftest import TokenSigner  # tests/integration/conftest.py
 
 pytestmark = pytest.mark.integration
 
@@ -89,6 +105,7 @@ class Paho:
     client_id: str
     version: int = paho.MQTTv5
     clean_session: bool = True  # 3.1.1
+    websocket: bool = False  # MQTT over WebSocket (connect to the mqtt_ws endpoint)
     c: paho.Client = field(init=False)
     connack: Any = None
     connack_props: Any = None
@@ -107,8 +124,11 @@ class Paho:
             paho.CallbackAPIVersion.VERSION2,
             client_id=self.client_id,
             protocol=self.version,
+            transport="websockets" if self.websocket else "tcp",
             **kw,
         )
+        if self.websocket:
+            self.c.ws_set_options(path="/mqtt")
         self.c.on_connect = self._on_connect
         self.c.on_message = lambda c, u, m: self.messages.append(m)
         self.c.on_disconnect = self._on_disconnect
@@ -125,13 +145,24 @@ class Paho:
     def step(self) -> None:
         self.c.loop(timeout=0.05)
 
-    def connect(self, endpoint: str, props: Properties | None = None, clean: bool = True) -> Any:
+    def connect(
+        self,
+        endpoint: str,
+        props: Properties | None = None,
+        clean: bool = True,
+        keepalive: int = 30,
+    ) -> Any:
+        """Connect to ``host:port`` (or, over WebSocket, ``ws[s]://host:port/mqtt``)."""
+        if self.websocket and "://" in endpoint:
+            url = urllib.parse.urlsplit(endpoint)
+            assert url.path == "/mqtt", endpoint
+            endpoint = url.netloc
         host, _, p = endpoint.rpartition(":")
         self.connack = self.disconnect = None
         if self.version == paho.MQTTv5:
-            self.c.connect(host, int(p), keepalive=30, clean_start=clean, properties=props)
+            self.c.connect(host, int(p), keepalive=keepalive, clean_start=clean, properties=props)
         else:
-            self.c.connect(host, int(p), keepalive=30)
+            self.c.connect(host, int(p), keepalive=keepalive)
         until(lambda: self.connack is not None, f"{self.client_id}: CONNACK", self.step)
         return self.connack
 
@@ -368,6 +399,118 @@ def test_the_will_is_published_when_a_client_vanishes(fed: LocalFederation) -> N
     w.close()
 
 
+def test_websocket_clients_and_tcp_and_grpc_see_each_others_events(fed: LocalFederation) -> None:
+    """MQTT over WebSocket (paho, transport "websockets") beside TCP and gRPC clients.
+
+    X: paho 5.0 over WebSocket at us (New York) with a subscription geofence
+    over Europe; Y: paho 3.1.1 over TCP at ap; Z: gRPC at eu. Publishers: w1
+    paho 3.1.1 over WebSocket at eu (Paris, in the topic prefix), w2
+    mosquitto_pub over TCP at eu (Paris), w3 gRPC in Frankfurt, w4 gRPC in
+    New York. X takes publishers in Europe only: w1, w2, w3; Y and Z all four.
+    """
+    before = {b: local_subs(fed, b) for b in fed.nodes}
+    delivered = total(fed, DELIVERIES)
+    x = Paho("x-ws-sub", websocket=True)
+    assert (
+        x.connect(fed.nodes["us"].mqtt_ws, user(PacketTypes.CONNECT, geofed_location=NEW_YORK)) == 0
+    )
+    assert x.subscribe("web/#", 1, user(PacketTypes.SUBSCRIBE, geofed_geofence=EUROPE)) == [1]
+    y = Paho("x-tcp-sub", paho.MQTTv311)
+    assert y.connect(fed.nodes["ap"].mqtt) == 0
+    assert y.subscribe(f"$geofed/loc={SINGAPORE}/web/#", 1) == [1]
+    w = Paho("x-ws-pub", paho.MQTTv311, websocket=True)
+    assert w.connect(fed.nodes["eu"].mqtt_ws) == 0
+
+    async def run() -> list[str]:
+        z_client = await geofed.connect(
+            client_id="x-ws-z", location=FRANKFURT, federation=fed.federation_path
+        )
+        async with z_client:
+            z = await z_client.subscribe("web/#")
+            await asyncio.to_thread(
+                until,
+                lambda: [local_subs(fed, b) - before[b] for b in ("eu", "us", "ap")] == [1, 1, 1],
+                "every subscription held",
+            )
+            await fed.quiescent(HANG_S)
+            rc, _ = await asyncio.to_thread(w.publish, f"$geofed/loc={PARIS}/web/ws", b"w1")
+            assert rc == 0
+            done = await asyncio.to_thread(
+                mosquitto,
+                "mosquitto_pub", "-p", port(fed, "eu"), "-V", "mqttv5", "-q", "1", "-t", "web/tcp",
+                "-m", "w2", "-D", "publish", "user-property", "geofed-location", PARIS,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            for cid, where, payload in (
+                ("x-ws-p3", FRANKFURT, b"w3"),
+                ("x-ws-p4", geofed.LatLon(40.71, -74.0), b"w4"),
+            ):
+                async with await geofed.connect(
+                    client_id=cid, location=where, federation=fed.federation_path
+                ) as pub:
+                    await pub.publish("web/grpc", payload)
+            return sorted([(await z.next(HANG_S)).payload.decode() for _ in range(4)])
+
+    z_got = asyncio.run(run())
+    got = {
+        "x": sorted(p.decode() for _, p in x.receive(3)),
+        "y": sorted(p.decode() for _, p in y.receive(4)),
+        "z": z_got,
+    }
+    assert got == {
+        "x": ["w1", "w2", "w3"],
+        "y": ["w1", "w2", "w3", "w4"],
+        "z": ["w1", "w2", "w3", "w4"],
+    }
+    asyncio.run(fed.quiescent(HANG_S))
+    assert total(fed, DELIVERIES) - delivered == 11  # nothing else was delivered
+    assert [m.qos for m in x.messages] == [1, 1, 1]
+    for c in (x, y, w):
+        c.close()
+
+
+def test_websocket_redirects_name_the_websocket_endpoint(fed: LocalFederation) -> None:
+    ws_url = {b: f"ws://{n.mqtt_ws}/mqtt" for b, n in fed.nodes.items()}
+    r = Paho("x-ws-redirect", websocket=True)
+    rc = r.connect(fed.nodes["eu"].mqtt_ws, user(PacketTypes.CONNECT, geofed_location=NEW_YORK))
+    assert rc.value == 0x9C
+    assert r.connack_props.ServerReference == ws_url["us"]
+    r = Paho("x-ws-redirect", websocket=True)
+    connect = user(PacketTypes.CONNECT, geofed_location=NEW_YORK)
+    assert r.connect(ws_url["us"], connect) == 0  # paho follows the reference
+    r.c.publish(
+        "any/topic", b"x", 0, properties=user(PacketTypes.PUBLISH, geofed_location=SINGAPORE)
+    )
+    until(lambda: r.disconnect is not None, "DISCONNECT", r.step)
+    assert r.disconnect.value == 0x9D
+    assert r.disconnect_props.ServerReference == ws_url["ap"]
+    old = Paho("x-ws-redirect-311", paho.MQTTv311, websocket=True)
+    assert old.connect(fed.nodes["eu"].mqtt_ws) == 0
+    old.c.publish(f"$geofed/loc={SINGAPORE}", b"", 0)
+    until(lambda: old.disconnect is not None, "the connection to close", old.step)
+    assert [(t, p.decode()) for t, p in old.receive(1)] == [("$geofed/redirect", ws_url["ap"])]
+
+
+def test_websocket_needs_the_mqtt_subprotocol_and_binary_frames(fed: LocalFederation) -> None:
+    url = f"http://{fed.nodes['eu'].mqtt_ws}/mqtt"
+
+    async def run() -> None:
+        async with aiohttp.ClientSession() as http:
+            with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                await http.ws_connect(url)  # no subprotocol
+            assert refused.value.status == 400
+            async with http.ws_connect(url, protocols=("mqtt",)) as ws:
+                assert ws.protocol == "mqtt"
+                await ws.send_str("CONNECT")  # MQTT goes in binary frames: the server closes
+                msg = await ws.receive(HANG_S)
+                assert msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+
+    asyncio.run(run())
+    p = Paho("x-ws-after", websocket=True)  # the node keeps serving
+    assert p.connect(fed.nodes["eu"].mqtt_ws) == 0
+    p.close()
+
+
 def test_tls_with_client_certificates(tmp_path: Path) -> None:
     """With tls_dir the listener serves TLS; with client_auth cert a certificate is the identity."""
     with LocalFederation(THREE, "event-geofence", tmp_path, tls=True, client_auth="cert") as sec:
@@ -380,11 +523,40 @@ def test_tls_with_client_certificates(tmp_path: Path) -> None:
             c.c.tls_set(ca_certs=alice.ca_file, certfile=alice.cert_file, keyfile=alice.key_file)
             assert c.connect(eu.mqtt, user(PacketTypes.CONNECT, geofed_location=PARIS)) == 0
             clients.append(c)
-        sub, pub = clients
+        wss = Paho("alice-wss", websocket=True)  # MQTT over WebSocket over TLS
+        wss.c.tls_set(ca_certs=alice.ca_file, certfile=alice.cert_file, keyfile=alice.key_file)
+        assert wss.connect(eu.mqtt_ws, user(PacketTypes.CONNECT, geofed_location=PARIS)) == 0
+        clients.append(wss)
+        sub, pub, wss = clients
         assert sub.subscribe("t/#", 1) == [1]
+        assert wss.subscribe("t/#", 1) == [1]
         rc, _ = pub.publish("t/1", b"over TLS")
         assert rc == 0
-        assert sub.receive(1) == [("t/1", b"over TLS")]
+        rc, _ = wss.publish("t/2", b"over wss")
+        assert rc == 0
+        for c in (sub, wss):
+            assert sorted(c.receive(2)) == [("t/1", b"over TLS"), ("t/2", b"over wss")]
+        moved = Paho("alice-wss-moved", websocket=True)
+        moved.c.tls_set(ca_certs=alice.ca_file, certfile=alice.cert_file, keyfile=alice.key_file)
+        rc = moved.connect(eu.mqtt_ws, user(PacketTypes.CONNECT, geofed_location=NEW_YORK))
+        assert rc.value == 0x9C
+        assert moved.connack_props.ServerReference == f"wss://{sec.nodes['us'].mqtt_ws}/mqtt"
+        # Certificates re-issued under the same CA: new connections get the new one
+        # (TCP and wss), the open ones go on.
+        cert = sec.certs_dir / "brokers" / "eu" / "cert.pem"
+        before = cert.read_bytes()
+        issue_federation(sec.federation_path, sec.certs_dir)
+        assert cert.read_bytes() != before
+        new = x509.load_pem_x509_certificate(cert.read_bytes()).public_bytes(Encoding.DER)
+        for endpoint in (eu.mqtt, eu.mqtt_ws):
+            assert served_certificate(endpoint, alice) == new
+        rc, _ = pub.publish("t/3", b"after the rotation")
+        assert rc == 0
+        assert sub.receive(3)[2] == ("t/3", b"after the rotation")
+        late = Paho("alice-late")
+        late.c.tls_set(ca_certs=alice.ca_file, certfile=alice.cert_file, keyfile=alice.key_file)
+        assert late.connect(eu.mqtt, user(PacketTypes.CONNECT, geofed_location=PARIS)) == 0
+        clients.append(late)
         # Without a client certificate the handshake fails; without TLS nothing is read.
         refused = metric(eu.metrics_url, "geofed_mqtt_connects_total")
         for extra in (["--cafile", alice.ca_file], []):
@@ -394,3 +566,164 @@ def test_tls_with_client_certificates(tmp_path: Path) -> None:
         assert metric(eu.metrics_url, "geofed_mqtt_connects_total") == refused
         for c in clients:
             c.close()
+
+
+def test_a_client_silent_past_its_keep_alive_is_closed_and_its_will_published(
+    fed: LocalFederation,
+) -> None:
+    """A client that stops sending (no PINGREQ: its loop is not driven) is closed once
+    1.5 x its keep-alive passed without a packet, and its will is published."""
+    eu = fed.nodes["eu"]
+    w = Paho("x-ka-watch")
+    assert w.connect(eu.mqtt, user(PacketTypes.CONNECT, geofed_location=PARIS)) == 0
+    assert w.subscribe("status/#", 1) == [1]
+    silent = Paho("x-ka-silent")
+    silent.c.will_set("status/x-ka-silent", b"timed out", qos=1)
+    assert silent.connect(eu.mqtt, user(PacketTypes.CONNECT, geofed_location=PARIS), keepalive=1)
+    assert silent.connack == 0
+    # From here on `silent` is never driven: it sends nothing, not even PINGREQ.
+    assert w.receive(1) == [("status/x-ka-silent", b"timed out")]
+    line = next(x for x in eu.log_path.read_text().splitlines() if "x-ka-silent" in x)
+    assert "keep-alive" in line
+    w.close()
+    silent.c.socket().close()
+
+
+def test_a_jwt_in_the_connect_password_is_the_identity(
+    tmp_path: Path, token_signer: TokenSigner
+) -> None:
+    """client_auth token: the JWT goes in the CONNECT password (TCP and WebSocket);
+    a forged or expired one, or none, is refused with CONNACK 0x86 (3.1.1: 4)."""
+    token = token_signer.token
+    env = {"GEOFED_TOKEN_KEY": str(token_signer.public)}
+    with LocalFederation(
+        THREE, "event-geofence", tmp_path / "fed", tls=True, client_auth="token", extra_env=env
+    ) as sec:
+        eu = sec.nodes["eu"]
+        tls = sec.client_tls()
+        assert tls is not None
+
+        def client(
+            cid: str, password: str | None, version: int = paho.MQTTv5, ws: bool = False
+        ) -> Paho:
+            c = Paho(cid, version, websocket=ws)
+            c.c.tls_set(ca_certs=tls.ca_file)
+            if password is not None:
+                c.c.username_pw_set("any", password)
+            return c
+
+        sub = client("carol-sub", token("carol"))
+        assert sub.connect(eu.mqtt, user(PacketTypes.CONNECT, geofed_location=PARIS)) == 0
+        assert sub.subscribe("t/#", 1) == [1]
+        pub = client("carol-pub", token("carol"), ws=True)  # wss, the same password
+        assert pub.connect(eu.mqtt_ws, user(PacketTypes.CONNECT, geofed_location=PARIS)) == 0
+        rc, _ = pub.publish("t/1", b"with a token")
+        assert rc == 0
+        assert sub.receive(1) == [("t/1", b"with a token")]
+        refused = metric(eu.metrics_url, AUTH_REFUSED, reason="unauthenticated")
+        for bad in (None, token("carol", forged=True), token("carol", ttl=-60)):
+            c = client("carol-bad", bad)
+            rc = c.connect(eu.mqtt, user(PacketTypes.CONNECT, geofed_location=PARIS))
+            assert rc.value == 0x86, (bad, rc)
+        port_ = eu.mqtt.rsplit(":", 1)[1]
+        forged = token("carol", forged=True)
+        old = mosquitto("mosquitto_pub", "-p", port_, "-V", "mqttv311", "--cafile", tls.ca_file,
+                        "-u", "any", "-P", forged, "-t", "t/2", "-m", "x")  # fmt: skip
+        assert old.returncode != 0 and "bad user name or password" in old.stderr.lower(), old
+        ok = mosquitto("mosquitto_pub", "-p", port_, "-V", "mqttv311", "--cafile", tls.ca_file,
+                       "-u", "any", "-P", token("carol"), "-q", "1", "-d",
+                       "-t", f"$geofed/loc={PARIS}/t/3", "-m", "3.1.1 with a token")  # fmt: skip
+        assert ok.returncode == 0 and "received PUBACK" in ok.stdout, ok
+        assert sub.receive(2)[1] == ("t/3", b"3.1.1 with a token")
+        assert metric(eu.metrics_url, AUTH_REFUSED, reason="unauthenticated") == refused + 4
+        for c in (sub, pub):
+            c.close()
+
+
+def test_the_will_delay_interval_holds_the_will_until_it_passed_or_the_client_is_back(
+    fed: LocalFederation,
+) -> None:
+    """MQTT 5 Will Delay Interval: the will of a vanished client waits; a reconnect to the
+    session within the delay drops it, a reconnect with Clean Start (the old session
+    ends) publishes it at once."""
+    eu = fed.nodes["eu"]
+    w = Paho("x-wd-watch")
+    assert w.connect(eu.mqtt, user(PacketTypes.CONNECT, geofed_location=PARIS)) == 0
+    assert w.subscribe("wills/#", 1) == [1]
+
+    def connect_props() -> Properties:
+        props = user(PacketTypes.CONNECT, geofed_location=PARIS)
+        props.SessionExpiryInterval = 300
+        return props
+
+    def vanish(cid: str, delay: int) -> None:
+        """A client with a delayed will that goes without DISCONNECT."""
+        c = Paho(cid)
+        will = Properties(PacketTypes.WILLMESSAGE)
+        will.WillDelayInterval = delay
+        c.c.will_set(f"wills/{cid}", b"gone", qos=1, properties=will)
+        assert c.connect(eu.mqtt, connect_props()) == 0
+        c.c.socket().close()
+        logged = f"mqtt client {cid} gone without DISCONNECT: will in {delay} s"
+        until(lambda: logged in eu.log_path.read_text(), logged)
+
+    vanish("x-wd-late", 1)
+    assert w.receive(1) == [("wills/x-wd-late", b"gone")]  # once the delay passed
+    vanish("x-wd-back", 300)
+    back = Paho("x-wd-back")
+    assert back.connect(eu.mqtt, connect_props(), clean=False) == 0
+    dropped = "mqtt client x-wd-back reconnected within its Will Delay Interval: no will"
+    until(lambda: dropped in eu.log_path.read_text(), dropped)
+    vanish("x-wd-clean", 300)
+    fresh = Paho("x-wd-clean")
+    assert fresh.connect(eu.mqtt, connect_props(), clean=True) == 0
+    assert w.receive(2)[1] == ("wills/x-wd-clean", b"gone")  # the old session ended: now
+    for c in (w, back, fresh):
+        c.close()
+
+
+def served_certificate(endpoint: str, tls: TLSConfig) -> bytes:
+    """The certificate a TLS listener presents to a new connection (DER)."""
+    ctx = ssl.create_default_context(cafile=tls.ca_file)
+    assert tls.cert_file and tls.key_file
+    ctx.load_cert_chain(tls.cert_file, tls.key_file)
+    ctx.check_hostname = False  # the broker's name is not the loopback address
+    host, _, p = endpoint.rpartition(":")
+    with (
+        socket.create_connection((host, int(p))) as raw,
+        ctx.wrap_socket(raw) as conn,
+    ):
+        der = conn.getpeercert(binary_form=True)
+    assert der is not None
+    return der
+
+
+def test_a_durable_broker_keeps_the_qos_of_persistent_subscriptions_across_a_restart(
+    tmp_path: Path,
+) -> None:
+    """QoS 0 and QoS 1 subscriptions of a persistent session, the broker restarted while the
+    client is away: on reconnect each resumes at the QoS it was granted."""
+    with LocalFederation(THREE, "subscription-geofence", tmp_path, durable=True) as dur:
+        connect = user(PacketTypes.CONNECT, geofed_location=NEW_YORK)
+        connect.SessionExpiryInterval = 3600
+        s = Paho("x-qos-kept")
+        assert s.connect(dur.nodes["us"].mqtt, connect) == 0
+        assert s.subscribe("q0/#", 0) == [0]
+        assert s.subscribe("q1/#", 1) == [1]
+        s.close()
+        until(lambda: s.disconnect is not None, "the disconnect", s.step)
+        dur.stop_node("us")
+        dur.start_node("us")
+        dur.wait_ready(HANG_S)
+        us = dur.nodes["us"]
+        for topic in ("q0/a", "q1/a"):
+            where = ["-D", "publish", "user-property", "geofed-location", NEW_YORK]
+            done = mosquitto("mosquitto_pub", "-p", us.mqtt.rsplit(":", 1)[1], "-V", "mqttv5",
+                             "-q", "1", "-t", topic, "-m", topic, *where)  # fmt: skip
+            assert done.returncode == 0, done.stderr
+        until(lambda: metric(us.metrics_url, DELIVERIES) >= 2, "both queued at us")
+        s = Paho("x-qos-kept")
+        assert s.connect(us.mqtt, connect, clean=False) == 0 and s.session_present is True
+        s.receive(2)
+        assert sorted((m.topic, m.qos) for m in s.messages) == [("q0/a", 0), ("q1/a", 1)]
+        s.close()

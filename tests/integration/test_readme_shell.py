@@ -17,7 +17,11 @@ fails the inventory test, so README cannot gain an unchecked example.
   background and the block goes on once it printed "subscribed"; the first
   command after the `geofed publish` commands waits for the subscribers to
   exit 0 (`--count`: they received their deliveries), and at the end the
-  test stops `up` with SIGTERM and waits for it to exit 0.
+  test stops `up` with SIGTERM and waits for it to exit 0. MQTT examples:
+  `$EU`, `$US`, ... are the ports of `up`'s `mqtt` column (broker id in
+  capitals), as README says; `mosquitto_sub` (with `-C`, its count) starts in
+  the background and the block goes on once the brokers' metrics hold one
+  more local subscription; `mosquitto_pub` counts as a publish.
 * Plain ``` blocks without `$` lines are output or text; they must not hold
   anything that looks like a command (use ```sh, or ```text for a synopsis).
 
@@ -32,6 +36,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import IO
 
@@ -45,6 +50,9 @@ from doc_shell import (
     run,
     shell_blocks,
 )
+
+from geofed.bench import metric
+from geofed.node import SUBSCRIPTIONS
 
 pytestmark = pytest.mark.integration
 
@@ -167,6 +175,26 @@ def _finish_subscribers(subscribers: list[Background]) -> None:
         assert rc == 0, f"{sub.cmd.where}: exited {rc}:\n" + "\n".join(sub.lines)
 
 
+def _up_brokers(up: Background) -> list[list[str]]:
+    """The broker rows of `geofed up`'s table: id, client, peer, mqtt, mqtt-ws, metrics URL."""
+    with up.cond:
+        lines = list(up.lines)
+    return [r for r in (x.split() for x in lines) if len(r) == 6 and r[-1].startswith("http")]
+
+
+def _local_subscriptions(up: Background) -> float:
+    return sum(metric(row[-1], SUBSCRIPTIONS, scope="local") for row in _up_brokers(up))
+
+
+def _wait_subscribed(up: Background, before: float, sub: Background) -> None:
+    """Until the brokers hold one more local subscription (`sub` must not end first)."""
+    deadline = time.monotonic() + HANG_GUARD_S
+    while _local_subscriptions(up) <= before:
+        assert sub.proc.poll() is None, f"{sub.cmd.where}: ended:\n" + "\n".join(sub.lines)
+        assert time.monotonic() < deadline, f"{sub.cmd.where}: not subscribed"
+        time.sleep(0.05)
+
+
 def _run_sh_block(block: Block, cwd: Path, env: dict[str, str]) -> None:
     up: Background | None = None
     subscribers: list[Background] = []
@@ -178,6 +206,16 @@ def _run_sh_block(block: Block, cwd: Path, env: dict[str, str]) -> None:
             if words[:2] == ["geofed", "up"]:
                 up = Background(cmd, cwd, env)
                 up.wait_for("all brokers healthy")
+                ports = {r[0].upper(): r[3].rsplit(":", 1)[1] for r in _up_brokers(up)}
+                env = {**env, **ports}  # $EU, $US, ...: the mqtt column
+            elif words[0] == "mosquitto_sub":
+                assert up is not None and "-C" in words, (
+                    f"{cmd.where}: mosquitto_sub runs beside `geofed up`, with -C to end"
+                )
+                before = _local_subscriptions(up)
+                sub = Background(cmd, cwd, env)
+                subscribers.append(sub)
+                _wait_subscribed(up, before, sub)
             elif words[:2] == ["geofed", "subscribe"]:
                 assert "--count" in words, (
                     f"{cmd.where}: a subscribe in an example needs --count to end"
@@ -186,7 +224,7 @@ def _run_sh_block(block: Block, cwd: Path, env: dict[str, str]) -> None:
                 subscribers.append(sub)
                 sub.wait_for("subscribed")
             else:
-                if words[:2] != ["geofed", "publish"]:
+                if words[:2] != ["geofed", "publish"] and words[0] != "mosquitto_pub":
                     _finish_subscribers(subscribers)  # they got their events
                 run(cmd, cwd, env)
         _finish_subscribers(subscribers)

@@ -12,17 +12,14 @@ import asyncio
 import datetime as dt
 import socket
 import ssl
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
-import jwt
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
 from prometheus_client import CollectorRegistry
 
 import geofed
@@ -45,6 +42,9 @@ from geofed.node import (
 )
 from geofed.node._links import PROTOCOL_VERSION
 from geofed.v1 import federation_pb2_grpc as fpb_grpc
+
+if TYPE_CHECKING:
+    from conftest import TokenSigner  # tests/integration/conftest.py
 
 pytestmark = pytest.mark.integration
 
@@ -297,23 +297,12 @@ def _pem_der(pem: bytes) -> bytes:
     return x509.load_pem_x509_certificate(pem).public_bytes(serialization.Encoding.DER)
 
 
-def test_token_authentication(tmp_path: Path) -> None:
+def test_token_authentication(tmp_path: Path, token_signer: TokenSigner) -> None:
     """client_auth=token: a signed JWT names the identity; none, a forged one or an expired
     one is refused with Unauthenticated."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    public = tmp_path / "token.pub"
-    public.write_bytes(
-        key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
-    )
-    forger = ec.generate_private_key(ec.SECP256R1())
+    token = token_signer.token
 
-    def token(sub: str, signer: ec.EllipticCurvePrivateKey = key, ttl: float = 600) -> str:
-        claims = {"sub": sub, "exp": int(time.time() + ttl), "iat": int(time.time()) - 1}
-        return jwt.encode(claims, signer, algorithm="ES256")
-
-    env = {"GEOFED_TOKEN_KEY": str(public)}
+    env = {"GEOFED_TOKEN_KEY": str(token_signer.public)}
     with LocalFederation(
         THREE, "event-geofence", tmp_path, tls=True, client_auth="token", extra_env=env
     ) as fed:
@@ -330,7 +319,7 @@ def test_token_authentication(tmp_path: Path) -> None:
             await ok.publish("any/topic", b"1")  # no policy: an authenticated client may
             await ok.close()
             no = geofed.RetryConfig(attempts=1)
-            for bad in ("", token("carol", forger), token("carol", ttl=-60)):
+            for bad in ("", token("carol", forged=True), token("carol", ttl=-60)):
                 with pytest.raises(geofed.Unauthenticated):
                     await geofed.connect(
                         client_id="t2",

@@ -150,18 +150,54 @@ def test_a_property_given_twice_is_a_protocol_error_and_an_unknown_one_malformed
     assert err.value.code == mq.MALFORMED_PACKET
 
 
-def test_read_packet_frames_packets_and_refuses_one_over_the_limit() -> None:
+def test_the_packet_reader_frames_packets_and_refuses_one_over_the_limit() -> None:
     async def run() -> None:
         reader = asyncio.StreamReader()
         reader.feed_data(mq.PingReq().encode(mq.MQTT_5) + mq.Publish("t", b"x" * 300).encode(4))
         reader.feed_eof()
-        assert await mq.read_packet(reader, 1000) == (mq.PINGREQ, 0, b"")
+        packets = mq.PacketReader(reader, 100)
+        assert await packets.next() == (mq.PINGREQ, 0, b"")
         with pytest.raises(mq.PacketError) as err:
-            await mq.read_packet(reader, 100)
+            await packets.next()
         assert err.value.code == mq.PACKET_TOO_LARGE
         closed = asyncio.StreamReader()
         closed.feed_eof()
         with pytest.raises(asyncio.IncompleteReadError):
-            await mq.read_packet(closed, 100)
+            await mq.PacketReader(closed, 100).next()
 
     asyncio.run(run())
+
+
+class Chunks:
+    """A byte stream that arrives in the given chunks (a ByteReader)."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = chunks
+        self.reads = 0
+
+    async def read(self, n: int) -> bytes:
+        self.reads += 1
+        return self.chunks.pop(0) if self.chunks else b""
+
+
+def test_the_packet_reader_takes_packets_split_over_chunks_and_many_in_one() -> None:
+    packets = [
+        mq.Publish(f"t/{i}", bytes([i]) * (i * 37 % 200), 1, packet_id=i + 1) for i in range(60)
+    ]
+    data = b"".join(p.encode(mq.MQTT_5) for p in packets)
+
+    async def run(chunks: list[bytes]) -> tuple[list[mq.Packet], int, bool]:
+        stream = Chunks(chunks)
+        reader = mq.PacketReader(stream, 1000)
+        got = [mq.decode(*(await reader.next()), mq.MQTT_5) for _ in packets]
+        return got, stream.reads, reader.ready()
+
+    one_byte = [data[i : i + 1] for i in range(len(data))]
+    assert asyncio.run(run(one_byte))[0] == packets
+    got, reads, ready = asyncio.run(run([data]))
+    assert (got, reads, ready) == (packets, 1, False)  # one read for the whole burst
+    with pytest.raises(mq.PacketError) as err:
+        asyncio.run(run([b"\x30\xff\xff\xff\xff\x01"]))
+    assert err.value.code == mq.MALFORMED_PACKET
+    with pytest.raises(asyncio.IncompleteReadError):
+        asyncio.run(run([data[:-1]]))  # the stream ends inside a packet
