@@ -20,6 +20,7 @@ from ._broker import (
     UnsubscribeMsg,
 )
 from ._cost import CostReport, predict
+from ._cover import Cover, DecimalLayout, DecimalRect, H3Layout, decimal_cover, h3_cover
 from ._errors import (
     PERMISSION_RULES,
     FederationMismatch,
@@ -79,6 +80,9 @@ __all__ = [
     "BrokerInfo",
     "BrokerState",
     "CostReport",
+    "Cover",
+    "DecimalLayout",
+    "DecimalRect",
     "Delivery",
     "DeliveryMsg",
     "Event",
@@ -88,6 +92,7 @@ __all__ = [
     "GeofedError",
     "Geofence",
     "GeofenceCache",
+    "H3Layout",
     "InvalidInput",
     "Kind",
     "LatLon",
@@ -117,9 +122,11 @@ __all__ = [
     "circle",
     "content_and_subscription_geocheck",
     "covers",
+    "decimal_cover",
     "federation_path",
     "generate_areas",
     "great_circle_m",
+    "h3_cover",
     "latlon",
     "make_event",
     "make_subscription",
