@@ -20,7 +20,16 @@ from ._broker import (
     UnsubscribeMsg,
 )
 from ._cost import CostReport, predict
-from ._cover import Cover, DecimalLayout, DecimalRect, H3Layout, decimal_cover, h3_cover
+from ._cover import (
+    DEFAULT_COVERAGE,
+    DEFAULT_MAX_FILTERS,
+    Cover,
+    DecimalLayout,
+    DecimalRect,
+    H3Layout,
+    decimal_cover,
+    h3_cover,
+)
 from ._errors import (
     PERMISSION_RULES,
     FederationMismatch,
@@ -71,6 +80,8 @@ from ._topics import topic_matches, validate_filter, validate_topic
 from ._trace import TraceOp, op_to_record, parse_op, parse_ops, read_trace
 
 __all__ = [
+    "DEFAULT_COVERAGE",
+    "DEFAULT_MAX_FILTERS",
     "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_VERTICES",
     "EARTH_RADIUS_M",

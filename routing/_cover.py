@@ -486,23 +486,22 @@ class _Greedy:
             node.kids = [k for k in made if k is not None]
         return node.kids
 
-    def free_splits(self, node: _Node) -> _Node:
-        """Replace a node by its only child while it has one: a finer cell, same filter count."""
+    def free_splits(self, node: _Node) -> _Node | None:
+        """Replace a node by its only child while it has one: a finer cell, same filter count.
+
+        None when no child meets the geofence (an H3 cell kept only for its
+        margin, whose descendants all turn out to miss it): the cell goes.
+        """
         while node.coverage < _FULL:
             kids = self.kids(node)
+            if not kids and self.system.children(node.cell, node.piece):
+                return None
             if len(kids) != 1:
                 break
             node = kids[0]
         return node
 
     def run(self, coverage: float, max_filters: int) -> tuple[list[_Node], float, str]:
-        roots = [n for c in self.system.roots() if (n := self.node(c, self.target.geometry))]
-        if len(roots) > max_filters:
-            raise InvalidInput(
-                "max_filters",
-                f"this geofence needs at least {len(roots)} filters in this layout,"
-                f" got {max_filters}",
-            )
         live: dict[int, _Node] = {}
         heap: list[tuple[float, int]] = []
         total = 0.0
@@ -510,18 +509,28 @@ class _Greedy:
 
         def add(n: _Node) -> None:
             nonlocal total, serial
-            n = self.free_splits(n)
+            kept = self.free_splits(n)
+            if kept is None:
+                return
             serial += 1
-            live[serial] = n
-            total += n.area
-            if n.coverage < _FULL:
-                d = len(self.kids(n))
+            live[serial] = kept
+            total += kept.area
+            if kept.coverage < _FULL:
+                d = len(self.kids(kept))
                 if d > 0:
-                    weight = (1.0 - n.coverage) * n.area / SPLIT_BASE ** (d - 1)
+                    weight = (1.0 - kept.coverage) * kept.area / SPLIT_BASE ** (d - 1)
                     heapq.heappush(heap, (-weight, serial))
 
-        for r in roots:
-            add(r)
+        for c in self.system.roots():
+            root = self.node(c, self.target.geometry)
+            if root is not None:
+                add(root)
+        if len(live) > max_filters:
+            raise InvalidInput(
+                "max_filters",
+                f"this geofence needs at least {len(live)} filters in this layout,"
+                f" got {max_filters}",
+            )
         stopped = "resolution"
         capped = False
         while True:
