@@ -8,11 +8,9 @@ from typing import Any
 from geofed.routing import (
     DEFAULT_COVERAGE,
     DEFAULT_MAX_FILTERS,
-    Cover,
     DecimalLayout,
     H3Layout,
-    decimal_cover,
-    h3_cover,
+    cover,
 )
 
 from ._args import GEOFENCE_HELP, geofence_arg
@@ -85,29 +83,18 @@ def layout_from(args: argparse.Namespace) -> DecimalLayout | H3Layout:
 
 
 def _cover(args: argparse.Namespace) -> int:
-    fence = geofence_arg(args.geofence)
-    layout = layout_from(args)
-    cover: Cover
-    if isinstance(layout, H3Layout):
-        cover = h3_cover(
-            fence,
-            layout,
-            coverage=args.coverage,
-            max_filters=args.max_filters,
-            topic_filter=args.topic,
-        )
-    else:
-        cover = decimal_cover(
-            fence,
-            layout,
-            coverage=args.coverage,
-            max_filters=args.max_filters,
-            topic_filter=args.topic,
-        )
-    for f in cover.filters:
+    result = cover(
+        geofence_arg(args.geofence),
+        layout_from(args),
+        coverage=args.coverage,
+        max_filters=args.max_filters,
+        topic_filter=args.topic,
+    )
+    for f in result.filters:
         print(f)
     print(
-        f"# {len(cover.filters)} filters, coverage {cover.coverage:.3f}"
-        f" (target {args.coverage:g}, at most {args.max_filters} filters; stopped: {cover.stopped})"
+        f"# {len(result.filters)} filters, coverage {result.coverage:.3f}"
+        f" (target {args.coverage:g}, at most {args.max_filters} filters;"
+        f" stopped: {result.stopped})"
     )
     return 0

@@ -46,7 +46,18 @@ from geofed.errors import (
     Unavailable,
     WrongBroker,
 )
-from geofed.routing import Federation, Geofence, LatLon, circle, latlon, parse_geofence
+from geofed.routing import (
+    Cover,
+    DecimalLayout,
+    Federation,
+    Geofence,
+    H3Layout,
+    LatLon,
+    circle,
+    cover,
+    latlon,
+    parse_geofence,
+)
 
 try:
     __version__ = _version("geofed")
@@ -85,4 +96,9 @@ __all__ = [
     "circle",
     "latlon",
     "parse_geofence",
+    # geofences as topic filters for topic-only brokers
+    "Cover",
+    "DecimalLayout",
+    "H3Layout",
+    "cover",
 ]

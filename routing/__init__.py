@@ -27,8 +27,7 @@ from ._cover import (
     DecimalLayout,
     DecimalRect,
     H3Layout,
-    decimal_cover,
-    h3_cover,
+    cover,
 )
 from ._errors import (
     PERMISSION_RULES,
@@ -132,12 +131,11 @@ __all__ = [
     "check_text_size",
     "circle",
     "content_and_subscription_geocheck",
+    "cover",
     "covers",
-    "decimal_cover",
     "federation_path",
     "generate_areas",
     "great_circle_m",
-    "h3_cover",
     "latlon",
     "make_event",
     "make_subscription",

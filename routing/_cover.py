@@ -133,10 +133,38 @@ class _Axis:
         return max(-self.limit, min(self.limit, float((lo + hi) / 2)))
 
 
-class _Layout(Protocol):
+class _LayoutBase:
+    """What both layouts share: a prefix, the location levels, the event's topic after them."""
+
     prefix: str
 
-    def location_levels(self, location: LatLon) -> list[str]: ...
+    @property
+    def location_level_count(self) -> int:
+        """Topic levels a location takes (after the prefix)."""
+        raise NotImplementedError
+
+    def location_levels(self, location: LatLon) -> list[str]:
+        """The levels of a location: what a publisher puts after the prefix."""
+        raise NotImplementedError
+
+    def topic(self, location: LatLon, topic: str) -> str:
+        """The topic an event at `location` is published to: prefix, location, then `topic`."""
+        validate_topic(topic)
+        return "/".join([*_check_prefix(self.prefix), *self.location_levels(location), topic])
+
+    def any_location(self, topic_filter: str = "#") -> str:
+        """The filter of every location (then `topic_filter`): what an importer subscribes to."""
+        _check_suffix(topic_filter)
+        levels = [*_check_prefix(self.prefix), *"+" * self.location_level_count]
+        return _join_filter(levels, topic_filter)
+
+    def _rest(self, topic: str, field: str) -> tuple[list[str], int]:
+        """The topic's levels and where the location starts, once the prefix is checked."""
+        levels = validate_topic(topic, field).split("/")
+        prefix = _check_prefix(self.prefix)
+        if tuple(levels[: len(prefix)]) != prefix:
+            raise InvalidInput(field, f"does not start with the prefix {self.prefix!r}")
+        return levels, len(prefix)
 
 
 def _check_prefix(prefix: str) -> tuple[str, ...]:
@@ -163,7 +191,7 @@ def _join_filter(levels: Sequence[str], topic_filter: str) -> str:
 
 
 @dataclass(frozen=True)
-class DecimalLayout:
+class DecimalLayout(_LayoutBase):
     """Topics ``PREFIX/<lat digits>/<lon digits>/TOPIC``, one digit a level.
 
     With ``signs="sign"`` (the default) each coordinate is a sign level (``_``
@@ -202,21 +230,14 @@ class DecimalLayout:
 
     @property
     def location_level_count(self) -> int:
-        """Topic levels a location takes (after the prefix)."""
         return sum(a.digits + a.signed for a in (self.lat_axis, self.lon_axis))
 
     def location_levels(self, location: LatLon) -> list[str]:
-        """The levels of a location: what a publisher puts after the prefix."""
         lon = 180.0 if location.lon == -180.0 else location.lon  # one meridian, one topic
         return [
             *self._axis_levels(self.lat_axis, *self.lat_axis.encode(location.lat), None),
             *self._axis_levels(self.lon_axis, *self.lon_axis.encode(lon), None),
         ]
-
-    def topic(self, location: LatLon, topic: str) -> str:
-        """The topic an event at `location` is published to: prefix, location, then `topic`."""
-        validate_topic(topic)
-        return "/".join([*_check_prefix(self.prefix), *self.location_levels(location), topic])
 
     def filter(self, rect: DecimalRect, topic_filter: str = "#") -> str:
         """The one topic filter matching exactly the locations in `rect` (then `topic_filter`)."""
@@ -236,11 +257,7 @@ class DecimalLayout:
         Raises:
             InvalidInput: naming `field`, when the topic does not follow the layout.
         """
-        levels = validate_topic(topic, field).split("/")
-        prefix = _check_prefix(self.prefix)
-        if tuple(levels[: len(prefix)]) != prefix:
-            raise InvalidInput(field, f"does not start with the prefix {self.prefix!r}")
-        at = len(prefix)
+        levels, at = self._rest(topic, field)
         values: list[float] = []
         for axis in (self.lat_axis, self.lon_axis):
             negative = False
@@ -296,7 +313,7 @@ class DecimalRect:
 
 
 @dataclass(frozen=True)
-class H3Layout:
+class H3Layout(_LayoutBase):
     """Topics ``PREFIX/<base cell>/<digit 1>/.../<digit R>/TOPIC`` of a location's H3 cell.
 
     The base cell (``000``-``121``) then one level per resolution (``0``-``6``)
@@ -326,10 +343,6 @@ class H3Layout:
         cell = h3.str_to_int(h3.latlng_to_cell(location.lat, location.lon, self.resolution))
         return _cell_levels(cell)
 
-    def topic(self, location: LatLon, topic: str) -> str:
-        validate_topic(topic)
-        return "/".join([*_check_prefix(self.prefix), *self.location_levels(location), topic])
-
     def filter(self, cell: int, topic_filter: str = "#") -> str:
         """The topic filter of an H3 cell (as int) of resolution <= `resolution`."""
         _check_suffix(topic_filter)
@@ -340,11 +353,7 @@ class H3Layout:
     def decode(self, topic: str, field: str = "topic") -> tuple[LatLon, str]:
         """(centre of the cell, rest of the topic) of a topic written by `topic`."""
         h3 = _h3()
-        levels = validate_topic(topic, field).split("/")
-        prefix = _check_prefix(self.prefix)
-        if tuple(levels[: len(prefix)]) != prefix:
-            raise InvalidInput(field, f"does not start with the prefix {self.prefix!r}")
-        at = len(prefix)
+        levels, at = self._rest(topic, field)
         cell_levels = levels[at : at + 1 + self.resolution]
         cell = _cell_from_levels(cell_levels, self.resolution)
         if cell is None or not h3.is_valid_cell(h3.int_to_str(cell)):
@@ -655,30 +664,6 @@ class _DecimalSystem:
         return self._split(r, "lat")
 
 
-def decimal_cover(
-    geofence: Geofence | None,
-    layout: DecimalLayout | None = None,
-    *,
-    coverage: float = DEFAULT_COVERAGE,
-    max_filters: int = DEFAULT_MAX_FILTERS,
-    topic_filter: str = "#",
-) -> Cover:
-    """The write-up's cover of `geofence` (None: the world) by decimal-aligned rectangles.
-
-    Refines until the coverage ratio reaches `coverage` or no split fits in
-    `max_filters` filters (a split that would exceed it is skipped for the next
-    best one that fits) or nothing is left to split; `Cover.stopped` says which.
-    `topic_filter` is appended to every filter (``#``: any topic).
-
-    Raises:
-        InvalidInput: naming ``coverage``, ``max_filters`` (also when the
-            geofence spans more sign quadrants than it allows) or ``topic_filter``.
-    """
-    layout = layout or DecimalLayout()
-    system = _DecimalSystem(layout)
-    return _refine(system, geofence, coverage, max_filters, topic_filter, layout.filter)
-
-
 # --------------------------------------------------------------------------
 # The H3 variant
 
@@ -794,22 +779,30 @@ class _H3System:
         return sorted(h3.str_to_int(c) for c in h3.cell_to_children(h3.int_to_str(cell), res + 1))
 
 
-def h3_cover(
+def cover(
     geofence: Geofence | None,
-    layout: H3Layout | None = None,
+    layout: DecimalLayout | H3Layout | None = None,
     *,
     coverage: float = DEFAULT_COVERAGE,
     max_filters: int = DEFAULT_MAX_FILTERS,
     topic_filter: str = "#",
 ) -> Cover:
-    """The same greedy over H3 cells (seven children a split), for comparison.
+    """The cover of `geofence` (None: the world) in `layout` (default: `DecimalLayout()`).
 
-    Starts from the 122 base cells that meet the geofence, so `max_filters`
-    must allow those.
+    Decimal layouts: the write-up's decimal-aligned rectangles; H3 layouts: the
+    same greedy over H3 cells (seven children a split, starting from the base
+    cells that meet the geofence). Refines until the coverage ratio reaches
+    `coverage`, or no split fits in `max_filters` filters (a split that would
+    exceed it is skipped for the next best one that fits), or nothing is left
+    to split; `Cover.stopped` says which. `topic_filter` follows the location
+    levels in every filter (``#``: any topic).
 
     Raises:
-        InvalidInput: as `decimal_cover`; ``layout`` when h3 is not installed.
+        InvalidInput: naming ``coverage``, ``max_filters`` (also when the
+            geofence needs more filters to start with: sign quadrants, base
+            cells), ``topic_filter``, or ``layout`` (H3 without the h3 package).
     """
-    layout = layout or H3Layout()
     _check_params(coverage, max_filters)  # before h3 is imported
-    return _refine(_H3System(layout), geofence, coverage, max_filters, topic_filter, layout.filter)
+    layout = layout or DecimalLayout()
+    system: _System = _H3System(layout) if isinstance(layout, H3Layout) else _DecimalSystem(layout)
+    return _refine(system, geofence, coverage, max_filters, topic_filter, layout.filter)

@@ -28,9 +28,8 @@ from geofed.routing import (
     H3Layout,
     InvalidInput,
     LatLon,
+    cover,
     covers,
-    decimal_cover,
-    h3_cover,
     latlon,
     parse_geofence,
     parse_wkt,
@@ -70,33 +69,33 @@ def sample_points(fence: Geofence | None, rng: random.Random, n: int = 150) -> l
     return [p for p in out if -90 <= p.lat <= 90 and -180 <= p.lon <= 180 and covers(fence, p)]
 
 
-def matched(cover: Cover, topic: str) -> list[str]:
-    return [f for f in cover.filters if topic_matches(f, topic)]
+def matched(result: Cover, topic: str) -> list[str]:
+    return [f for f in result.filters if topic_matches(f, topic)]
 
 
 def assert_cover_holds(
     fence: Geofence | None,
-    cover: Cover,
+    result: Cover,
     layout: DecimalLayout | H3Layout,
     coverage: float,
     max_filters: int,
     seed: int,
 ) -> None:
-    assert len(cover.filters) == len(cover.cells) <= max_filters
-    assert len(set(cover.filters)) == len(cover.filters)
-    for f in cover.filters:
+    assert len(result.filters) == len(result.cells) <= max_filters
+    assert len(set(result.filters)) == len(result.filters)
+    for f in result.filters:
         assert validate_filter(f) == f
-    assert 0.0 < cover.coverage <= 1.0
-    assert cover.stopped in ("coverage", "max_filters", "resolution")
-    if cover.stopped == "coverage":
-        assert cover.coverage >= coverage
+    assert 0.0 < result.coverage <= 1.0
+    assert result.stopped in ("coverage", "max_filters", "resolution")
+    if result.stopped == "coverage":
+        assert result.coverage >= coverage
     else:
-        assert cover.coverage < coverage
+        assert result.coverage < coverage
     # Recall 1: every point the geofence covers lands in one cell, and only one.
     rng = random.Random(seed)
     for p in sample_points(fence, rng):
         topic = layout.topic(p, "t/x")
-        hits = matched(cover, topic)
+        hits = matched(result, topic)
         assert len(hits) == 1, (p, topic, hits)
 
 
@@ -192,23 +191,23 @@ def test_children_are_a_tenth() -> None:
 
 def test_parameters_example() -> None:
     """§3.1: 'T covers at least z = 80% of the approximation or no more than k = 50 rectangles'."""
-    cover = decimal_cover(EUROPE, coverage=0.8, max_filters=50)
-    assert len(cover.filters) <= 50
-    assert cover.coverage >= 0.8 or cover.stopped == "max_filters"
-    assert_cover_holds(EUROPE, cover, DecimalLayout(), 0.8, 50, 1)
+    result = cover(EUROPE, coverage=0.8, max_filters=50)
+    assert len(result.filters) <= 50
+    assert result.coverage >= 0.8 or result.stopped == "max_filters"
+    assert_cover_holds(EUROPE, result, DecimalLayout(), 0.8, 50, 1)
     # More filters allowed: the target is reached, with fewer filters than allowed.
-    more = decimal_cover(EUROPE, coverage=0.8, max_filters=500)
+    more = cover(EUROPE, coverage=0.8, max_filters=500)
     assert more.stopped == "coverage" and more.coverage >= 0.8 and len(more.filters) < 500
 
 
 def test_free_split() -> None:
     """§3.2: a rectangle with one child meeting the target is replaced by it for free."""
     tiny = parse_wkt("POLYGON((2.35 48.85, 2.36 48.85, 2.36 48.86, 2.35 48.86, 2.35 48.85))")
-    cover = decimal_cover(tiny, DecimalLayout(decimals=4), coverage=0.5, max_filters=4)
+    result = cover(tiny, DecimalLayout(decimals=4), coverage=0.5, max_filters=4)
     # One quadrant at the start; without a cost, it shrinks until a split costs a filter.
-    assert len(cover.filters) <= 4
-    assert all(len(r.lat) >= 3 and len(r.lon) >= 4 for r in cover.cells)
-    assert cover.coverage > 0.05
+    assert len(result.filters) <= 4
+    assert all(len(r.lat) >= 3 and len(r.lon) >= 4 for r in result.cells)
+    assert result.coverage > 0.05
 
 
 def test_refinement_order() -> None:
@@ -225,12 +224,12 @@ def test_refinement_order() -> None:
             parts.reverse()
         fence = parse_wkt(f"MULTIPOLYGON({', '.join(parts)})")
         layout = DecimalLayout(prefix="", decimals=2)
-        cover = decimal_cover(fence, layout, coverage=1.0, max_filters=10)
-        assert cover.stopped == "max_filters"
-        north = sorted(r.lat for r in cover.cells if not r.lat_negative)
+        result = cover(fence, layout, coverage=1.0, max_filters=10)
+        assert result.stopped == "max_filters"
+        north = sorted(r.lat for r in result.cells if not r.lat_negative)
         assert north == [f"0{d}" for d in "123456789"]
-        assert [r for r in cover.cells if r.lat_negative] == [DecimalRect(True, "01", True, "001")]
-        assert_cover_holds(fence, cover, layout, 1.0, 10, order)
+        assert [r for r in result.cells if r.lat_negative] == [DecimalRect(True, "01", True, "001")]
+        assert_cover_holds(fence, result, layout, 1.0, 10, order)
 
 
 # --------------------------------------------------------------------------
@@ -255,17 +254,17 @@ def test_decimal_cover_contains_the_geofence(
     seed: int,
 ) -> None:
     layout = DecimalLayout(prefix="geo/v1", decimals=decimals, signs=signs)  # type: ignore[arg-type]
-    cover = decimal_cover(fence, layout, coverage=coverage, max_filters=max_filters)
-    assert_cover_holds(fence, cover, layout, coverage, max_filters, seed)
+    result = cover(fence, layout, coverage=coverage, max_filters=max_filters)
+    assert_cover_holds(fence, result, layout, coverage, max_filters, seed)
     # The cells, as closed boxes, hold the shape (geometry containment).
     from geofed.routing._cover import _DecimalSystem
 
     system = _DecimalSystem(layout)
-    union = shapely.union_all([box(*system.bounds(r)) for r in cover.cells])
+    union = shapely.union_all([box(*system.bounds(r)) for r in result.cells])
     target = box(-180, -90, 180, 90) if fence is None else fence.geometry
     assert union.covers(target)
     # Cells are disjoint: their areas add up to the cover's.
-    assert math.isclose(sum(system.shape(r).area for r in cover.cells), cover.area, rel_tol=1e-9)
+    assert math.isclose(sum(system.shape(r).area for r in result.cells), result.area, rel_tol=1e-9)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -281,11 +280,11 @@ def test_h3_cover_contains_the_geofence(
 ) -> None:
     layout = H3Layout(prefix="h3", resolution=resolution)
     try:
-        cover = h3_cover(fence, layout, coverage=coverage, max_filters=max_filters)
+        result = cover(fence, layout, coverage=coverage, max_filters=max_filters)
     except InvalidInput as exc:  # more base cells than filters allowed: said so
         assert exc.field == "max_filters"
         return
-    assert_cover_holds(fence, cover, layout, coverage, max_filters, seed)
+    assert_cover_holds(fence, result, layout, coverage, max_filters, seed)
 
 
 @SETTINGS
@@ -320,36 +319,36 @@ def test_h3_encode_decode(p: LatLon, resolution: int) -> None:
 
 
 def test_world_and_seam() -> None:
-    world = decimal_cover(None, coverage=0.9)
+    world = cover(None, coverage=0.9)
     assert world.coverage == 1.0 and world.stopped == "coverage" and len(world.filters) == 4
     # A box flush with +180 also takes the points written -180 (the same meridian).
     east = parse_wkt("POLYGON((179.5 10, 180 10, 180 11, 179.5 11, 179.5 10))")
-    cover = decimal_cover(east, coverage=0.99, max_filters=20)
+    result = cover(east, coverage=0.99, max_filters=20)
     layout = DecimalLayout()
     for lon in (180.0, -180.0, 179.5, 179.99):
-        assert matched(cover, layout.topic(LatLon(10.5, lon), "t"))
-    assert not matched(cover, layout.topic(LatLon(10.5, -179.9), "t"))
+        assert matched(result, layout.topic(LatLon(10.5, lon), "t"))
+    assert not matched(result, layout.topic(LatLon(10.5, -179.9), "t"))
     across = parse_geofence("POLYGON((170 -5, -170 -5, -170 5, 170 5, 170 -5))")
-    cover = decimal_cover(across, coverage=0.9, max_filters=40)
+    result = cover(across, coverage=0.9, max_filters=40)
     for lon in (175.0, -175.0, 180.0, -180.0):
-        assert matched(cover, layout.topic(LatLon(0.0, lon), "t"))
-    assert not matched(cover, layout.topic(LatLon(0.0, 160.0), "t"))
+        assert matched(result, layout.topic(LatLon(0.0, lon), "t"))
+    assert not matched(result, layout.topic(LatLon(0.0, 160.0), "t"))
 
 
 def test_invalid_parameters() -> None:
     with pytest.raises(InvalidInput) as err:
-        decimal_cover(EUROPE, coverage=1.5)
+        cover(EUROPE, coverage=1.5)
     assert err.value.field == "coverage"
     with pytest.raises(InvalidInput) as err:
-        decimal_cover(EUROPE, max_filters=0)
+        cover(EUROPE, max_filters=0)
     assert err.value.field == "max_filters"
     # Four quadrants met, three filters allowed: the least is named.
     with pytest.raises(InvalidInput, match="at least 4") as err:
-        decimal_cover(parse_wkt("POLYGON((-1 -1, 1 -1, 1 1, -1 1, -1 -1))"), max_filters=3)
+        cover(parse_wkt("POLYGON((-1 -1, 1 -1, 1 1, -1 1, -1 -1))"), max_filters=3)
     assert err.value.field == "max_filters"
     assert (
         len(
-            decimal_cover(
+            cover(
                 parse_wkt("POLYGON((-1 -1, 1 -1, 1 1, -1 1, -1 -1))"),
                 DecimalLayout(signs="offset"),
                 max_filters=1,
@@ -367,7 +366,7 @@ def test_invalid_parameters() -> None:
             DecimalLayout(**kwargs)  # type: ignore[arg-type]
         assert err.value.field == field
     with pytest.raises(InvalidInput) as err:
-        decimal_cover(EUROPE, topic_filter="a/#/b")
+        cover(EUROPE, topic_filter="a/#/b")
     assert err.value.field == "topic_filter"
 
 
