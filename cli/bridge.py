@@ -194,6 +194,8 @@ class TopicBridge:
         self._mqtt: Any = None
         self._Properties: Any = None
         self._PUBLISH: Any = None
+        self._NO_CONN: Any = None
+        self._acked = asyncio.Event()
 
     # -- MQTT side (paho's network thread calls the callbacks) ---------------
 
@@ -234,6 +236,13 @@ class TopicBridge:
             asyncio.run_coroutine_threadsafe(self._queue.put(msg), self._loop).result()
 
         self._Properties, self._PUBLISH = Properties, PacketTypes.PUBLISH
+
+        def on_publish(_c: Any, _u: Any, _mid: Any, _reason: Any, _p: Any) -> None:
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self._acked.set)
+
+        self._NO_CONN = paho.MQTT_ERR_NO_CONN
+        client.on_publish = on_publish
         client.on_connect = on_connect
         client.on_subscribe = on_subscribe
         client.on_message = on_message
@@ -283,13 +292,25 @@ class TopicBridge:
             where = msg.publisher
             props.UserProperty = [(LOCATION_PROPERTY, f"{where.lat!r},{where.lon!r}")]
             info = self._mqtt.publish(topic, msg.payload, qos=self.qos, properties=props)
+            # QoS 1 while disconnected: queued by paho (rc "no connection"), sent on reconnect.
+            if info.rc != 0 and not (self.qos and info.rc == self._NO_CONN):
+                self.counts.reject(f"event {msg.event_id}: MQTT publish failed (rc {info.rc})")
+                continue
             self.counts.exported += 1
             if self.qos:
                 pending.append(info)
-                while pending and pending[0].is_published():
-                    pending.popleft()
-                if len(pending) >= EXPORT_IN_FLIGHT:
-                    await asyncio.to_thread(pending.popleft().wait_for_publish)
+                await self._window(pending)
+
+    async def _window(self, pending: deque[Any]) -> None:
+        """Wait while `EXPORT_IN_FLIGHT` exports are unacknowledged (the oldest first)."""
+        while True:
+            while pending and pending[0].is_published():
+                pending.popleft()
+            if len(pending) < EXPORT_IN_FLIGHT:
+                return
+            self._acked.clear()
+            if not pending[0].is_published():  # checked again after clear: no lost wake-up
+                await self._acked.wait()
 
     async def _import(self) -> None:
         assert self.federation is not None
@@ -409,7 +430,11 @@ def _bridge(args: argparse.Namespace) -> int:
         token=_token(args),
     )
 
+    started = False
+
     def ready() -> None:
+        nonlocal started
+        started = True
         parts = [f"export {', '.join(bridge.exports)}"] if bridge.exports else []
         parts += [f"import {', '.join(bridge.import_filters)}"] if bridge.import_filters else []
         host, port = bridge.mqtt_address
@@ -425,11 +450,12 @@ def _bridge(args: argparse.Namespace) -> int:
     try:
         asyncio.run(run())
     finally:
-        c = bridge.counts
-        print(
-            f"exported {c.exported}, imported {c.imported}, skipped {c.skipped} (own imports),"
-            f" rejected {c.rejected_count}",
-            file=sys.stderr,
-            flush=True,
-        )
+        if started:  # a bridge that never ran has nothing to report, only its error
+            c = bridge.counts
+            print(
+                f"exported {c.exported}, imported {c.imported}, skipped {c.skipped} (own imports),"
+                f" rejected {c.rejected_count}",
+                file=sys.stderr,
+                flush=True,
+            )
     return 0
