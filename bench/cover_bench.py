@@ -62,7 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-record", action="store_true", help=f"do not append to {RESULTS}")
     args = parser.parse_args(argv)
     budgets = [int(b) for b in args.budgets.split(",")]
-    layouts = {"decimal (5 dp)": DecimalLayout(decimals=5), "h3 (res 9)": H3Layout(resolution=9)}
+    layouts: dict[str, DecimalLayout | H3Layout] = {
+        "decimal (5 dp)": DecimalLayout(decimals=5),
+        "h3 (res 9)": H3Layout(resolution=9),
+    }
     rows = [
         "| geofence | layout | max filters | filters | coverage | stopped | seconds |",
         "|---|---|---:|---:|---:|---|---:|",
