@@ -66,6 +66,8 @@ EXPORT_IN_FLIGHT = 1000
 """QoS 1 messages exported and not yet acknowledged by the MQTT broker; beyond, the export waits."""
 CONNECT_TIMEOUT_S = 30.0
 """How long the MQTT broker may take to accept the connection and the import subscriptions."""
+RECONNECT_MIN_S, RECONNECT_MAX_S = 1, 10
+"""Backoff between attempts to reach a lost MQTT broker (doubling)."""
 LOCATION_PROPERTY = "geofed-location"
 """MQTT 5 user property with the exact ``LAT,LON`` (the MQTT front end's name, docs/mqtt.md)."""
 READY = "bridging"
@@ -196,6 +198,7 @@ class TopicBridge:
         self._PUBLISH: Any = None
         self._NO_CONN: Any = None
         self._acked = asyncio.Event()
+        self._puback: set[int] = set()  # ids of acknowledged exports not yet out of the window
 
     # -- MQTT side (paho's network thread calls the callbacks) ---------------
 
@@ -237,9 +240,13 @@ class TopicBridge:
 
         self._Properties, self._PUBLISH = Properties, PacketTypes.PUBLISH
 
-        def on_publish(_c: Any, _u: Any, _mid: Any, _reason: Any, _p: Any) -> None:
+        def acked(mid: int) -> None:
+            self._puback.add(mid)
+            self._acked.set()
+
+        def on_publish(_c: Any, _u: Any, mid: int, _reason: Any, _p: Any) -> None:
             assert self._loop is not None
-            self._loop.call_soon_threadsafe(self._acked.set)
+            self._loop.call_soon_threadsafe(acked, mid)
 
         self._NO_CONN = paho.MQTT_ERR_NO_CONN
         client.on_publish = on_publish
@@ -247,6 +254,7 @@ class TopicBridge:
         client.on_subscribe = on_subscribe
         client.on_message = on_message
         client.max_inflight_messages_set(EXPORT_IN_FLIGHT)
+        client.reconnect_delay_set(RECONNECT_MIN_S, RECONNECT_MAX_S)
         props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         props.SessionExpiryInterval = 3600  # QoS 1 imports wait for a restarted bridge
         host, port = self.mqtt_address
@@ -278,7 +286,7 @@ class TopicBridge:
         return client
 
     async def _export(self, sub: Subscription) -> None:
-        pending: deque[Any] = deque()
+        pending: deque[int] = deque()
         async for msg in sub:
             if msg.event_id.startswith(self.marker):
                 self.counts.skipped += 1
@@ -298,18 +306,23 @@ class TopicBridge:
                 continue
             self.counts.exported += 1
             if self.qos:
-                pending.append(info)
+                pending.append(info.mid)
                 await self._window(pending)
 
-    async def _window(self, pending: deque[Any]) -> None:
-        """Wait while `EXPORT_IN_FLIGHT` exports are unacknowledged (the oldest first)."""
+    async def _window(self, pending: deque[int]) -> None:
+        """Wait while `EXPORT_IN_FLIGHT` exports are unacknowledged (the oldest first).
+
+        By message id, as PUBACKs report them: paho's `MQTTMessageInfo` of a
+        message queued while disconnected reports a failure even once resent
+        and acknowledged.
+        """
         while True:
-            while pending and pending[0].is_published():
-                pending.popleft()
+            while pending and pending[0] in self._puback:
+                self._puback.discard(pending.popleft())
             if len(pending) < EXPORT_IN_FLIGHT:
                 return
             self._acked.clear()
-            if not pending[0].is_published():  # checked again after clear: no lost wake-up
+            if pending[0] not in self._puback:  # checked again after clear: no lost wake-up
                 await self._acked.wait()
 
     async def _import(self) -> None:

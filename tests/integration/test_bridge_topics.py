@@ -26,6 +26,8 @@ quiescence barrier; HANG_S only turns a hang into a failure.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import getpass
 import random
 import shutil
 import subprocess
@@ -79,7 +81,7 @@ def until(cond: Callable[[], bool], what: str) -> None:
 class MQTTClient:
     """A paho MQTT 5 client on its own network thread, collecting what it receives."""
 
-    def __init__(self, port: int, client_id: str) -> None:
+    def __init__(self, port: int, client_id: str, persistent: bool = False) -> None:
         self.messages: list[paho.MQTTMessage] = []
         self.subacks = 0
         self.lock = threading.Lock()
@@ -88,7 +90,12 @@ class MQTTClient:
         )
         self.client.on_message = self._on_message
         self.client.on_subscribe = self._on_subscribe
-        self.client.connect("127.0.0.1", port)
+        self.client.reconnect_delay_set(0.1, 1.0)
+        props = None
+        if persistent:  # the session and its QoS 1 queue outlive a connection
+            props = Properties(PacketTypes.CONNECT)
+            props.SessionExpiryInterval = 3600
+        self.client.connect("127.0.0.1", port, clean_start=not persistent, properties=props)
         self.client.loop_start()
         until(self.client.is_connected, f"{client_id} connected")
 
@@ -114,36 +121,59 @@ class MQTTClient:
         self.client.loop_stop()
 
 
-@pytest.fixture(scope="module")
-def mosquitto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    exe = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-    assert Path(exe).exists(), "Debian's mosquitto is installed by .ci/run"
-    workdir = tmp_path_factory.mktemp("mosquitto")
-    (port,) = free_ports(1)
-    conf = workdir / "mosquitto.conf"
-    conf.write_text(
-        f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
-        "max_queued_messages 100000\n",
-        encoding="utf-8",
-    )
-    log = (workdir / "mosquitto.log").open("w")
-    proc = subprocess.Popen([exe, "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT)
-    try:
+class Mosquitto:
+    """Debian's mosquitto on a loopback port with a generated config (never a service).
+
+    With `persistent`, sessions and their queued messages survive a restart
+    (`stop` is SIGTERM, on which mosquitto writes its store).
+    """
+
+    def __init__(self, workdir: Path, persistent: bool = False) -> None:
+        self.exe = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+        assert Path(self.exe).exists(), "Debian's mosquitto is installed by .ci/run"
+        self.workdir = workdir
+        (self.port,) = free_ports(1)
+        self.conf = workdir / "mosquitto.conf"
+        store = f"persistence true\npersistence_location {workdir}/\n" if persistent else ""
+        self.conf.write_text(
+            f"listener {self.port} 127.0.0.1\nallow_anonymous true\n"
+            f"persistence {'true' if persistent else 'false'}\n{store}"
+            f"max_queued_messages 100000\nuser {getpass.getuser()}\n",
+            encoding="utf-8",
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = (self.workdir / "mosquitto.log").open("a")
+        self.proc = subprocess.Popen(
+            [self.exe, "-c", str(self.conf)], stdout=log, stderr=subprocess.STDOUT
+        )
+        log.close()
         probe: MQTTClient | None = None
         deadline = time.monotonic() + HANG_S
         while probe is None:
-            assert proc.poll() is None, (workdir / "mosquitto.log").read_text()
+            assert self.proc.poll() is None, (self.workdir / "mosquitto.log").read_text()
             try:
-                probe = MQTTClient(port, "probe")
+                probe = MQTTClient(self.port, "probe")
             except ConnectionRefusedError:
                 assert time.monotonic() < deadline, "mosquitto did not listen"
                 time.sleep(0.05)
         probe.close()
-        yield port
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=HANG_S)
+
+
+@pytest.fixture(scope="module")
+def mosquitto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    broker = Mosquitto(tmp_path_factory.mktemp("mosquitto"))
+    try:
+        broker.start()
+        yield broker.port
     finally:
-        proc.terminate()
-        proc.wait(timeout=HANG_S)
-        log.close()
+        broker.stop()
 
 
 @pytest.fixture(scope="module")
@@ -152,25 +182,22 @@ def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFederation]:
         yield running
 
 
-@pytest.fixture(scope="module")
-def bridge(mosquitto: int, fed: LocalFederation) -> Iterator[subprocess.Popen[str]]:
+@contextlib.contextmanager
+def running_bridge(port: int, fed: LocalFederation, *args: str) -> Iterator[list[str]]:
+    """`geofed bridge-topics` with `args`, once it printed "bridging"; yields its stderr lines.
+
+    On leaving: SIGTERM, exit status 0, and its summary counts nothing rejected.
+    """
     cmd = [
         str(BIN / "geofed"),
         "bridge-topics",
         "--mqtt",
-        f"127.0.0.1:{mosquitto}",
+        f"127.0.0.1:{port}",
         "--federation",
         str(fed.federation_path),
-        "--client",
-        "bridge",
         "--location",
         "48.85,2.35",
-        "--export",
-        "sensors/#",
-        "--import",
-        "sensors/#",
-        "--decimals",
-        "2",
+        *args,
     ]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
@@ -189,7 +216,7 @@ def bridge(mosquitto: int, fed: LocalFederation) -> Iterator[subprocess.Popen[st
             "the bridge to subscribe",
         )
         assert proc.poll() is None, "\n".join(lines)
-        yield proc
+        yield lines
         proc.terminate()
         assert proc.wait(timeout=HANG_S) == 0, "\n".join(lines)
         reader.join(timeout=HANG_S)
@@ -201,6 +228,17 @@ def bridge(mosquitto: int, fed: LocalFederation) -> Iterator[subprocess.Popen[st
             proc.wait(timeout=HANG_S)
         reader.join(timeout=HANG_S)
         stderr.close()
+
+
+@pytest.fixture(scope="module")
+def bridge(mosquitto: int, fed: LocalFederation) -> Iterator[list[str]]:
+    with running_bridge(
+        mosquitto,
+        fed,
+        *("--client", "bridge", "--export", "sensors/#", "--import", "sensors/#"),
+        *("--decimals", "2"),
+    ) as lines:
+        yield lines
 
 
 def points_around(rng: random.Random) -> list[LatLon]:
@@ -231,9 +269,7 @@ async def publish_at(fed: LocalFederation, pubs: list[geofed.Publication]) -> No
             await client.publish_many(group)
 
 
-def test_export_delivers_the_cover(
-    mosquitto: int, fed: LocalFederation, bridge: subprocess.Popen[str]
-) -> None:
+def test_export_delivers_the_cover(mosquitto: int, fed: LocalFederation, bridge: list[str]) -> None:
     result = cover(FENCE, LAYOUT, coverage=0.8, max_filters=40)
     consumer = MQTTClient(mosquitto, "consumer")
     try:
@@ -281,7 +317,7 @@ def test_export_delivers_the_cover(
 
 
 def test_import_reaches_geofed_subscribers(
-    mosquitto: int, fed: LocalFederation, bridge: subprocess.Popen[str]
+    mosquitto: int, fed: LocalFederation, bridge: list[str]
 ) -> None:
     rng = random.Random(11)
     where = points_around(rng)
@@ -339,3 +375,56 @@ def test_import_reaches_geofed_subscribers(
     inside = {i for i, p in enumerate(expected) if covers(FENCE, p)}
     assert {int(m.payload) for m in got_fenced} == inside
     assert len(got_fenced) == len(inside) >= 20
+
+
+def test_the_bridge_rides_out_a_mosquitto_restart(fed: LocalFederation, tmp_path: Path) -> None:
+    """Mosquitto stops and starts again (its store keeps the sessions): an event exported
+    while it was down arrives, and one published to it before the bridge is back is
+    imported once the bridge reconnects."""
+    broker = Mosquitto(tmp_path, persistent=True)
+    broker.start()
+    args = ("--client", "bridge-r", "--prefix", "geo2", "--export", "alerts/out/#")
+    try:
+        with running_bridge(broker.port, fed, *args, "--import", "alerts/in/#") as lines:
+            consumer = MQTTClient(broker.port, "consumer-r", persistent=True)
+            try:
+                consumer.subscribe(["geo2/#"])
+                asyncio.run(restart_run(fed, broker, consumer))
+            finally:
+                consumer.close()
+        assert "exported 2, imported 1" in lines[-1], lines
+    finally:
+        broker.stop()
+
+
+async def restart_run(fed: LocalFederation, broker: Mosquitto, consumer: MQTTClient) -> None:
+    path = str(fed.federation_path)
+
+    def payloads() -> set[bytes]:
+        return {m.payload for m in consumer.received()}
+
+    async with (
+        await geofed.connect(
+            client_id="sub-r", location=latlon(40.71, -74.0), federation=path
+        ) as listener,
+        await geofed.connect(client_id="pub-r", location=PARIS, federation=path) as paris,
+    ):
+        sub = await listener.subscribe("alerts/in/#")
+        await fed.quiescent()
+        await paris.publish("alerts/out/1", b"before")
+        await asyncio.to_thread(until, lambda: b"before" in payloads(), "the first export")
+        broker.stop()
+        # Accepted by the federation while the MQTT broker is down: the bridge holds it.
+        await paris.publish("alerts/out/2", b"while down")
+        broker.start()
+        producer = MQTTClient(broker.port, "producer-r")
+        try:
+            topic = DecimalLayout(prefix="geo2").topic(latlon(51.5, -0.12), "alerts/in/3")
+            info = producer.client.publish(topic, b"after", qos=1)
+            await asyncio.to_thread(info.wait_for_publish, HANG_S)
+        finally:
+            producer.close()
+        await asyncio.to_thread(until, lambda: b"while down" in payloads(), "the held export")
+        msg = await sub.next(timeout=HANG_S)
+        assert (msg.topic, msg.payload) == ("alerts/in/3", b"after")
+        assert abs(msg.publisher.lat - 51.5) < 1e-4 and abs(msg.publisher.lon + 0.12) < 1e-4
