@@ -52,6 +52,8 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     }
 
 
+BRIDGE = ["bridge-topics", "--mqtt", "{closed}", "--federation", "three", "--client", "b"]
+
 CASES = [
     # (name, argv with {placeholders}, exit code, text the message must contain)
     ("route: circle with two numbers", ["route", "circle:35,139"], 2, "geofence"),
@@ -192,79 +194,24 @@ CASES = [
     ),
     ("cover: too many decimals", ["cover", "world", "--decimals", "12"], 2, "layout.decimals"),
     ("cover: a bad topic filter", ["cover", "world", "--topic", "a/#/b"], 2, "topic_filter"),
-    (
-        "bridge-topics: nothing to bridge",
-        ["bridge-topics", "--mqtt", "{closed}", "--federation", "three", "--client", "b"],
-        2,
-        "export",
-    ),
+    ("bridge-topics: nothing to bridge", [*BRIDGE], 2, "export"),
     (
         "bridge-topics: MQTT address without a port",
         ["bridge-topics", "--mqtt", "localhost", "--federation", "three", "--client", "b"],
         2,
         "mqtt",
     ),
-    (
-        "bridge-topics: an export needs the bridge's location",
-        [
-            "bridge-topics",
-            "--mqtt",
-            "{closed}",
-            "--federation",
-            "three",
-            "--client",
-            "b",
-            "--export",
-            "#",
-        ],
-        2,
-        "location",
-    ),
+    ("bridge-topics: an export needs a location", [*BRIDGE, "--export", "#"], 2, "location"),
     (
         "bridge-topics: an import needs the federation",
-        [
-            "bridge-topics",
-            "--mqtt",
-            "{closed}",
-            "--endpoint",
-            "{closed}",
-            "--client",
-            "b",
-            "--import",
-            "#",
-        ],
+        [*BRIDGE[:3], "--endpoint", "{closed}", "--client", "b", "--import", "#"],
         2,
         "federation",
     ),
-    (
-        "bridge-topics: a bad import filter",
-        [
-            "bridge-topics",
-            "--mqtt",
-            "{closed}",
-            "--federation",
-            "three",
-            "--client",
-            "b",
-            "--import",
-            "a/#/b",
-        ],
-        2,
-        "import",
-    ),
+    ("bridge-topics: a bad import filter", [*BRIDGE, "--import", "a/#/b"], 2, "import"),
     (
         "bridge-topics: nobody listens on the MQTT port",
-        [
-            "bridge-topics",
-            "--mqtt",
-            "{closed}",
-            "--federation",
-            "three",
-            "--client",
-            "b",
-            "--import",
-            "sensors/#",
-        ],
+        [*BRIDGE, "--import", "sensors/#"],
         3,
         "MQTT broker",
     ),
