@@ -4,11 +4,14 @@
 a subscription geofence: where publishers must be) and republishes every
 event it receives to the MQTT broker on ``PREFIX/<location levels>/<topic>``
 (`geofed.routing.DecimalLayout` or `H3Layout`), so that consumers that speak
-only MQTT subscribe geographically with the filters ``geofed cover`` prints.
-*Import*: the bridge subscribes on the MQTT broker to every location under
-the prefix, decodes the location from each topic and publishes the event
-into the federation at the broker responsible for that location, with the
-decoded location (the centre of the topic's cell) as publisher location.
+only MQTT subscribe geographically with the filters ``geofed cover`` prints;
+the exact location rides along as the MQTT 5 user property
+``geofed-location`` for the consumer's exact check. *Import*: the bridge
+subscribes on the MQTT broker to every location under the prefix, decodes
+the location from each topic and publishes the event into the federation at
+the broker responsible for that location, with that location (the
+``geofed-location`` property when it lies in the topic's cell, else the
+centre of the cell) as publisher location.
 
 Why a command and not a node option: the bridge is a client of both sides.
 As a separate process it uses only the public client API (a geofed
@@ -193,6 +196,7 @@ class TopicBridge:
         self._queue: asyncio.Queue[Any] = asyncio.Queue(IMPORT_QUEUE)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._subscribed = threading.Event()
+        self._closing = threading.Event()
         self._mqtt: Any = None
         self._Properties: Any = None
         self._PUBLISH: Any = None
@@ -235,8 +239,14 @@ class TopicBridge:
 
         def on_message(_c: Any, _u: Any, msg: Any) -> None:
             assert self._loop is not None
-            # Blocks paho's thread while the queue is full: back-pressure, not loss.
-            asyncio.run_coroutine_threadsafe(self._queue.put(msg), self._loop).result()
+            # Blocks paho's thread while the queue is full: back-pressure, not loss
+            # (unacknowledged, the message comes again if the bridge stops meanwhile).
+            put = asyncio.run_coroutine_threadsafe(self._queue.put(msg), self._loop)
+            while not self._closing.is_set():
+                with contextlib.suppress(TimeoutError):
+                    put.result(timeout=0.5)
+                    return
+            put.cancel()
 
         self._Properties, self._PUBLISH = Properties, PacketTypes.PUBLISH
 
@@ -420,8 +430,9 @@ class TopicBridge:
             for c in [*self._publishers.values(), *([exporter] if exporter else [])]:
                 with contextlib.suppress(GeofedError):
                     await c.close()
+            self._closing.set()
             self._mqtt.disconnect()
-            self._mqtt.loop_stop()
+            await asyncio.to_thread(self._mqtt.loop_stop)
 
 
 def _bridge(args: argparse.Namespace) -> int:

@@ -5,7 +5,7 @@ it matches topic levels. Write a location into the topic as fixed-width
 decimal digits, one digit per level, and every *decimal-aligned rectangle*
 (the latitudes sharing a digit prefix, times the longitudes sharing one) is a
 single topic filter: the fixed digits, then ``+`` for each free digit. A
-geofence becomes a union of such rectangles, and the union one filter each;
+geofence becomes a union of such rectangles, one filter each;
 an unmodified MQTT consumer subscribing to those filters receives every event
 published inside the geofence (recall 1), and some published near it (the
 over-delivery, which an exact check at the consumer removes).
@@ -24,8 +24,7 @@ prefix wildcard inside a level):
   split keeping one child costs no filter and is made at once;
 * a wide rectangle is cut across its longitudes, a tall one across its
   latitudes (so that children are square); a square one across the axis
-  along which the part of the geofence inside it is longer (a tie: the cut
-  keeping fewer children, then latitude).
+  along which the part of the geofence inside it is longer (a tie: latitude).
 
 Areas are planar, in square degrees of lon/lat (the geofence semantics are
 planar too: docs/design.md §1), and rectangles count only their part inside
@@ -72,6 +71,9 @@ DEFAULT_MAX_FILTERS = 50
 MAX_FILTERS_LIMIT = 100_000
 """Largest `max_filters` accepted: the greedy's work grows with it."""
 MAX_DECIMALS = 10
+"""Most digits after the point: with 3 whole digits, 13 significant ones, few enough
+that a cell's decimal bounds are the only such decimals rounding to their floats
+(what the exact recall rests on, see `_DecimalSystem.test_shape`)."""
 SPLIT_BASE = 1.2
 """The write-up's weight: (1 − c) · A / SPLIT_BASE^(|d| − 1)."""
 
