@@ -257,7 +257,7 @@ def test_decimal_cover_contains_the_geofence(
     result = cover(fence, layout, coverage=coverage, max_filters=max_filters)
     assert_cover_holds(fence, result, layout, coverage, max_filters, seed)
     # The cells, as closed boxes, hold the shape (geometry containment).
-    from geofed.routing._cover import _DecimalSystem
+    from geofed.routing._cover import _DecimalSystem, _Greedy, _Target
 
     system = _DecimalSystem(layout)
     union = shapely.union_all([box(*system.bounds(r)) for r in result.cells])
@@ -265,6 +265,21 @@ def test_decimal_cover_contains_the_geofence(
     assert union.covers(target)
     # Cells are disjoint: their areas add up to the cover's.
     assert math.isclose(sum(system.shape(r).area for r in result.cells), result.area, rel_tol=1e-9)
+    # Stopped short of the target: no split was left that fits in max_filters
+    # ("max_filters"), or none at all ("resolution").
+    if result.stopped != "coverage":
+        greedy = _Greedy(system, _Target(fence))
+        room = max_filters - len(result.cells)
+        for r in result.cells:
+            node = greedy.node(r, target)
+            assert node is not None  # every cell meets the geofence
+            if node.coverage >= 1.0 - 1e-12:
+                continue
+            d = len(greedy.kids(node))
+            if result.stopped == "resolution":
+                assert d == 0, r  # only cells at the layout's finest digits are left
+            else:
+                assert d == 0 or d - 1 > room, (r, d, room)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
