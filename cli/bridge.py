@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from geofed.client import Client, ClientConfig, Publication, Subscription, TLSConfig, connect
-from geofed.errors import GeofedError, Unavailable
+from geofed.errors import GeofedError, Unauthenticated, Unavailable
 from geofed.routing import (
     DecimalLayout,
     Federation,
@@ -120,6 +120,10 @@ def register(sub: Any, name: str) -> None:
         " federation (repeatable)",
     )
     p.add_argument("--qos", type=int, choices=[0, 1], default=1, help="MQTT quality of service")
+    p.add_argument("--mqtt-user", help="user name at the MQTT broker")
+    p.add_argument(
+        "--mqtt-password-file", metavar="FILE", help="file holding the MQTT broker password"
+    )
     add_layout_arguments(p)
     _tls_arguments(p)
     p.set_defaults(func=_bridge)
@@ -167,6 +171,7 @@ class TopicBridge:
         qos: int = 1,
         tls: TLSConfig | None = None,
         token: str = "",
+        mqtt_auth: tuple[str, str] | None = None,
     ) -> None:
         for f in exports:
             validate_filter(f, "export")
@@ -178,6 +183,7 @@ class TopicBridge:
         if imports and federation is None:
             raise InvalidInput("federation", "the import needs the federation file")
         self.mqtt_address = mqtt
+        self.mqtt_auth = mqtt_auth
         self.layout = layout
         self.client_id = client_id
         self.federation = federation
@@ -197,6 +203,7 @@ class TopicBridge:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._subscribed = threading.Event()
         self._closing = threading.Event()
+        self._refused = ""  # the MQTT broker's reason when it refused the connection
         self._mqtt: Any = None
         self._Properties: Any = None
         self._PUBLISH: Any = None
@@ -227,6 +234,8 @@ class TopicBridge:
 
         def on_connect(c: Any, _u: Any, _f: Any, reason: Any, _p: Any) -> None:
             if reason.is_failure:
+                self._refused = str(reason)
+                self._subscribed.set()  # wakes `run`, which gives up
                 return
             if filters:
                 c.subscribe(filters)
@@ -265,6 +274,8 @@ class TopicBridge:
         client.on_message = on_message
         client.max_inflight_messages_set(EXPORT_IN_FLIGHT)
         client.reconnect_delay_set(RECONNECT_MIN_S, RECONNECT_MAX_S)
+        if self.mqtt_auth is not None:
+            client.username_pw_set(*self.mqtt_auth)
         props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         props.SessionExpiryInterval = 3600  # QoS 1 imports wait for a restarted bridge
         host, port = self.mqtt_address
@@ -403,9 +414,11 @@ class TopicBridge:
         tasks: list[asyncio.Task[None]] = []
         exporter: Client | None = None
         try:
+            host, port = self.mqtt_address
             if not await asyncio.to_thread(self._subscribed.wait, CONNECT_TIMEOUT_S):
-                host, port = self.mqtt_address
                 raise Unavailable(f"{host}:{port}", "MQTT broker: no CONNACK or SUBACK")
+            if self._refused:
+                raise Unauthenticated(f"the MQTT broker at {host}:{port} refused: {self._refused}")
             if self.exports:
                 assert self.location is not None
                 exporter = await connect(self._config(self.client_id, self.location))
@@ -435,6 +448,23 @@ class TopicBridge:
             await asyncio.to_thread(self._mqtt.loop_stop)
 
 
+def _mqtt_auth(args: argparse.Namespace) -> tuple[str, str] | None:
+    if args.mqtt_password_file and not args.mqtt_user:
+        raise InvalidInput("mqtt-user", "a password needs its user name")
+    if not args.mqtt_user:
+        return None
+    password = ""
+    if args.mqtt_password_file:
+        try:
+            with open(args.mqtt_password_file, encoding="utf-8") as f:
+                password = f.read().strip()
+        except OSError as exc:
+            raise InvalidInput(
+                "mqtt-password-file", f"cannot read {args.mqtt_password_file}: {exc.strerror}"
+            ) from None
+    return args.mqtt_user, password
+
+
 def _bridge(args: argparse.Namespace) -> int:
     layout = layout_from(args)
     bridge = TopicBridge(
@@ -452,6 +482,7 @@ def _bridge(args: argparse.Namespace) -> int:
         qos=args.qos,
         tls=_tls(args),
         token=_token(args),
+        mqtt_auth=_mqtt_auth(args),
     )
 
     started = False

@@ -81,7 +81,13 @@ def until(cond: Callable[[], bool], what: str) -> None:
 class MQTTClient:
     """A paho MQTT 5 client on its own network thread, collecting what it receives."""
 
-    def __init__(self, port: int, client_id: str, persistent: bool = False) -> None:
+    def __init__(
+        self,
+        port: int,
+        client_id: str,
+        persistent: bool = False,
+        auth: tuple[str, str] | None = None,
+    ) -> None:
         self.messages: list[paho.MQTTMessage] = []
         self.subacks = 0
         self.lock = threading.Lock()
@@ -91,6 +97,8 @@ class MQTTClient:
         self.client.on_message = self._on_message
         self.client.on_subscribe = self._on_subscribe
         self.client.reconnect_delay_set(0.1, 1.0)
+        if auth is not None:
+            self.client.username_pw_set(*auth)
         props = None
         if persistent:  # the session and its QoS 1 queue outlive a connection
             props = Properties(PacketTypes.CONNECT)
@@ -128,20 +136,33 @@ class Mosquitto:
     (`stop` is SIGTERM, on which mosquitto writes its store).
     """
 
-    def __init__(self, workdir: Path, persistent: bool = False) -> None:
+    def __init__(
+        self, workdir: Path, persistent: bool = False, password: tuple[str, str] | None = None
+    ) -> None:
         self.exe = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
         assert Path(self.exe).exists(), "Debian's mosquitto is installed by .ci/run"
         self.workdir = workdir
         (self.port,) = free_ports(1)
         self.conf = workdir / "mosquitto.conf"
         store = f"persistence true\npersistence_location {workdir}/\n" if persistent else ""
+        access = "allow_anonymous true\n"
+        if password is not None:  # one user, nobody else
+            users = workdir / "passwd"
+            subprocess.run(
+                ["mosquitto_passwd", "-b", "-c", str(users), *password],
+                check=True,
+                capture_output=True,
+                timeout=HANG_S,
+            )
+            access = f"allow_anonymous false\npassword_file {users}\n"
         self.conf.write_text(
-            f"listener {self.port} 127.0.0.1\nallow_anonymous true\n"
+            f"listener {self.port} 127.0.0.1\n{access}"
             f"persistence {'true' if persistent else 'false'}\n{store}"
             f"max_queued_messages 100000\nuser {getpass.getuser()}\n",
             encoding="utf-8",
         )
         self.proc: subprocess.Popen[bytes] | None = None
+        self.password = password
 
     def start(self) -> None:
         log = (self.workdir / "mosquitto.log").open("a")
@@ -154,7 +175,7 @@ class Mosquitto:
         while probe is None:
             assert self.proc.poll() is None, (self.workdir / "mosquitto.log").read_text()
             try:
-                probe = MQTTClient(self.port, "probe")
+                probe = MQTTClient(self.port, "probe", auth=self.password)
             except ConnectionRefusedError:
                 assert time.monotonic() < deadline, "mosquitto did not listen"
                 time.sleep(0.05)
@@ -428,3 +449,59 @@ async def restart_run(fed: LocalFederation, broker: Mosquitto, consumer: MQTTCli
         msg = await sub.next(timeout=HANG_S)
         assert (msg.topic, msg.payload) == ("alerts/in/3", b"after")
         assert abs(msg.publisher.lat - 51.5) < 1e-4 and abs(msg.publisher.lon + 0.12) < 1e-4
+
+
+def test_the_bridge_logs_in_to_the_mqtt_broker(fed: LocalFederation, tmp_path: Path) -> None:
+    """A broker that admits one user: the bridge with its name and password bridges both
+    ways; with a wrong password it stops at once, naming the refusal (exit status 2)."""
+    user = ("bridge-user", "s3cret")
+    broker = Mosquitto(tmp_path, password=user)
+    broker.start()
+    secret = tmp_path / "password"
+    secret.write_text("s3cret\n", encoding="utf-8")
+    try:
+        login = ("--mqtt-user", "bridge-user", "--mqtt-password-file", str(secret))
+        args = ("--client", "bridge-p", "--prefix", "geo3", "--export", "notes/out/#")
+        with running_bridge(broker.port, fed, *args, "--import", "notes/in/#", *login) as lines:
+            consumer = MQTTClient(broker.port, "consumer-p", auth=user)
+            try:
+                consumer.subscribe(["geo3/#"])
+                asyncio.run(login_run(fed, broker, consumer))
+            finally:
+                consumer.close()
+        assert "exported 1, imported 1" in lines[-1], lines
+        secret.write_text("wrong\n", encoding="utf-8")
+        cmd = [str(BIN / "geofed"), "bridge-topics", "--mqtt", f"127.0.0.1:{broker.port}"]
+        cmd += ["--federation", str(fed.federation_path), "--client", "bridge-p2"]
+        refused = subprocess.run(
+            [*cmd, "--import", "notes/in/#", *login],
+            capture_output=True,
+            text=True,
+            timeout=HANG_S,
+            check=False,
+        )
+        assert refused.returncode == 2, refused.stderr
+        assert "refused" in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
+    finally:
+        broker.stop()
+
+
+async def login_run(fed: LocalFederation, broker: Mosquitto, consumer: MQTTClient) -> None:
+    path = str(fed.federation_path)
+    async with (
+        await geofed.connect(
+            client_id="sub-p", location=latlon(1.29, 103.85), federation=path
+        ) as listener,
+        await geofed.connect(client_id="pub-p", location=PARIS, federation=path) as paris,
+    ):
+        sub = await listener.subscribe("notes/in/#")
+        await fed.quiescent()
+        await paris.publish("notes/out/1", b"out")
+        await asyncio.to_thread(
+            until, lambda: any(m.payload == b"out" for m in consumer.received()), "the export"
+        )
+        topic = DecimalLayout(prefix="geo3").topic(latlon(-33.9, 151.2), "notes/in/2")
+        info = consumer.client.publish(topic, b"in", qos=1)
+        await asyncio.to_thread(info.wait_for_publish, HANG_S)
+        msg = await sub.next(timeout=HANG_S)
+        assert (msg.topic, msg.payload) == ("notes/in/2", b"in")

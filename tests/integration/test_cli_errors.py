@@ -210,6 +210,18 @@ CASES = [
     ),
     ("bridge-topics: a bad import filter", [*BRIDGE, "--import", "a/#/b"], 2, "import"),
     (
+        "bridge-topics: a password without its user",
+        [*BRIDGE, "--import", "#", "--mqtt-password-file", "{missing}"],
+        2,
+        "mqtt-user",
+    ),
+    (
+        "bridge-topics: an unreadable password file",
+        [*BRIDGE, "--import", "#", "--mqtt-user", "u", "--mqtt-password-file", "{missing}"],
+        2,
+        "mqtt-password-file",
+    ),
+    (
         "bridge-topics: nobody listens on the MQTT port",
         [*BRIDGE, "--import", "sensors/#"],
         3,
