@@ -128,6 +128,12 @@ class MQTTClient:
         self.client.disconnect()
         self.client.loop_stop()
 
+    def __enter__(self) -> MQTTClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
 
 class Mosquitto:
     """Debian's mosquitto on a loopback port with a generated config (never a service).
@@ -406,13 +412,12 @@ def test_the_bridge_rides_out_a_mosquitto_restart(fed: LocalFederation, tmp_path
     broker.start()
     args = ("--client", "bridge-r", "--prefix", "geo2", "--export", "alerts/out/#")
     try:
-        with running_bridge(broker.port, fed, *args, "--import", "alerts/in/#") as lines:
-            consumer = MQTTClient(broker.port, "consumer-r", persistent=True)
-            try:
-                consumer.subscribe(["geo2/#"])
-                asyncio.run(restart_run(fed, broker, consumer))
-            finally:
-                consumer.close()
+        with (
+            running_bridge(broker.port, fed, *args, "--import", "alerts/in/#") as lines,
+            MQTTClient(broker.port, "consumer-r", persistent=True) as consumer,
+        ):
+            consumer.subscribe(["geo2/#"])
+            asyncio.run(restart_run(fed, broker, consumer))
         assert "exported 2, imported 1" in lines[-1], lines
     finally:
         broker.stop()
@@ -462,13 +467,12 @@ def test_the_bridge_logs_in_to_the_mqtt_broker(fed: LocalFederation, tmp_path: P
     try:
         login = ("--mqtt-user", "bridge-user", "--mqtt-password-file", str(secret))
         args = ("--client", "bridge-p", "--prefix", "geo3", "--export", "notes/out/#")
-        with running_bridge(broker.port, fed, *args, "--import", "notes/in/#", *login) as lines:
-            consumer = MQTTClient(broker.port, "consumer-p", auth=user)
-            try:
-                consumer.subscribe(["geo3/#"])
-                asyncio.run(login_run(fed, broker, consumer))
-            finally:
-                consumer.close()
+        with (
+            running_bridge(broker.port, fed, *args, "--import", "notes/in/#", *login) as lines,
+            MQTTClient(broker.port, "consumer-p", auth=user) as consumer,
+        ):
+            consumer.subscribe(["geo3/#"])
+            asyncio.run(login_run(fed, broker, consumer))
         assert "exported 1, imported 1" in lines[-1], lines
         secret.write_text("wrong\n", encoding="utf-8")
         cmd = [str(BIN / "geofed"), "bridge-topics", "--mqtt", f"127.0.0.1:{broker.port}"]
