@@ -120,10 +120,16 @@ def register(sub: Any, name: str) -> None:
         " federation (repeatable)",
     )
     p.add_argument("--qos", type=int, choices=[0, 1], default=1, help="MQTT quality of service")
-    p.add_argument("--mqtt-user", help="user name at the MQTT broker")
-    p.add_argument(
+    m = p.add_argument_group("the MQTT broker's login and TLS")
+    m.add_argument("--mqtt-user", help="user name at the MQTT broker")
+    m.add_argument(
         "--mqtt-password-file", metavar="FILE", help="file holding the MQTT broker password"
     )
+    m.add_argument(
+        "--mqtt-ca", metavar="FILE", help="PEM CA of the MQTT broker's certificate: TLS on"
+    )
+    m.add_argument("--mqtt-cert", metavar="FILE", help="PEM client certificate (with TLS)")
+    m.add_argument("--mqtt-key", metavar="FILE", help="PEM key of --mqtt-cert")
     add_layout_arguments(p)
     _tls_arguments(p)
     p.set_defaults(func=_bridge)
@@ -172,6 +178,7 @@ class TopicBridge:
         tls: TLSConfig | None = None,
         token: str = "",
         mqtt_auth: tuple[str, str] | None = None,
+        mqtt_tls: TLSConfig | None = None,
     ) -> None:
         for f in exports:
             validate_filter(f, "export")
@@ -184,6 +191,7 @@ class TopicBridge:
             raise InvalidInput("federation", "the import needs the federation file")
         self.mqtt_address = mqtt
         self.mqtt_auth = mqtt_auth
+        self.mqtt_tls = mqtt_tls
         self.layout = layout
         self.client_id = client_id
         self.federation = federation
@@ -276,6 +284,16 @@ class TopicBridge:
         client.reconnect_delay_set(RECONNECT_MIN_S, RECONNECT_MAX_S)
         if self.mqtt_auth is not None:
             client.username_pw_set(*self.mqtt_auth)
+        if self.mqtt_tls is not None:
+            t = self.mqtt_tls
+            try:
+                client.tls_set(
+                    ca_certs=t.ca_file or None,
+                    certfile=t.cert_file or None,
+                    keyfile=t.key_file or None,
+                )
+            except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+                raise InvalidInput("mqtt-ca", f"unusable TLS files: {exc}") from None
         props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         props.SessionExpiryInterval = 3600  # QoS 1 imports wait for a restarted bridge
         host, port = self.mqtt_address
@@ -465,6 +483,17 @@ def _mqtt_auth(args: argparse.Namespace) -> tuple[str, str] | None:
     return args.mqtt_user, password
 
 
+def _mqtt_tls(args: argparse.Namespace) -> TLSConfig | None:
+    if not (args.mqtt_ca or args.mqtt_cert or args.mqtt_key):
+        return None
+    if not args.mqtt_ca:
+        raise InvalidInput("mqtt-ca", "TLS towards the MQTT broker needs its CA")
+    if bool(args.mqtt_cert) != bool(args.mqtt_key):
+        raise InvalidInput("mqtt-key", "give both --mqtt-cert and --mqtt-key, or neither")
+    cert, key = args.mqtt_cert or "", args.mqtt_key or ""
+    return TLSConfig(ca_file=args.mqtt_ca, cert_file=cert, key_file=key)
+
+
 def _bridge(args: argparse.Namespace) -> int:
     layout = layout_from(args)
     bridge = TopicBridge(
@@ -483,6 +512,7 @@ def _bridge(args: argparse.Namespace) -> int:
         tls=_tls(args),
         token=_token(args),
         mqtt_auth=_mqtt_auth(args),
+        mqtt_tls=_mqtt_tls(args),
     )
 
     started = False

@@ -46,6 +46,7 @@ from paho.mqtt.properties import Properties
 
 import geofed
 from geofed.bench import LocalFederation, free_ports
+from geofed.node import create_ca, issue_broker
 from geofed.routing import (
     DecimalLayout,
     LatLon,
@@ -87,6 +88,7 @@ class MQTTClient:
         client_id: str,
         persistent: bool = False,
         auth: tuple[str, str] | None = None,
+        ca: Path | None = None,
     ) -> None:
         self.messages: list[paho.MQTTMessage] = []
         self.subacks = 0
@@ -99,6 +101,8 @@ class MQTTClient:
         self.client.reconnect_delay_set(0.1, 1.0)
         if auth is not None:
             self.client.username_pw_set(*auth)
+        if ca is not None:
+            self.client.tls_set(ca_certs=str(ca))
         props = None
         if persistent:  # the session and its QoS 1 queue outlive a connection
             props = Properties(PacketTypes.CONNECT)
@@ -143,7 +147,11 @@ class Mosquitto:
     """
 
     def __init__(
-        self, workdir: Path, persistent: bool = False, password: tuple[str, str] | None = None
+        self,
+        workdir: Path,
+        persistent: bool = False,
+        password: tuple[str, str] | None = None,
+        tls: Path | None = None,
     ) -> None:
         self.exe = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
         assert Path(self.exe).exists(), "Debian's mosquitto is installed by .ci/run"
@@ -161,6 +169,8 @@ class Mosquitto:
                 timeout=HANG_S,
             )
             access = f"allow_anonymous false\npassword_file {users}\n"
+        if tls is not None:  # ca.pem, cert.pem, key.pem
+            access += f"cafile {tls}/ca.pem\ncertfile {tls}/cert.pem\nkeyfile {tls}/key.pem\n"
         self.conf.write_text(
             f"listener {self.port} 127.0.0.1\n{access}"
             f"persistence {'true' if persistent else 'false'}\n{store}"
@@ -169,6 +179,7 @@ class Mosquitto:
         )
         self.proc: subprocess.Popen[bytes] | None = None
         self.password = password
+        self.tls_ca = None if tls is None else tls / "ca.pem"
 
     def start(self) -> None:
         log = (self.workdir / "mosquitto.log").open("a")
@@ -181,7 +192,7 @@ class Mosquitto:
         while probe is None:
             assert self.proc.poll() is None, (self.workdir / "mosquitto.log").read_text()
             try:
-                probe = MQTTClient(self.port, "probe", auth=self.password)
+                probe = MQTTClient(self.port, "probe", auth=self.password, ca=self.tls_ca)
             except ConnectionRefusedError:
                 assert time.monotonic() < deadline, "mosquitto did not listen"
                 time.sleep(0.05)
@@ -509,3 +520,46 @@ async def login_run(fed: LocalFederation, broker: Mosquitto, consumer: MQTTClien
         await asyncio.to_thread(info.wait_for_publish, HANG_S)
         msg = await sub.next(timeout=HANG_S)
         assert (msg.topic, msg.payload) == ("notes/in/2", b"in")
+
+
+def test_the_bridge_speaks_tls_to_the_mqtt_broker(fed: LocalFederation, tmp_path: Path) -> None:
+    """A TLS-only Mosquitto (a certificate from a throw-away CA): the bridge with that CA
+    exports over TLS; with another CA it refuses the broker (exit status 3)."""
+    ca = create_ca(tmp_path / "ca")
+    issue_broker(ca, "mqtt", [], tmp_path / "server")
+    broker = Mosquitto(tmp_path, tls=tmp_path / "server")
+    broker.start()
+    try:
+        args = ("--client", "bridge-t", "--prefix", "geo4", "--export", "tls/#")
+        trust = ("--mqtt-ca", str(ca.cert_path))
+        with (
+            running_bridge(broker.port, fed, *args, *trust) as lines,
+            MQTTClient(broker.port, "consumer-t", ca=ca.cert_path) as consumer,
+        ):
+            consumer.subscribe(["geo4/#"])
+
+            async def publish() -> None:
+                path = str(fed.federation_path)
+                async with await geofed.connect(
+                    client_id="pub-t", location=PARIS, federation=path
+                ) as paris:
+                    await paris.publish("tls/1", b"sealed")
+
+            asyncio.run(publish())
+            until(lambda: any(m.payload == b"sealed" for m in consumer.received()), "TLS export")
+        assert "exported 1," in lines[-1], lines
+        other = create_ca(tmp_path / "other")
+        cmd = [str(BIN / "geofed"), "bridge-topics", "--mqtt", f"127.0.0.1:{broker.port}"]
+        cmd += ["--federation", str(fed.federation_path), "--client", "bridge-t2"]
+        refused = subprocess.run(
+            [*cmd, "--import", "tls/#", "--mqtt-ca", str(other.cert_path)],
+            capture_output=True,
+            text=True,
+            timeout=HANG_S,
+            check=False,
+        )
+        assert refused.returncode == 3, refused.stderr
+        assert "certificate verify failed" in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr, refused.stderr
+    finally:
+        broker.stop()

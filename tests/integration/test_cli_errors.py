@@ -222,6 +222,18 @@ CASES = [
         "mqtt-password-file",
     ),
     (
+        "bridge-topics: a client certificate without the broker's CA",
+        [*BRIDGE, "--import", "#", "--mqtt-cert", "{missing}", "--mqtt-key", "{missing}"],
+        2,
+        "mqtt-ca",
+    ),
+    (
+        "bridge-topics: an unreadable MQTT CA",
+        [*BRIDGE, "--import", "#", "--mqtt-ca", "{missing}"],
+        2,
+        "mqtt-ca",
+    ),
+    (
         "bridge-topics: nobody listens on the MQTT port",
         [*BRIDGE, "--import", "sensors/#"],
         3,
