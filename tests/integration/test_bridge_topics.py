@@ -469,7 +469,8 @@ async def restart_run(fed: LocalFederation, broker: Mosquitto, consumer: MQTTCli
 
 def test_the_bridge_logs_in_to_the_mqtt_broker(fed: LocalFederation, tmp_path: Path) -> None:
     """A broker that admits one user: the bridge with its name and password bridges both
-    ways; with a wrong password it stops at once, naming the refusal (exit status 2)."""
+    ways (exporting only events published in its export geofence); with a wrong password
+    it stops at once, naming the refusal (exit status 2)."""
     user = ("bridge-user", "s3cret")
     broker = Mosquitto(tmp_path, password=user)
     broker.start()
@@ -478,13 +479,14 @@ def test_the_bridge_logs_in_to_the_mqtt_broker(fed: LocalFederation, tmp_path: P
     try:
         login = ("--mqtt-user", "bridge-user", "--mqtt-password-file", str(secret))
         args = ("--client", "bridge-p", "--prefix", "geo3", "--export", "notes/out/#")
+        args += ("--export-geofence", FENCE_WKT)  # publishers around Paris only
         with (
             running_bridge(broker.port, fed, *args, "--import", "notes/in/#", *login) as lines,
             MQTTClient(broker.port, "consumer-p", auth=user) as consumer,
         ):
             consumer.subscribe(["geo3/#"])
             asyncio.run(login_run(fed, broker, consumer))
-        assert "exported 1, imported 1" in lines[-1], lines
+        assert "exported 2, imported 1" in lines[-1], lines
         secret.write_text("wrong\n", encoding="utf-8")
         cmd = [str(BIN / "geofed"), "bridge-topics", "--mqtt", f"127.0.0.1:{broker.port}"]
         cmd += ["--federation", str(fed.federation_path), "--client", "bridge-p2"]
@@ -511,10 +513,20 @@ async def login_run(fed: LocalFederation, broker: Mosquitto, consumer: MQTTClien
     ):
         sub = await listener.subscribe("notes/in/#")
         await fed.quiescent()
-        await paris.publish("notes/out/1", b"out")
-        await asyncio.to_thread(
-            until, lambda: any(m.payload == b"out" for m in consumer.received()), "the export"
+        # In order through one broker (eu): Paris, Berlin (outside the export geofence), Paris.
+        berlin = latlon(52.52, 13.4)
+        assert fed.federation.responsible(berlin) == fed.federation.responsible(PARIS)
+        await paris.publish_many(
+            [
+                geofed.Publication("notes/out/1", b"out", PARIS),
+                geofed.Publication("notes/out/2", b"berlin", berlin),
+                geofed.Publication("notes/out/3", b"last", PARIS),
+            ]
         )
+        await asyncio.to_thread(
+            until, lambda: any(m.payload == b"last" for m in consumer.received()), "the export"
+        )
+        assert [m.payload for m in consumer.received()] == [b"out", b"last"]
         topic = DecimalLayout(prefix="geo3").topic(latlon(-33.9, 151.2), "notes/in/2")
         info = consumer.client.publish(topic, b"in", qos=1)
         await asyncio.to_thread(info.wait_for_publish, HANG_S)
