@@ -242,8 +242,22 @@ class DecimalLayout(_LayoutBase):
         ]
 
     def filter(self, rect: DecimalRect, topic_filter: str = "#") -> str:
-        """The one topic filter matching exactly the locations in `rect` (then `topic_filter`)."""
+        """The one topic filter matching exactly the locations in `rect` (then `topic_filter`).
+
+        Raises:
+            InvalidInput: naming ``rect`` when its digits do not fit the layout.
+        """
         _check_suffix(topic_filter)
+        for axis, digits, negative in (
+            (self.lat_axis, rect.lat, rect.lat_negative),
+            (self.lon_axis, rect.lon, rect.lon_negative),
+        ):
+            if len(digits) > axis.digits or not all(d in _DIGITS for d in digits):
+                raise InvalidInput(
+                    f"rect.{axis.name}", f"{digits!r} is not {axis.digits} digits or fewer"
+                )
+            if negative and not axis.signed:
+                raise InvalidInput(f"rect.{axis.name}", "offset layouts have no negative cells")
         levels = [
             *_check_prefix(self.prefix),
             *self._axis_levels(self.lat_axis, rect.lat_negative, rect.lat, self.lat_axis.digits),
@@ -346,9 +360,15 @@ class H3Layout(_LayoutBase):
         return _cell_levels(cell)
 
     def filter(self, cell: int, topic_filter: str = "#") -> str:
-        """The topic filter of an H3 cell (as int) of resolution <= `resolution`."""
+        """The topic filter of an H3 cell (as int) of resolution <= `resolution`.
+
+        Raises:
+            InvalidInput: naming ``cell`` when it is finer than the layout.
+        """
         _check_suffix(topic_filter)
         levels = _cell_levels(cell)
+        if len(levels) > 1 + self.resolution:
+            raise InvalidInput("cell", f"resolution {len(levels) - 1} > {self.resolution}")
         levels.extend("+" * (1 + self.resolution - len(levels)))
         return _join_filter([*_check_prefix(self.prefix), *levels], topic_filter)
 

@@ -383,6 +383,15 @@ def test_invalid_parameters() -> None:
     with pytest.raises(InvalidInput) as err:
         cover(EUROPE, topic_filter="a/#/b")
     assert err.value.field == "topic_filter"
+    with pytest.raises(InvalidInput) as err:
+        DecimalLayout(decimals=1).filter(DecimalRect(False, "45381", False, ""))
+    assert err.value.field == "rect.lat"
+    with pytest.raises(InvalidInput) as err:
+        DecimalLayout(signs="offset").filter(DecimalRect(False, "1", True, "2"))
+    assert err.value.field == "rect.lon"
+    with pytest.raises(InvalidInput) as err:
+        H3Layout(resolution=2).filter(0x8A1FB46622DFFFF)  # a resolution-10 cell
+    assert err.value.field == "cell"
 
 
 @pytest.mark.parametrize(
