@@ -22,6 +22,8 @@ SUBCOMMANDS: dict[str, str] = {
     "areas": "geofed.cli._routing",
     "route": "geofed.cli._routing",
     "simulate": "geofed.cli._routing",
+    "cover": "geofed.cli._cover",
+    "bridge-topics": "geofed.cli.bridge",
     "node": "geofed.cli._node",
     "up": "geofed.cli._node",
     "certs": "geofed.cli.certs",

@@ -47,12 +47,16 @@ from geofed.errors import (
     WrongBroker,
 )
 from geofed.routing import (
+    Cover,
+    DecimalLayout,
     Federation,
     Geofence,
+    H3Layout,
     HistoryAnswer,
     HistoryRecord,
     LatLon,
     circle,
+    cover,
     latlon,
     parse_geofence,
 )
@@ -96,4 +100,9 @@ __all__ = [
     "circle",
     "latlon",
     "parse_geofence",
+    # geofences as topic filters for topic-only brokers
+    "Cover",
+    "DecimalLayout",
+    "H3Layout",
+    "cover",
 ]

@@ -20,6 +20,15 @@ from ._broker import (
     UnsubscribeMsg,
 )
 from ._cost import CostReport, history_targets, predict
+from ._cover import (
+    DEFAULT_COVERAGE,
+    DEFAULT_MAX_FILTERS,
+    Cover,
+    DecimalLayout,
+    DecimalRect,
+    H3Layout,
+    cover,
+)
 from ._errors import (
     PERMISSION_RULES,
     FederationMismatch,
@@ -78,6 +87,8 @@ from ._topics import topic_matches, validate_filter, validate_topic
 from ._trace import TraceOp, op_to_record, parse_op, parse_ops, read_trace
 
 __all__ = [
+    "DEFAULT_COVERAGE",
+    "DEFAULT_MAX_FILTERS",
     "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_VERTICES",
     "EARTH_RADIUS_M",
@@ -87,6 +98,9 @@ __all__ = [
     "BrokerInfo",
     "BrokerState",
     "CostReport",
+    "Cover",
+    "DecimalLayout",
+    "DecimalRect",
     "Delivery",
     "DeliveryMsg",
     "Event",
@@ -99,6 +113,7 @@ __all__ = [
     "HistoryQuery",
     "HistoryRecord",
     "GeofenceCache",
+    "H3Layout",
     "InvalidInput",
     "Kind",
     "LatLon",
@@ -127,6 +142,7 @@ __all__ = [
     "check_text_size",
     "circle",
     "content_and_subscription_geocheck",
+    "cover",
     "covers",
     "cut_history",
     "federation_path",

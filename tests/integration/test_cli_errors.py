@@ -52,6 +52,8 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     }
 
 
+BRIDGE = ["bridge-topics", "--mqtt", "{closed}", "--federation", "three", "--client", "b"]
+
 CASES = [
     # (name, argv with {placeholders}, exit code, text the message must contain)
     ("route: circle with two numbers", ["route", "circle:35,139"], 2, "geofence"),
@@ -180,6 +182,62 @@ CASES = [
         ["demo", "--out", "{existing_dir}"],
         2,
         "error: out: ",
+    ),
+    ("cover: geofence not a shape", ["cover", "POLYGON((0 0, 1 1))"], 2, "geofence"),
+    ("cover: coverage beyond 1", ["cover", "world", "--coverage", "2"], 2, "coverage"),
+    ("cover: no filter allowed", ["cover", "world", "--max-filters", "0"], 2, "max_filters"),
+    (
+        "cover: four quadrants, three filters",
+        ["cover", "POLYGON((-1 -1, 1 -1, 1 1, -1 1, -1 -1))", "--max-filters", "3"],
+        2,
+        "at least 4",
+    ),
+    ("cover: too many decimals", ["cover", "world", "--decimals", "12"], 2, "layout.decimals"),
+    ("cover: a bad topic filter", ["cover", "world", "--topic", "a/#/b"], 2, "topic_filter"),
+    ("bridge-topics: nothing to bridge", [*BRIDGE], 2, "export"),
+    (
+        "bridge-topics: MQTT address without a port",
+        ["bridge-topics", "--mqtt", "localhost", "--federation", "three", "--client", "b"],
+        2,
+        "mqtt",
+    ),
+    ("bridge-topics: an export needs a location", [*BRIDGE, "--export", "#"], 2, "location"),
+    (
+        "bridge-topics: an import needs the federation",
+        [*BRIDGE[:3], "--endpoint", "{closed}", "--client", "b", "--import", "#"],
+        2,
+        "federation",
+    ),
+    ("bridge-topics: a bad import filter", [*BRIDGE, "--import", "a/#/b"], 2, "import"),
+    (
+        "bridge-topics: a password without its user",
+        [*BRIDGE, "--import", "#", "--mqtt-password-file", "{missing}"],
+        2,
+        "mqtt-user",
+    ),
+    (
+        "bridge-topics: an unreadable password file",
+        [*BRIDGE, "--import", "#", "--mqtt-user", "u", "--mqtt-password-file", "{missing}"],
+        2,
+        "mqtt-password-file",
+    ),
+    (
+        "bridge-topics: a client certificate without the broker's CA",
+        [*BRIDGE, "--import", "#", "--mqtt-cert", "{missing}", "--mqtt-key", "{missing}"],
+        2,
+        "mqtt-ca",
+    ),
+    (
+        "bridge-topics: an unreadable MQTT CA",
+        [*BRIDGE, "--import", "#", "--mqtt-ca", "{missing}"],
+        2,
+        "mqtt-ca",
+    ),
+    (
+        "bridge-topics: nobody listens on the MQTT port",
+        [*BRIDGE, "--import", "sensors/#"],
+        3,
+        "MQTT broker",
     ),
     (
         "analyze: bundled federation, missing workload",
