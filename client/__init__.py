@@ -46,7 +46,16 @@ from geofed.errors import (
     Unavailable,
     WrongBroker,
 )
-from geofed.routing import Federation, Geofence, LatLon, circle, latlon, parse_geofence
+from geofed.routing import (
+    Federation,
+    Geofence,
+    LatLon,
+    Roaming,
+    circle,
+    latlon,
+    parse_geofence,
+    parse_roaming,
+)
 
 try:
     __version__ = _version("geofed")
@@ -82,7 +91,9 @@ __all__ = [
     "Federation",
     "Geofence",
     "LatLon",
+    "Roaming",
     "circle",
     "latlon",
     "parse_geofence",
+    "parse_roaming",
 ]

@@ -15,6 +15,7 @@ from ._broker import (
     Moved,
     Outcome,
     PeerMessage,
+    RelocateMsg,
     Send,
     SubscribeMsg,
     UnsubscribeMsg,
@@ -64,6 +65,7 @@ from ._model import (
     validate_id,
 )
 from ._oracle import reference_deliveries, reference_topic_match
+from ._roaming import ROAM_PREFIX, Roaming, is_roaming, parse_roaming
 from ._simulate import SimResult, Simulator, simulate
 from ._strategies import STRATEGIES, Strategy, strategy_for
 from ._topics import topic_matches, validate_filter, validate_topic
@@ -96,6 +98,9 @@ __all__ = [
     "Outcome",
     "PeerMessage",
     "PermissionDenied",
+    "ROAM_PREFIX",
+    "RelocateMsg",
+    "Roaming",
     "Send",
     "SimResult",
     "Simulator",
@@ -120,6 +125,7 @@ __all__ = [
     "federation_path",
     "generate_areas",
     "great_circle_m",
+    "is_roaming",
     "latlon",
     "make_event",
     "make_subscription",
@@ -129,6 +135,7 @@ __all__ = [
     "parse_geojson",
     "parse_op",
     "parse_ops",
+    "parse_roaming",
     "parse_wkt",
     "predict",
     "read_sites",
