@@ -21,7 +21,7 @@ from geofed.node import (
 
 from .scrape import Samples
 
-KINDS = ("event", "subscribe", "unsubscribe", "delivery")
+KINDS = ("event", "subscribe", "unsubscribe", "relocate", "delivery")
 """Logical inter-region message kinds (docs/design.md §5); ``control`` is reported apart."""
 BASELINES = ("flooding-events", "flooding-subscriptions")
 PERCENTILES = (50.0, 95.0, 99.0)
