@@ -208,19 +208,8 @@ def test_live_federation_matches_oracle_and_cost_model(
     assert sent == +predicted.messages
 
 
-def _edge_lon(fed: LocalFederation, lat: float, west: str, east: str) -> float:
-    """Where, going east along `lat`, broker `west`'s area gives way to `east`'s (±0.01)."""
-    lon = -180.0
-    while fed.federation.responsible(LatLon(lat, lon + 0.01)) != east or (
-        fed.federation.responsible(LatLon(lat, lon)) != west
-    ):
-        lon += 0.01
-        assert lon < 180.0, f"no {west}/{east} edge at latitude {lat}"
-    return lon
-
-
 def test_roaming_geofence_follows_a_subscriber_across_an_area_edge(
-    federation: LocalFederation,
+    federation: LocalFederation, eu_ap_edge: float
 ) -> None:
     # A subscriber with a 200 km roaming circle drives east along latitude 30
     # from eu's area across the edge into ap's; one publisher on each side
@@ -229,7 +218,7 @@ def test_roaming_geofence_follows_a_subscriber_across_an_area_edge(
     # the edge send ap the subscription, relocate ap's copy, hand it over,
     # relocate eu's copy and withdraw it again. Deliveries must equal the oracle's and the
     # messages the cost model's, under every strategy.
-    edge = _edge_lon(federation, 30.0, "eu", "ap")
+    edge = eu_ap_edge
     run = next(_counter)
     rover, pe, pa = (f"r{run}{name}" for name in ("rover", "pe", "pa"))
     east, west = LatLon(30.0, edge + 1.0), LatLon(30.0, edge - 1.0)
