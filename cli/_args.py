@@ -17,7 +17,9 @@ ROAMING_HELP = (
 
 def geofence_arg(text: str, field: str = "geofence") -> Geofence | None:
     """A geofence option (see `GEOFENCE_HELP`); ``world`` is None, the whole world."""
-    return parse_geofence(geofence_from_text(_read(text, field), field), field)
+    value = geofence_from_text(_read(text, field), field)
+    # A roaming geofence goes back as text, which parse_geofence refuses here by name.
+    return parse_geofence(value.text if isinstance(value, Roaming) else value, field)
 
 
 def subscription_geofence_arg(text: str, field: str = "geofence") -> Geofence | Roaming | None:
