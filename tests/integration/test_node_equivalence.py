@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import geofed
 from geofed.bench import LocalFederation, Replayer, metric, peer_message_counts, wait_quiescent
 from geofed.node import DELIVERIES, SUBSCRIPTIONS
 from geofed.routing import (
@@ -245,3 +246,40 @@ def test_roaming_geofence_follows_a_subscriber_across_an_area_edge(
     assert sent == +predicted.messages
     if federation.strategy == "subscription-geofence":
         assert predicted.by_kind()["relocate"] == 2
+
+
+def test_a_connect_at_a_new_place_moves_roaming_geofences_too(
+    federation: LocalFederation, eu_ap_edge: float
+) -> None:
+    # A known client connecting again elsewhere in its broker's area is a
+    # move (docs/design.md §7): its 130 km roaming circle, which reaches into
+    # ap from either place, must be relocated there too — from the first
+    # place ap's publisher is 144 km away, from the second 125 km.
+    edge = eu_ap_edge
+    run = next(_counter)
+    rover = f"r{run}rover"
+    where = str(federation.federation_path)
+
+    async def scenario() -> geofed.Message:
+        first = await geofed.connect(
+            client_id=rover, location=LatLon(30.0, edge - 0.5), federation=where
+        )
+        sub = await first.subscribe("a/#", geofence="roam:circle:130000")
+        await federation.quiescent(WAIT_S)
+        again = await geofed.connect(
+            client_id=rover, location=LatLon(30.0, edge - 0.3), federation=where
+        )
+        await federation.quiescent(WAIT_S)
+        async with await geofed.connect(
+            client_id=f"r{run}pa", location=LatLon(30.0, edge + 1.0), federation=where
+        ) as pa:
+            await pa.publish("a/b", b"near enough now")
+        try:
+            return await sub.next(timeout=WAIT_S)
+        finally:
+            await again.close()
+            await first.close()
+            await _until(lambda: _total(federation, SUBSCRIPTIONS) == 0, "withdrawn")
+            await federation.quiescent(WAIT_S)
+
+    assert asyncio.run(scenario()).payload == b"near enough now"
