@@ -353,7 +353,10 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
     elif args.summary:
         print(rep.summary(report))
-        print(f"\nreport: {out / 'report.md'}; logs, node traces, deliveries: {workdir}/")
+        print(
+            f"\nreport: {out / 'report.md'}; logs, node traces, deliveries: {workdir}/"
+            " (node traces of the measurement window alone: <strategy>/measured/)"
+        )
     else:
         print(text.split("\n## Deliveries", 1)[0].rstrip())
         print(f"\nreport: {out / 'report.md'}")

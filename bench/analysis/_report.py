@@ -119,6 +119,20 @@ def print_table(summary: dict[str, Any], out: TextIO) -> None:
             )
         for d in measured["duplicates"]:
             print(f"  DUPLICATES {d['strategy']} {d['kind']}: {d['duplicates']:,}", file=out)
+        extra = {
+            r["strategy"]: r["delta"]
+            for r in measured["by_strategy_kind"]
+            if r["kind"] == "unsubscribe" and r["delta"] > 0
+        }
+        if extra:
+            print(
+                "  NOTE more unsubscribes measured than the workload has ("
+                + ", ".join(f"{s} {n:+,}" for s, n in sorted(extra.items()))
+                + "): a client that closes withdraws its subscriptions, and a replay's"
+                " clients close after its last action. geofed bench keeps the traces of"
+                " its measurement window, which ends before that, in <strategy>/measured/.",
+                file=out,
+            )
     _print_errors("workload", summary["errors"], out)
     if measured:
         _print_errors("node trace", measured["errors"], out)

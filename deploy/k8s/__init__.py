@@ -16,7 +16,9 @@ names of the peer Services (all brokers in one cluster) or the external
 addresses given with ``--endpoints`` (one cluster per region). The peer
 port admits only the pods labelled with this render's release
 (`release_labels`); with ``--tls`` every broker mounts its own Secret at
-`TLS_DIR` and peers authenticate each other by certificate.
+`TLS_DIR` and peers authenticate each other by certificate; with
+``--data-size`` every broker is durable, its store on a PersistentVolumeClaim
+mounted at `DATA_DIR`.
 
 The package is split by job:
 
@@ -40,6 +42,7 @@ from .manifests import (
     CERTIFICATE,
     CLIENT_SVC,
     CONFIGMAP,
+    DATA_DIR,
     DEFAULT_RELEASE,
     DEFAULT_TLS_SECRET,
     DEPLOYMENT,
@@ -102,6 +105,7 @@ __all__ = [
     "DEPLOYMENT",
     "FEDERATION_DIR",
     "FEDERATION_FILE",
+    "DATA_DIR",
     "HEALTH_PORT",
     "IMAGE_NAME",
     "LABELS",

@@ -89,6 +89,19 @@ def register(sub: Any, name: str) -> None:
         help="a cert-manager Certificate per broker fills its Secret: NAME of an Issuer "
         "or ClusterIssuer/NAME (with --tls)",
     )
+    r.add_argument(
+        "--data-size",
+        default="",
+        metavar="SIZE",
+        help="durable brokers: a PersistentVolumeClaim of SIZE (e.g. 10Gi) per broker for its "
+        "store (GEOFED_DATA_DIR); default: none, state in memory",
+    )
+    r.add_argument(
+        "--storage-class",
+        default="",
+        metavar="NAME",
+        help="StorageClass of the claims (with --data-size; default: the cluster's default)",
+    )
     r.add_argument("--force", action="store_true", help="replace a previous render in OUT")
     r.set_defaults(func=_cmd_render)
 
@@ -123,6 +136,8 @@ def _cmd_render(args: argparse.Namespace) -> int:
         tls_secret=args.tls_secret,
         cert_manager=args.cert_manager,
         metrics_listen=args.metrics_listen,
+        data_size=args.data_size,
+        storage_class=args.storage_class,
         force=args.force,
     )
     for warning in result.warnings:

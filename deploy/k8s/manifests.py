@@ -48,6 +48,14 @@ HEALTH_PORT = 7402
 TLS_DIR = "/etc/geofed-tls"
 """Where a broker's Secret is mounted (``GEOFED_TLS_DIR``): ca.pem, cert.pem, key.pem."""
 TLS_VOLUME = "tls"
+DATA_DIR = "/var/lib/geofed"
+"""Where a durable broker's volume is mounted (``GEOFED_DATA_DIR``: its store)."""
+DATA_PVC = "geofed-data"
+"""The durable broker's PersistentVolumeClaim (the overlay suffixes it with the broker)."""
+STORE_SHARE = 0.8
+"""The share of the volume the store may fill (``GEOFED_STORE_MAX_BYTES``): publishing
+is refused, never half-written, before the volume itself runs out (the SQLite WAL and
+its checkpoints need the rest)."""
 TLS_FILES = ("ca.pem", "cert.pem", "key.pem")
 """The files the node reads in its ``tls_dir`` (`geofed certs` writes them per broker)."""
 CERT_MANAGER_KEYS = {"ca.crt": "ca.pem", "tls.crt": "cert.pem", "tls.key": "key.pem"}
@@ -70,6 +78,12 @@ DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?")
 _MAX_SLUG = 40  # "geofed-client-" + slug must stay a DNS label (63)
 _IMAGE_OK = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]*")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?")
+_QUANTITY = re.compile(r"([0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?")
+_QUANTITY_UNITS: dict[str, int] = {
+    "": 1,
+    **{u: 1024 ** (i + 1) for i, u in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+    **{u: 1000 ** (i + 1) for i, u in enumerate(("k", "M", "G", "T", "P", "E"))},
+}
 _WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]")
 _LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 
@@ -92,6 +106,11 @@ class PodOptions:
         metrics_listen: the node's ``metrics_listen``: ``0.0.0.0:PORT`` (scraped
             from outside the pod) or ``127.0.0.1:PORT`` (inside the pod only).
         monitoring_namespace: the namespace whose pods may scrape /metrics.
+        data_size: a durable broker: a PersistentVolumeClaim of this size
+            (a Kubernetes quantity, e.g. ``10Gi``) mounted at `DATA_DIR`, the
+            node's ``data_dir``; its store may fill `STORE_SHARE` of it. Empty:
+            the broker keeps its state in memory (lost with the pod).
+        storage_class: the claim's StorageClass (empty: the cluster's default).
     """
 
     release: str = DEFAULT_RELEASE
@@ -99,6 +118,8 @@ class PodOptions:
     cert_manager: bool = False
     metrics_listen: str = f"0.0.0.0:{METRICS_PORT}"
     monitoring_namespace: str = "monitoring"
+    data_size: str = ""
+    storage_class: str = ""
 
     def __post_init__(self) -> None:
         if len(self.release) > 63 or not DNS_LABEL.fullmatch(self.release):
@@ -118,6 +139,14 @@ class PodOptions:
             )
         if int(port) in (CLIENT_PORT, PEER_PORT, HEALTH_PORT):
             raise InvalidInput("metrics_listen", f"port {port} is taken by a gRPC port")
+        if self.data_size:
+            quantity_bytes(self.data_size, "data_size")
+        if self.storage_class and not self.data_size:
+            raise InvalidInput("storage_class", "a StorageClass needs a volume (--data-size)")
+        if self.storage_class and (
+            len(self.storage_class) > 253 or not _DNS_SUBDOMAIN.fullmatch(self.storage_class)
+        ):
+            raise InvalidInput("storage_class", f"not a StorageClass name: {self.storage_class!r}")
 
     @property
     def metrics_port(self) -> int:
@@ -127,6 +156,16 @@ class PodOptions:
     def metrics_exposed(self) -> bool:
         """Whether /metrics is reachable from outside the pod (a port, a scrape target)."""
         return self.metrics_listen.rpartition(":")[0] in _WILDCARD_HOSTS
+
+
+def quantity_bytes(text: str, field: str) -> int:
+    """Bytes of a Kubernetes storage quantity (``10Gi``, ``500M``, ``1073741824``)."""
+    m = _QUANTITY.fullmatch(text)
+    if m is None or int(m.group(1)) == 0:
+        raise InvalidInput(
+            field, f"not a storage size: {text!r} (a positive integer with Ki, Mi, Gi, Ti, ...)"
+        )
+    return int(m.group(1)) * _QUANTITY_UNITS[m.group(2) or ""]
 
 
 def release_labels(release: str) -> dict[str, str]:
@@ -145,11 +184,14 @@ def container_env(
     log_level: str = "info",
     tls: bool = False,
     metrics_listen: str = f"0.0.0.0:{METRICS_PORT}",
+    store_max_bytes: int = 0,
 ) -> dict[str, str]:
     """The ``GEOFED_*`` variables a broker container runs with (manifests and tests).
 
     With `tls`, the node reads its certificate from `TLS_DIR`, turns
     reflection off and serves gRPC health in plaintext on `HEALTH_PORT`.
+    With `store_max_bytes` the broker is durable: its store lives in
+    `DATA_DIR` (a volume) and may grow to that size.
     """
     env = {
         f"{ENV_PREFIX}BROKER_ID": broker_id,
@@ -164,6 +206,9 @@ def container_env(
         env[f"{ENV_PREFIX}TLS_DIR"] = TLS_DIR
         env[f"{ENV_PREFIX}REFLECTION"] = "off"
         env[f"{ENV_PREFIX}HEALTH_LISTEN"] = f"0.0.0.0:{HEALTH_PORT}"
+    if store_max_bytes:
+        env[f"{ENV_PREFIX}DATA_DIR"] = DATA_DIR
+        env[f"{ENV_PREFIX}STORE_MAX_BYTES"] = str(store_max_bytes)
     return env
 
 
@@ -226,7 +271,12 @@ def _tls_volume(options: PodOptions) -> dict[str, Any]:
 
 
 def _deployment(options: PodOptions) -> dict[str, Any]:
-    env = container_env("", tls=options.tls, metrics_listen=options.metrics_listen)
+    env = container_env(
+        "",
+        tls=options.tls,
+        metrics_listen=options.metrics_listen,
+        store_max_bytes=_store_max_bytes(options),
+    )
     del env[f"{ENV_PREFIX}BROKER_ID"]  # set by each overlay
     ports = {"grpc-client": CLIENT_PORT, "grpc-peer": PEER_PORT}
     annotations = {}
@@ -257,6 +307,10 @@ def _deployment(options: PodOptions) -> dict[str, Any]:
         # files in place and the node reloads them (rotation).
         mounts.append({"name": TLS_VOLUME, "mountPath": TLS_DIR, "readOnly": True})
         volumes.append(_tls_volume(options))
+    if options.data_size:
+        # One pod at a time holds the claim: the Deployment recreates, never rolls.
+        mounts.append({"name": "data", "mountPath": DATA_DIR})
+        volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": DATA_PVC}})
     template_metadata: dict[str, Any] = {"labels": _labels(options)}
     if annotations:
         template_metadata["annotations"] = annotations
@@ -317,6 +371,27 @@ def _deployment(options: PodOptions) -> dict[str, Any]:
                 },
             },
         },
+    }
+
+
+def _store_max_bytes(options: PodOptions) -> int:
+    if not options.data_size:
+        return 0
+    return int(quantity_bytes(options.data_size, "data_size") * STORE_SHARE)
+
+
+def _data_claim(options: PodOptions) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": options.data_size}},
+    }
+    if options.storage_class:
+        spec["storageClassName"] = options.storage_class
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": DATA_PVC, "labels": _labels(options)},
+        "spec": spec,
     }
 
 
@@ -414,23 +489,22 @@ def _network_policy(options: PodOptions) -> dict[str, Any]:
 def base_manifests(options: PodOptions | None = None) -> dict[str, Any]:
     """The base's files (name -> object): one broker without its id."""
     options = options or PodOptions()
-    return {
-        "kustomization.yaml": {
-            "apiVersion": KUSTOMIZE_API,
-            "kind": "Kustomization",
-            "resources": [
-                "deployment.yaml",
-                "service-client.yaml",
-                "service-peer.yaml",
-                "pdb.yaml",
-                "networkpolicy.yaml",
-            ],
-        },
+    files: dict[str, Any] = {
         "deployment.yaml": _deployment(options),
         "service-client.yaml": _service(CLIENT_SVC, "grpc-client", options),
         "service-peer.yaml": _service(PEER_SVC, "grpc-peer", options),
         "pdb.yaml": _pdb(options),
         "networkpolicy.yaml": _network_policy(options),
+    }
+    if options.data_size:
+        files["pvc.yaml"] = _data_claim(options)
+    return {
+        "kustomization.yaml": {
+            "apiVersion": KUSTOMIZE_API,
+            "kind": "Kustomization",
+            "resources": list(files),
+        },
+        **files,
     }
 
 

@@ -85,6 +85,8 @@ def render(
     tls_secret: str = DEFAULT_TLS_SECRET,
     cert_manager: str | None = None,
     metrics_listen: str = f"0.0.0.0:{METRICS_PORT}",
+    data_size: str = "",
+    storage_class: str = "",
     force: bool = False,
 ) -> RenderResult:
     """Write the kustomize tree for `federation` into `out`.
@@ -115,6 +117,10 @@ def render(
             cert-manager Certificate per broker fills its Secret (needs `tls`).
         metrics_listen: where the node serves /metrics: ``0.0.0.0:PORT`` (a
             scrape target) or ``127.0.0.1:PORT`` (inside the pod only).
+        data_size: durable brokers: a PersistentVolumeClaim of this size per
+            broker (``10Gi``) for the node's store (`PodOptions`); empty: state
+            in memory.
+        storage_class: the claims' StorageClass (default: the cluster's).
         force: replace a previous render's files in `out`.
 
     Raises:
@@ -142,6 +148,8 @@ def render(
         cert_manager=cert_manager is not None,
         metrics_listen=metrics_listen,
         monitoring_namespace=monitoring_namespace,
+        data_size=data_size,
+        storage_class=storage_class,
     )
     if podmonitor and not options.metrics_exposed:
         raise InvalidInput(

@@ -71,6 +71,8 @@ def docker_engine() -> Iterator[docker.DockerClient]:
         c.remove(force=True)
     for n in client.networks.list(filters={"label": TEST_LABEL}):
         n.remove()
+    for v in client.volumes.list(filters={"label": TEST_LABEL}):
+        v.remove(force=True)
     try:
         yield client
     finally:

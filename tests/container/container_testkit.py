@@ -8,7 +8,10 @@ TLS to each other and TLS to clients, with certificates issued when the
 federation is made (`geofed.node.issue_federation`, as `geofed certs` does)
 and each broker's folder mounted where the pods mount their Secret. Tests
 wait on the brokers' state, never for a while: gRPC health (`wait_linked`),
-and the brokers' metrics (`quiescent`, `deliveries_counted`).
+and the brokers' metrics (`quiescent`, `deliveries_counted`). A durable
+federation (`durable=True`) keeps each broker's store on a Docker volume of
+its own at `geofed.k8s.DATA_DIR`, as the manifests do with a claim, so it
+outlives the broker's process (`kill_broker`, `start_broker`).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from testcontainers.core.network import Network
 
 from geofed.bench import free_ports, metric, peer_message_counts
 from geofed.client import TLSConfig, health_status
-from geofed.k8s import FEDERATION_DIR, FEDERATION_FILE, TLS_DIR, container_env, slug
+from geofed.k8s import DATA_DIR, FEDERATION_DIR, FEDERATION_FILE, TLS_DIR, container_env, slug
 from geofed.node import (
     CLIENT_PORT,
     DELIVERIES,
@@ -46,6 +49,7 @@ from geofed.wire import FEDERATION_SERVICE
 TEST_LABEL = "org.geofed.test"
 PORT_ATTEMPTS = 3
 FEDERATION_PATH = f"{FEDERATION_DIR}/{FEDERATION_FILE}"  # where the pods have it too
+STORE_MAX_BYTES = 256 * 1024 * 1024  # a durable broker's store limit (tests: small)
 
 Link = tuple[str, str, str]
 """(message kind, sending broker, receiving broker)."""
@@ -62,10 +66,17 @@ class ContainerFederation:
     """
 
     def __init__(
-        self, image: str, source: Federation, strategy: str, workdir: Path, docker_client: Any
+        self,
+        image: str,
+        source: Federation,
+        strategy: str,
+        workdir: Path,
+        docker_client: Any,
+        durable: bool = False,
     ) -> None:
         self.image = image
         self.strategy = strategy
+        self.durable = durable
         self.workdir = workdir
         self.docker = docker_client
         self.run_id = uuid.uuid4().hex[:8]
@@ -111,7 +122,13 @@ class ContainerFederation:
         return self
 
     def _container(self, broker_id: str) -> DockerContainer:
-        env = container_env(broker_id, strategy=self.strategy, federation=FEDERATION_PATH, tls=True)
+        env = container_env(
+            broker_id,
+            strategy=self.strategy,
+            federation=FEDERATION_PATH,
+            tls=True,
+            store_max_bytes=STORE_MAX_BYTES if self.durable else 0,
+        )
         c = (
             DockerContainer(self.image)
             .with_name(f"geofed-{slug(broker_id)}-{self.run_id}")
@@ -131,6 +148,11 @@ class ContainerFederation:
                 labels={TEST_LABEL: self.run_id},
             )
         )
+        if self.durable:
+            volume = self.docker.volumes.create(
+                self.volume(broker_id), labels={TEST_LABEL: self.run_id}
+            )
+            c.with_volume_mapping(volume.name, DATA_DIR, "rw")
         # Published on loopback only: tests talk to 127.0.0.1, nothing else.
         c.ports[f"{CLIENT_PORT}/tcp"] = ("127.0.0.1", self.client_ports[broker_id])  # type: ignore[assignment]
         c.ports[f"{METRICS_PORT}/tcp"] = ("127.0.0.1", self.metrics_ports[broker_id])  # type: ignore[assignment]
@@ -144,6 +166,12 @@ class ContainerFederation:
         # The network was never created, or is already gone.
         with contextlib.suppress(AssertionError, docker.errors.NotFound):
             self.network.remove()
+        for v in self.docker.volumes.list(filters={"label": f"{TEST_LABEL}={self.run_id}"}):
+            v.remove(force=True)
+
+    def volume(self, broker_id: str) -> str:
+        """The Docker volume of a durable broker's store."""
+        return f"geofed-data-{slug(broker_id)}-{self.run_id}"
 
     # -- one broker ----------------------------------------------------------------
 
@@ -176,6 +204,13 @@ class ContainerFederation:
         c.stop(timeout=timeout)
         c.reload()
         return int(c.attrs["State"]["ExitCode"])
+
+    def kill_broker(self, broker_id: str) -> None:
+        """`docker kill` (SIGKILL): the broker crashes, nothing flushed on the way out."""
+        c = self.wrapped(broker_id)
+        self.down.add(broker_id)
+        c.kill()
+        c.reload()
 
     def start_broker(self, broker_id: str, timeout: float = 60.0) -> None:
         """Start a stopped broker's container again (same name, ports, network alias).
@@ -291,6 +326,7 @@ def start_federation(
     strategy: str,
     workdir: Path,
     docker_client: Any,
+    durable: bool = False,
 ) -> Iterator[ContainerFederation]:
     """Start a container federation, yield it, always remove it (logs go to stdout).
 
@@ -298,7 +334,7 @@ def start_federation(
     process takes one meanwhile (Docker: "address already in use"), the
     federation is made again on other ports, up to `PORT_ATTEMPTS` times.
     """
-    fed = ContainerFederation(image, source, strategy, workdir, docker_client)
+    fed = ContainerFederation(image, source, strategy, workdir, docker_client, durable)
     try:
         for attempt in range(1, PORT_ATTEMPTS + 1):
             try:
@@ -309,7 +345,7 @@ def start_federation(
                     raise
                 print(f"a published port was taken ({exc}); new ports, attempt {attempt + 1}")
                 fed.close()
-                fed = ContainerFederation(image, source, strategy, workdir, docker_client)
+                fed = ContainerFederation(image, source, strategy, workdir, docker_client, durable)
         yield fed
     finally:
         for bid in list(fed.containers):

@@ -27,8 +27,10 @@ import grpc
 import pytest
 from container_testkit import ContainerFederation, start_federation
 
+import geofed
+import geofed.client
 from geofed.bench import Replayer
-from geofed.client import health_status
+from geofed.client import RetryConfig, health_status
 from geofed.k8s import slug
 from geofed.node import CLIENT_PORT, METRICS_PORT, PEER_PORT
 from geofed.routing import Federation, TraceOp, read_trace, reference_deliveries
@@ -331,3 +333,69 @@ def wait_for_link_down(
         pending = {b for b in pending if fed.health(b, FEDERATION_SERVICE) != "NOT_SERVING"}
         time.sleep(0.2)
     return {b: fed.peer_gauges(b) for b in sorted(pending)}
+
+
+# --- a durable federation: stores on volumes -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def durable_fed(
+    geofed_image: str,
+    docker_engine: Any,
+    three_source: Federation,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[ContainerFederation]:
+    workdir = tmp_path_factory.mktemp("fed-durable")
+    workdir.chmod(0o755)
+    yield from start_federation(
+        geofed_image, three_source, "subscription-geofence", workdir, docker_engine, durable=True
+    )
+
+
+def test_a_durable_broker_keeps_its_sessions_across_a_crash(
+    durable_fed: ContainerFederation,
+) -> None:
+    """ap keeps its store on its volume: SIGKILLed with a persistent session's deliveries
+    queued, and started again, it resumes the session; what eu acknowledged meanwhile
+    (kept in eu's outbox for ap) arrives too: every event once, in offset order."""
+    fed = durable_fed
+    singapore, paris = geofed.LatLon(1.29, 103.85), geofed.LatLon(48.85, 2.35)
+    retry = RetryConfig(attempts=120, initial_backoff_s=0.05, max_backoff_s=1.0)
+
+    async def connect(cid: str, where: geofed.LatLon, **kw: Any) -> geofed.Client:
+        return await geofed.connect(
+            client_id=cid,
+            location=where,
+            federation=str(fed.federation_file),
+            tls=fed.client_tls,
+            retry=retry,
+            **kw,
+        )
+
+    async def take(sub: geofed.client.Subscription, n: int) -> list[geofed.Message]:
+        return [await sub.next(timeout=300.0) for _ in range(n)]
+
+    async def run() -> None:
+        sub_client = await connect("dur-sub", singapore, session_expiry_s=600.0)
+        pub = await connect("dur-pub", paris)
+        sub = await sub_client.subscribe("d/#", subscription_id="dur-s")
+        await fed.quiescent()  # ap's subscription is at eu
+        first = await pub.publish_many(
+            [geofed.client.Publication("d/x", b"a", paris, None, f"a{i}") for i in range(10)]
+        )
+        got = await take(sub, 4)  # the rest queued at ap, or on their way
+        fed.kill_broker("ap")
+        second = await pub.publish_many(
+            [geofed.client.Publication("d/x", b"b", paris, None, f"b{i}") for i in range(10)]
+        )
+        fed.start_broker("ap")
+        await asyncio.to_thread(fed.wait_linked, 180.0)
+        got += await take(sub, 16)
+        assert sorted(m.event_id for m in got) == sorted(first + second)
+        offsets = [m.offset for m in got]
+        assert offsets == sorted(offsets) and len(set(offsets)) == 20
+        assert sub.duplicates == 0
+        await pub.close()
+        await sub_client.close()
+
+    _LOOP.run_until_complete(run())

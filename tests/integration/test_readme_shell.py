@@ -8,7 +8,7 @@ PATH -- or it is in NOT_RUN below with the reason. A command that is neither
 fails the inventory test, so README cannot gain an unchecked example.
 
 * `$ command` lines: the command runs through bash; exit status 0, and its
-  stdout must equal the lines README shows under it, after NORMALISE (the
+  stdout must equal the lines README shows under it, after doc_shell.NORMALISE (the
   documented variable parts) and with a line `...` standing for any lines.
 * ```sh blocks: each command runs through bash and must exit 0. The block
   that needs a running federation gets one as README describes: `geofed up`
@@ -27,17 +27,24 @@ Everything waits on state (lines printed, processes ended), not on sleeps.
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import signal
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
 import pytest
+from doc_shell import (
+    HANG_GUARD_S,
+    Block,
+    Command,
+    check_inventory,
+    check_transcript,
+    run,
+    shell_blocks,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -77,115 +84,6 @@ NOT_RUN: dict[str, str] = {
         "needs a Spark cluster and HDFS"
     ),
 }
-
-# The documented variable parts of shown output, applied to both README's
-# text and the actual stdout before they are compared.
-NORMALISE: list[tuple[str, str]] = [
-    # absolute path of the working directory in Spark's file: URIs
-    # (README shows the checkout, the test runs in a temp dir)
-    (r"file:/\S*?/out/", "file:<cwd>/out/"),
-    # ports chosen at start
-    (r"127\.0\.0\.1:\d+", "127.0.0.1:<port>"),
-    # elapsed times
-    (r"\bin \d+(?:\.\d+)? ?s\b", "in <time>"),
-]
-
-# First words that make a line of a plain block look like a command.
-COMMAND_WORDS = ("geofed", "make", "python", "pip", "spark-submit", "kubectl", "docker")
-
-HANG_GUARD_S = 900  # only against a hung process: nothing waits on the clock
-
-
-@dataclass
-class Command:
-    text: str  # as README writes it (continuations joined)
-    line: int  # README line number
-    output: list[str] | None = None  # shown output (`$` lines), None in sh blocks
-
-    @property
-    def key(self) -> str:
-        return " ".join(re.sub(r"\s+#\s.*$", "", self.text).split())
-
-
-@dataclass
-class Block:
-    kind: str  # "sh" or "transcript"
-    line: int
-    commands: list[Command] = field(default_factory=list)
-
-
-def _fenced_blocks() -> list[tuple[str, int, list[str]]]:
-    """(language, line number of the first body line, body lines) of every fenced block."""
-    lines = README.read_text(encoding="utf-8").splitlines()
-    blocks, i = [], 0
-    while i < len(lines):
-        m = re.match(r"^```(\S*)\s*$", lines[i])
-        if m is None:
-            i += 1
-            continue
-        end = lines.index("```", i + 1)
-        blocks.append((m.group(1), i + 2, lines[i + 1 : end]))
-        i = end + 1
-    return blocks
-
-
-def _looks_like_command(line: str) -> bool:
-    first = line.split(maxsplit=1)[0] if line.strip() else ""
-    return first in COMMAND_WORDS or bool(re.match(r"^[A-Z_]+=\S*$", first))
-
-
-def shell_blocks() -> list[Block]:
-    """The shell examples of README, in order."""
-    out: list[Block] = []
-    for lang, first, body in _fenced_blocks():
-        if lang == "sh":
-            block = Block("sh", first)
-            pending, start = "", 0
-            for n, raw in enumerate(body, first):
-                if not pending and (not raw.strip() or raw.lstrip().startswith("#")):
-                    continue
-                start = start if pending else n
-                if raw.endswith("\\"):
-                    pending += raw[:-1]
-                    continue
-                block.commands.append(Command(" ".join((pending + raw).split()), start))
-                pending = ""
-            assert not pending, f"README.md:{start}: continuation line at the end of a block"
-            out.append(block)
-        elif lang == "" and any(line.startswith("$ ") for line in body):
-            block = Block("transcript", first)
-            for n, raw in enumerate(body, first):
-                if raw.startswith("$ "):
-                    block.commands.append(Command(raw[2:], n, []))
-                else:
-                    assert block.commands, f"README.md:{n}: output before the first `$` line"
-                    output = block.commands[-1].output
-                    assert output is not None
-                    output.append(raw)
-            out.append(block)
-        elif lang == "":
-            for n, raw in enumerate(body, first):
-                assert not _looks_like_command(raw), (
-                    f"README.md:{n}: {raw!r} looks like a command in a plain block: "
-                    "put it in a ```sh block (run here or listed in NOT_RUN), "
-                    "write it as a `$ ` transcript, or mark a synopsis ```text"
-                )
-    return out
-
-
-def _normalise(text: str) -> str:
-    for pattern, repl in NORMALISE:
-        text = re.sub(pattern, repl, text)
-    return text
-
-
-def _matches(shown: list[str], actual: list[str]) -> bool:
-    """`actual` equals `shown`, where a `...` line in `shown` stands for any lines."""
-    if not shown:
-        return not actual
-    if shown[0] == "...":
-        return any(_matches(shown[1:], actual[i:]) for i in range(len(actual) + 1))
-    return bool(actual) and shown[0] == actual[0] and _matches(shown[1:], actual[1:])
 
 
 class Background:
@@ -230,7 +128,7 @@ class Background:
                 timeout=HANG_GUARD_S,
             )
             found = any(needle in x for x in self.lines)
-        assert ok and found, f"README.md:{self.cmd.line}: no {needle!r} from {self.cmd.text}:\n" + (
+        assert ok and found, f"{self.cmd.where}: no {needle!r} from {self.cmd.text}:\n" + (
             "\n".join(self.lines)
         )
 
@@ -262,28 +160,11 @@ class Background:
         self._close()
 
 
-def _run(cmd: Command, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    out = subprocess.run(
-        ["bash", "-c", cmd.text],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD_S,
-        check=False,
-    )
-    assert out.returncode == 0, (
-        f"README.md:{cmd.line}: `{cmd.text}` exited {out.returncode}\n"
-        f"stdout:\n{out.stdout}\nstderr:\n{out.stderr}"
-    )
-    return out
-
-
 def _finish_subscribers(subscribers: list[Background]) -> None:
     """Wait for each subscriber to exit after its --count deliveries."""
     for sub in subscribers:
         rc = sub.finish()
-        assert rc == 0, f"README.md:{sub.cmd.line}: exited {rc}:\n" + "\n".join(sub.lines)
+        assert rc == 0, f"{sub.cmd.where}: exited {rc}:\n" + "\n".join(sub.lines)
 
 
 def _run_sh_block(block: Block, cwd: Path, env: dict[str, str]) -> None:
@@ -299,7 +180,7 @@ def _run_sh_block(block: Block, cwd: Path, env: dict[str, str]) -> None:
                 up.wait_for("all brokers healthy")
             elif words[:2] == ["geofed", "subscribe"]:
                 assert "--count" in words, (
-                    f"README.md:{cmd.line}: a subscribe in an example needs --count to end"
+                    f"{cmd.where}: a subscribe in an example needs --count to end"
                 )
                 sub = Background(cmd, cwd, env)
                 subscribers.append(sub)
@@ -307,49 +188,27 @@ def _run_sh_block(block: Block, cwd: Path, env: dict[str, str]) -> None:
             else:
                 if words[:2] != ["geofed", "publish"]:
                     _finish_subscribers(subscribers)  # they got their events
-                _run(cmd, cwd, env)
+                run(cmd, cwd, env)
         _finish_subscribers(subscribers)
         if up is not None:
             up.proc.send_signal(signal.SIGTERM)
             rc = up.finish()
-            assert rc == 0, f"README.md:{up.cmd.line}: exited {rc} on SIGTERM:\n" + "\n".join(
-                up.lines
-            )
+            assert rc == 0, f"{up.cmd.where}: exited {rc} on SIGTERM:\n" + "\n".join(up.lines)
     finally:
         for bg in [*subscribers, *([up] if up else [])]:
             bg.kill()
 
 
-def _run_transcript(block: Block, cwd: Path, env: dict[str, str]) -> None:
-    for cmd in block.commands:
-        if cmd.key in NOT_RUN:
-            continue
-        out = _run(cmd, cwd, env)
-        assert cmd.output is not None
-        shown = _normalise("\n".join(cmd.output)).split("\n") if cmd.output else []
-        actual = _normalise(out.stdout.rstrip("\n")).split("\n") if out.stdout else []
-        assert _matches(shown, actual), (
-            f"README.md:{cmd.line}: `{cmd.text}` printed\n{out.stdout}\nREADME shows\n"
-            + "\n".join(cmd.output)
-        )
-
-
 def test_every_shell_command_is_run_or_listed() -> None:
     """Every README command is run by the test below or listed in NOT_RUN with a reason."""
-    commands = [c for b in shell_blocks() for c in b.commands]
-    keys = {c.key for c in commands}
-    stale = sorted(set(NOT_RUN) - keys)
-    assert not stale, f"NOT_RUN lists commands README no longer has: {stale}"
-    assert all(reason.strip() for reason in NOT_RUN.values())
-    run = [c for c in commands if c.key not in NOT_RUN]
-    assert run, "no README command is run"
+    check_inventory(shell_blocks(README), NOT_RUN)
 
 
 def test_shell_examples_run_as_written(tmp_path: Path) -> None:
     (tmp_path / "deploy").symlink_to(ROOT / "deploy")  # README runs from the checkout's root
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
-    for block in shell_blocks():
+    for block in shell_blocks(README):
         if block.kind == "sh":
             _run_sh_block(block, tmp_path, env)
         else:
-            _run_transcript(block, tmp_path, env)
+            check_transcript(block, tmp_path, env, NOT_RUN)

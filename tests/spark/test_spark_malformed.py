@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
 from collections import Counter
 from pathlib import Path
@@ -16,6 +17,7 @@ from spark_helpers import THREE, run, spark_counts, write_jsonl
 from test_spark_known import THREE_TRACE
 
 from geofed.bench import analyze as cli
+from geofed.bench.analysis import print_table
 from geofed.routing import Federation, InvalidInput, parse_op, predict
 
 pytestmark = pytest.mark.spark
@@ -253,3 +255,30 @@ def test_a_workload_with_roaming_geofences_is_refused(spark: Any, tmp_path: Path
         run(spark, THREE, trace)
     assert err.value.field == "workload.roaming"
     assert "line 3" in err.value.reason and "not supported" in err.value.reason
+
+
+def test_unsubscribes_beyond_the_workload_are_explained(spark: Any, tmp_path: Path) -> None:
+    """Node traces taken past the end of a replay hold the closing clients' unsubscribes;
+    the comparison flags them and the printed result says where they come from."""
+    closing = {
+        "t": 9.0,
+        "strategy": "flooding-subscriptions",
+        "src": "eu",
+        "dst": "ap",
+        "kind": "unsubscribe",
+        "ids": ["s-closing"],  # one per closing client, below
+        "topic": None,
+        "bytes": 40,
+    }
+    trace = write_jsonl(tmp_path / "t.jsonl", THREE_TRACE)
+    many = [closing | {"ids": [f"s-closing-{i}"]} for i in range(10)]
+    nodes = write_jsonl(tmp_path / "eu.trace.jsonl", many)
+    result = run(spark, THREE, trace, node_traces=(str(nodes),))
+    by_kind = result.summary["strategies"]["flooding-subscriptions"]["by_kind"]
+    extra = 10 - by_kind["unsubscribe"]["messages"]
+    assert extra > 0
+    out = io.StringIO()
+    print_table(result.summary, out)
+    assert "NOTE more unsubscribes measured than the workload has" in out.getvalue()
+    assert f"flooding-subscriptions +{extra:,}" in out.getvalue()
+    assert "<strategy>/measured/" in out.getvalue()

@@ -639,6 +639,31 @@ def test_metrics_port_follows_the_setting(tmp_path: Path) -> None:
     assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["metrics"]
 
 
+def test_durable_brokers_keep_their_store_on_their_own_claim(tmp_path: Path) -> None:
+    assert render_cli(tmp_path, "--data-size", "10Gi", "--storage-class", "fast-ssd") == 0
+    objects = valid_objects(tmp_path)
+    claims = {c["metadata"]["name"]: c for c in of_kind(objects, "PersistentVolumeClaim")}
+    deployments = of_kind(objects, "Deployment")
+    assert len(claims) == len(deployments) == 3
+    for d in deployments:
+        assert d["spec"]["strategy"] == {"type": "Recreate"}  # one pod holds the claim
+        pod = d["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        cfg = node_config(d)
+        (mount,) = [m for m in container(d)["volumeMounts"] if m["mountPath"] == cfg.data_dir]
+        assert not mount.get("readOnly")
+        claim = claims[volumes[mount["name"]]["persistentVolumeClaim"]["claimName"]]
+        assert claim["metadata"]["labels"][BROKER_LABEL] == pod_labels(d)[BROKER_LABEL]
+        assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+        assert claim["spec"]["storageClassName"] == "fast-ssd"
+        assert claim["spec"]["resources"]["requests"]["storage"] == "10Gi"
+        # The store is refused more before the volume is full.
+        assert 0 < cfg.store_max_bytes < 10 * 1024**3
+    plain = tmp_path / "plain"
+    assert render_cli(plain) == 0
+    assert not of_kind(valid_objects(plain), "PersistentVolumeClaim")
+
+
 # --- the repository's k8s/ tree -----------------------------------------------------
 
 
@@ -686,6 +711,11 @@ def test_repository_tree_is_the_render_of_three(tmp_path: Path) -> None:
         ({"metrics_listen": "0.0.0.0:7401"}, "metrics_listen"),
         ({"metrics_listen": "9400"}, "metrics_listen"),
         ({"metrics_listen": "127.0.0.1:9400", "podmonitor": True}, "podmonitor"),
+        ({"data_size": "ten gigs"}, "data_size"),
+        ({"data_size": "0Gi"}, "data_size"),
+        ({"data_size": "1.5Gi"}, "data_size"),
+        ({"storage_class": "fast"}, "storage_class"),  # without a volume
+        ({"data_size": "1Gi", "storage_class": "Fast_SSD"}, "storage_class"),
     ],
 )
 def test_bad_arguments_name_the_field(
