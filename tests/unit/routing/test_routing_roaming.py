@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 
 import pytest
-from routing_testkit import tiling_federation
+from hypothesis import given, settings
+from routing_testkit import points, roamings, tiling_federation
 
 from geofed.routing import (
+    EARTH_RADIUS_M,
     BrokerState,
     Event,
     InvalidInput,
@@ -109,6 +111,22 @@ def test_only_subscription_geofences_roam(value: object) -> None:
         parse_geofence(value)
     sub = make_subscription("s", "c", "t/#", value)
     assert sub.roaming == Roaming(radius_m=5000.0) and sub.geofence is None
+
+
+@settings(max_examples=150, deadline=None)
+@given(shape=roamings(), at=points)
+def test_any_shape_reads_back_and_places_anywhere(shape: Roaming, at: LatLon) -> None:
+    # Text and wire forms give back the very same shape, and placement always
+    # succeeds with a valid geofence (poles and the antimeridian included).
+    assert parse_roaming(shape.text) == shape
+    fence = shape.place(at)
+    assert fence.geometry.is_valid and fence.geometry.area > 0
+    assert shape.place(at) is fence  # the same input, the same shape (cached)
+    to_pole = math.radians(90.0 - abs(at.lat)) * EARTH_RADIUS_M
+    if fence.geometry.geom_type == "Polygon" and shape.extent_m < to_pole:
+        # Neither cut at ±180 nor holding a pole: its vertices are the offsets' points.
+        for lon, lat in fence.geometry.exterior.coords:
+            assert great_circle_m(at, LatLon(lat, lon)) <= shape.extent_m * (1 + 1e-9) + 1e-3
 
 
 def test_a_circle_is_placed_as_the_geodesic_circle() -> None:
