@@ -291,6 +291,10 @@ def test_bad_geo_context_is_answered_and_the_node_keeps_serving(fed: LocalFedera
     assert rc.value == 0x83 and "geofed-geofence" in props.ReasonString
     rc, props = p.publish("x/bad", b"2", user(PacketTypes.PUBLISH, geofed_geofence="circle:1,2"))
     assert rc.value == 0x83 and "geofed-geofence" in props.ReasonString
+    # Only subscription geofences roam.
+    rc, props = p.publish("x/bad", b"2", user(PacketTypes.PUBLISH, geofed_geofence="roam:circle:9"))
+    assert rc.value == 0x83 and "geofed-geofence" in props.ReasonString
+    assert "only as a subscription geofence" in props.ReasonString
     codes = p.subscribe("x/#", 1, user(PacketTypes.SUBSCRIBE, geofed_geofence="POLYGON((1 1))"))
     assert [c.value for c in codes] == [0x83]
     rc, _ = p.publish("x/good", b"3")  # the connection goes on
