@@ -21,7 +21,8 @@ from geofed.node import (
 
 from .scrape import Samples
 
-KINDS = ("event", "subscribe", "unsubscribe", "delivery")
+KINDS = ("event", "subscribe", "unsubscribe", "relocate", "delivery")
+"""Message kinds of the cost model (reports written before relocations count them as 0)."""
 """Logical inter-region message kinds (docs/design.md §5); ``control`` is reported apart."""
 BASELINES = ("flooding-events", "flooding-subscriptions")
 PERCENTILES = (50.0, 95.0, 99.0)
@@ -281,7 +282,7 @@ def markdown(report: Mapping[str, Any]) -> str:
         (
             (
                 r["strategy"],
-                *(_num(r["messages"][k]) for k in KINDS),
+                *(_num(r["messages"].get(k, 0)) for k in KINDS),
                 f"**{_num(r['messages']['total'])}**",
                 _num(_per(r["messages"]["total"], w["events"]), 2),
                 _num(r["model"]["total"]),
@@ -314,7 +315,7 @@ def markdown(report: Mapping[str, Any]) -> str:
         (
             (
                 r["strategy"],
-                *(_num(r["bytes"][k]) for k in KINDS),
+                *(_num(r["bytes"].get(k, 0)) for k in KINDS),
                 f"**{_num(r['bytes']['total'])}**",
                 _pct(r["savings"]["flooding-events"]["bytes_percent"]),
                 _pct(r["savings"]["flooding-subscriptions"]["bytes_percent"]),
@@ -514,6 +515,7 @@ def plot(report: Mapping[str, Any], out_dir: Path) -> list[str]:
         "event": "#1f77b4",
         "subscribe": "#2ca02c",
         "unsubscribe": "#98df8a",
+        "relocate": "#9467bd",
         "delivery": "#ff7f0e",
     }
     files: list[str] = []
@@ -522,7 +524,7 @@ def plot(report: Mapping[str, Any], out_dir: Path) -> list[str]:
     for ax, what, unit in ((axes[0], "messages", "messages"), (axes[1], "bytes", "bytes")):
         bottom = [0.0] * len(rows)
         for kind in KINDS:
-            vals = [float(r[what][kind]) for r in rows]
+            vals = [float(r[what].get(kind, 0)) for r in rows]
             ax.bar(x, vals, bottom=bottom, color=colors[kind], label=kind)
             bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
         for i, r in enumerate(rows):

@@ -94,7 +94,8 @@ class Replayer:
         if op.op == "subscribe":
             assert client is not None
             old = self._subs.pop((op.client, op.id), None)
-            sub = await client.subscribe(op.topic, geofence=op.geofence, subscription_id=op.id)
+            fence = op.roaming if op.roaming is not None else op.geofence
+            sub = await client.subscribe(op.topic, geofence=fence, subscription_id=op.id)
             if old is not None:
                 self._ended.append(old)  # an update: the broker ended the old stream
             self._subs[(op.client, op.id)] = sub

@@ -29,7 +29,7 @@ from geofed.routing import (
     read_trace,
 )
 
-COLUMNS = ("t", "op", "client", "lat", "lon", "id", "topic", "geofence", "payload_size")
+COLUMNS = ("t", "op", "client", "lat", "lon", "id", "topic", "geofence", "payload_size", "roaming")
 """The fields of a trace record, and the columns of a Parquet trace."""
 OP_ORDER = ("move", "subscribe", "publish", "unsubscribe")
 _PARQUET_BATCH = 50_000
@@ -195,6 +195,7 @@ def _write_parquet(ops: Iterable[TraceOp], path: Path) -> None:
             ("topic", pa.string()),
             ("geofence", pa.string()),
             ("payload_size", pa.int64()),
+            ("roaming", pa.string()),
         ]
     )
     with pq.ParquetWriter(path, schema) as writer:

@@ -43,6 +43,7 @@ from geofed.routing import (
     Geofence,
     InvalidInput,
     LatLon,
+    Roaming,
     TraceOp,
     circle,
 )
@@ -134,6 +135,9 @@ class WorkloadConfig:
     # Moving clients start inside the box but may travel out of it.
     bbox: tuple[float, float, float, float] | None = None
     """Place clients in (west, south, east, north) degrees; west > east crosses ±180."""
+    roaming_share: float = 0.0
+    """Share of geofenced subscriptions whose circle roams: it follows its subscriber's moves
+    (``roam:circle:R``) instead of staying where it was made."""
 
     def __post_init__(self) -> None:
         if self.scenario not in SCENARIOS:
@@ -150,7 +154,7 @@ class WorkloadConfig:
         _check_float(self, "payload_sigma", 0.0, None)
         _check_float(self, "jitter_m", 0.0, None)
         _check_float(self, "move_interval_s", 0.0, None, low_open=True)
-        for share in ("publisher_share", "unsubscribe_share", "wildcard_share"):
+        for share in ("publisher_share", "unsubscribe_share", "wildcard_share", "roaming_share"):
             _check_float(self, share, 0.0, 1.0)
         if self.world_share is not None:
             _check_float(self, "world_share", 0.0, 1.0)
@@ -283,7 +287,7 @@ def _destination(lat: float, lon: float, bearing: float, dist_m: float) -> tuple
 
 # A client's op before ids are numbered: (t, client index, seq, op, location,
 # local subscription number, topic, geofence, payload size).
-_Raw = tuple[float, int, int, str, LatLon | None, int, str, Geofence | None, int]
+_Raw = tuple[float, int, int, str, LatLon | None, int, str, Geofence | Roaming | None, int]
 
 
 def generate(config: WorkloadConfig) -> Iterator[TraceOp]:
@@ -325,10 +329,14 @@ def _number(raw: Iterable[_Raw]) -> Iterator[TraceOp]:
         if op == "move":
             yield TraceOp(t, "move", client, loc)
         elif op == "publish":
+            assert not isinstance(fence, Roaming)
             yield TraceOp(t, "publish", client, loc, f"e{next(events)}", topic, fence, size)
         elif op == "subscribe":
             sid = live[idx, local] = f"s{next(subs)}"
-            yield TraceOp(t, "subscribe", client, loc, sid, topic, fence)
+            if isinstance(fence, Roaming):
+                yield TraceOp(t, "subscribe", client, loc, sid, topic, roaming=fence)
+            else:
+                yield TraceOp(t, "subscribe", client, loc, sid, topic, fence)
         else:
             yield TraceOp(t, "unsubscribe", client, id=live.pop((idx, local)))
 
@@ -405,10 +413,13 @@ def _client_ops(
             yield (tr, idx, seq, "publish", loc, 0, topic, fence, size)
         elif op == "subscribe":
             topic_filter = _filter(rng, city, cfg)
-            fence = None
+            sub_fence: Geofence | Roaming | None = None
             if cfg.scenario in _SUBSCRIPTION_FENCES and rng.random() >= world:
-                fence = circle(loc, radius())
-            yield (tr, idx, seq, "subscribe", loc, local, topic_filter, fence, 0)
+                r = radius()
+                # Drawn only when asked for: other traces keep their seeds' ops.
+                roams = cfg.roaming_share > 0.0 and rng.random() < cfg.roaming_share
+                sub_fence = Roaming(radius_m=r) if roams else circle(loc, r)
+            yield (tr, idx, seq, "subscribe", loc, local, topic_filter, sub_fence, 0)
         else:
             yield (tr, idx, seq, "unsubscribe", None, local, "", None, 0)
 
@@ -495,6 +506,12 @@ _FLAGS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
     ("--move-interval", "move_interval_s", float, "seconds between position fixes"),
     ("--min-population", "min_population", int, "smallest city that gets clients"),
     ("--jitter", "jitter_m", float, "client distance from its city centre, metres"),
+    (
+        "--roaming-share",
+        "roaming_share",
+        float,
+        "share of geofenced subscriptions whose circle follows its subscriber",
+    ),
 )
 
 

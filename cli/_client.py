@@ -14,7 +14,14 @@ from typing import Any
 from geofed.client import ClientConfig, TLSConfig, connect
 from geofed.routing import InvalidInput
 
-from ._args import GEOFENCE_HELP, LOCATION_HELP, geofence_arg, location_arg
+from ._args import (
+    GEOFENCE_HELP,
+    LOCATION_HELP,
+    ROAMING_HELP,
+    geofence_arg,
+    location_arg,
+    subscription_geofence_arg,
+)
 from .progress import track
 
 
@@ -31,7 +38,8 @@ def register(sub: Any, name: str) -> None:
         p.add_argument(
             "--geofence",
             help=f"{'event' if name == 'publish' else 'subscription'} geofence: {GEOFENCE_HELP}"
-            " (default: the whole world)",
+            + ("" if name == "publish" else f", {ROAMING_HELP}")
+            + " (default: the whole world)",
         )
         p.add_argument("--id", default="", help="event / subscription id (default: generated)")
         _tls_arguments(p)
@@ -214,7 +222,7 @@ def _publish(args: argparse.Namespace) -> int:
 
 
 def _subscribe(args: argparse.Namespace) -> int:
-    geofence = geofence_arg(args.geofence) if args.geofence else None
+    geofence = subscription_geofence_arg(args.geofence) if args.geofence else None
     if args.count < 0:
         raise InvalidInput("count", f"must be >= 0, got {args.count}")
 

@@ -128,6 +128,7 @@ def _simulate(args: argparse.Namespace) -> int:
                 "event": kinds["event"],
                 "subscribe": kinds["subscribe"],
                 "unsubscribe": kinds["unsubscribe"],
+                "relocate": kinds["relocate"],
                 "delivery": kinds["delivery"],
                 "total": res.total_messages,
                 "deliveries": len(res.deliveries),
@@ -151,12 +152,16 @@ def _simulate(args: argparse.Namespace) -> int:
         f"{summary['operations']} operations, {summary['events']} events, "
         f"{len(expected)} deliveries expected, {len(fed)} brokers"
     )
-    head = f"{'strategy':<24}{'event':>8}{'subscribe':>10}{'unsub':>7}{'delivery':>9}{'total':>8}"
-    print(head + f"{'deliveries':>11}  exact  model")
+    # Relocations (roaming geofences, docs/design.md §3) get a column when there are any.
+    reloc = any(r["relocate"] for r in table)
+    head = f"{'strategy':<24}{'event':>8}{'subscribe':>10}{'unsub':>7}"
+    head += f"{'reloc':>7}" if reloc else ""
+    print(head + f"{'delivery':>9}{'total':>8}{'deliveries':>11}  exact  model")
     for r in table:
         print(
             f"{r['strategy']:<24}{r['event']:>8}{r['subscribe']:>10}{r['unsubscribe']:>7}"
-            f"{r['delivery']:>9}{r['total']:>8}{r['deliveries']:>11}  "
+            + (f"{r['relocate']:>7}" if reloc else "")
+            + f"{r['delivery']:>9}{r['total']:>8}{r['deliveries']:>11}  "
             f"{'yes' if r['exact'] else 'NO':>5}  {'yes' if r['matches_cost_model'] else 'NO':>5}"
         )
     print(f"lower bound (remote brokers with a matching subscriber, summed over events): {lower}")

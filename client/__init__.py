@@ -55,10 +55,12 @@ from geofed.routing import (
     HistoryAnswer,
     HistoryRecord,
     LatLon,
+    Roaming,
     circle,
     cover,
     latlon,
     parse_geofence,
+    parse_roaming,
 )
 
 try:
@@ -97,6 +99,7 @@ __all__ = [
     "Federation",
     "Geofence",
     "LatLon",
+    "Roaming",
     "circle",
     "latlon",
     "parse_geofence",
@@ -105,4 +108,5 @@ __all__ = [
     "DecimalLayout",
     "H3Layout",
     "cover",
+    "parse_roaming",
 ]

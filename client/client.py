@@ -404,7 +404,11 @@ class Client:
 
         Args:
             topic_filter: MQTT filter (``+`` one level, ``#`` the rest).
-            geofence: the subscription geofence, where publishers must be (None: the world).
+            geofence: the subscription geofence, where publishers must be (None: the
+                world); a roaming one (``"roam:circle:5000"``, ``{"roaming":
+                {"radius_m": 5000}}``, ``{"roaming": {"polygon": [[east_m,
+                north_m], ...]}}``) is placed around this client and follows
+                every `move`.
             subscription_id: unique in the federation; default: generated.
             pending_limit: deliveries buffered (default `ClientConfig.pending_limit`).
 

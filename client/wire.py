@@ -39,13 +39,17 @@ from geofed.routing import (
     Kind,
     LatLon,
     PeerMessage,
+    RelocateMsg,
+    Roaming,
     SubscribeMsg,
     Subscription,
     TooLarge,
     UnsubscribeMsg,
+    is_roaming,
     latlon,
     make_event,
     make_subscription,
+    parse_roaming,
     validate_id,
 )
 from geofed.v1 import client_pb2 as cpb
@@ -65,6 +69,10 @@ def geofence_from_pb(pb: gpb.Geofence, field: str, cache: GeofenceCache) -> Geof
     shape = pb.WhichOneof("shape")
     if shape is None:
         return None
+    if shape == "roaming":
+        raise InvalidInput(
+            f"{field}.roaming", "a roaming geofence is accepted only as a subscription geofence"
+        )
     if shape == "circle":
         c = pb.circle
         if not c.HasField("center"):
@@ -89,8 +97,34 @@ def location_from_pb(msg: object, name: str, field: str) -> LatLon:
     return latlon(pb.lat, pb.lon, field)
 
 
-GeofenceInput = Geofence | str | Mapping[str, Any] | None
-"""A geofence as users give it: parsed, WKT or GeoJSON text, a GeoJSON or circle mapping."""
+GeofenceInput = Geofence | Roaming | str | Mapping[str, Any] | None
+"""A geofence as users give it: parsed, WKT or GeoJSON text, a GeoJSON or circle mapping.
+
+Subscription geofences may also roam: a `Roaming`, ``roam:circle:R`` /
+``roam:polygon:E N, ...`` text or a ``{"roaming": {...}}`` mapping (`parse_roaming`).
+"""
+
+
+def roaming_from_pb(pb: gpb.Roaming, field: str) -> Roaming:
+    """A roaming geofence from the wire; errors name ``field.roaming...``."""
+    shape = pb.WhichOneof("shape")
+    if shape == "radius_m":
+        return parse_roaming({"roaming": {"radius_m": pb.radius_m}}, field)
+    if shape == "polygon":
+        ring = [[v.east_m, v.north_m] for v in pb.polygon.vertices]
+        return parse_roaming({"roaming": {"polygon": ring}}, field)
+    raise InvalidInput(f"{field}.roaming", "needs radius_m or polygon")
+
+
+def roaming_to_pb(shape: Roaming) -> gpb.Roaming:
+    """Wire form of a roaming geofence."""
+    if shape.radius_m is not None:
+        return gpb.Roaming(radius_m=shape.radius_m)
+    return gpb.Roaming(
+        polygon=gpb.RoamingPolygon(
+            vertices=[gpb.Offset(east_m=e, north_m=n) for e, n in shape.ring]
+        )
+    )
 
 
 def location_from_text(text: str, field: str) -> LatLon:
@@ -113,15 +147,18 @@ def geofence_from_text(text: str, field: str) -> GeofenceInput:
     """A geofence written as text (the command line, MQTT), in `GeofenceInput` form.
 
     Empty text and ``world`` are None (the whole world); ``circle:LAT,LON,RADIUS_M``
-    is a circle mapping; anything else is WKT or GeoJSON text, validated where
-    it is parsed.
+    is a circle mapping; ``roam:circle:RADIUS_M`` and ``roam:polygon:E N, E N, ...``
+    a roaming geofence (`parse_roaming`; subscriptions only); anything else is
+    WKT or GeoJSON text, validated where it is parsed.
 
     Raises:
-        InvalidInput: a malformed circle, naming `field`.
+        InvalidInput: a malformed circle or roaming geofence, naming `field`.
     """
     stripped = text.strip()
     if not stripped or stripped.lower() == "world":
         return None
+    if is_roaming(stripped):
+        return parse_roaming(stripped, field)
     if stripped.lower().startswith("circle:"):
         try:
             lat, lon, radius = (float(v) for v in stripped[len("circle:") :].split(","))
@@ -146,6 +183,8 @@ def geofence_to_pb(fence: GeofenceInput) -> gpb.Geofence:
         return gpb.Geofence()
     if isinstance(fence, Geofence):
         return gpb.Geofence(wkt=fence.wkt)
+    if isinstance(fence, Roaming) or is_roaming(fence):
+        return gpb.Geofence(roaming=roaming_to_pb(parse_roaming(fence)))
     if isinstance(fence, str):
         text = fence.strip()
         return gpb.Geofence(geojson=text) if text.startswith("{") else gpb.Geofence(wkt=text)
@@ -209,24 +248,39 @@ def subscription_from_pb(
     client: str | None = None,
     field: str = "subscription",
 ) -> Subscription:
-    """Validate a subscription from the wire; `client` fills an empty client field."""
+    """Validate a subscription from the wire; `client` fills an empty client field.
+
+    A roaming geofence gives an unplaced roaming subscription (its broker places it).
+    """
     owner = pb.client or client or ""
     if client is not None and pb.client and pb.client != client:
         raise InvalidInput(
             f"{field}.client", f"{pb.client!r} differs from the session's client {client!r}"
         )
-    fence = geofence_from_pb(pb.geofence, f"{field}.geofence", cache)  # unset: the world
+    fence: Geofence | Roaming | None
+    if pb.geofence.WhichOneof("shape") == "roaming":
+        fence = roaming_from_pb(pb.geofence.roaming, f"{field}.geofence")
+    else:
+        fence = geofence_from_pb(pb.geofence, f"{field}.geofence", cache)  # unset: the world
     return make_subscription(pb.id, owner, pb.topic_filter, fence, field=field)
 
 
 def subscription_to_pb(sub: Subscription) -> gpb.Subscription:
-    """Wire form of a subscription."""
+    """Wire form of a subscription (a roaming one as its shape, not its placement)."""
     return gpb.Subscription(
         id=sub.id,
         client=sub.client,
         topic_filter=sub.topic_filter,
-        geofence=geofence_to_pb(sub.geofence),
+        geofence=geofence_to_pb(sub.roaming if sub.roaming is not None else sub.geofence),
     )
+
+
+def remote_subscription_to_pb(msg: SubscribeMsg) -> fpb.RemoteSubscription:
+    """A subscription as it goes to a peer: with its home and, roaming, where it is placed."""
+    pb = fpb.RemoteSubscription(subscription=subscription_to_pb(msg.sub), home=msg.home)
+    if msg.sub.at is not None:
+        pb.at.CopyFrom(latlon_to_pb(msg.sub.at))
+    return pb
 
 
 # -- the broker side of the client service ------------------------------------
@@ -331,7 +385,8 @@ def snapshot_frames(
         total, end = 0, start
         while end < len(subs) and total < soft_limit:
             m = subs[end]
-            pb = snap.subscriptions.add(subscription=subscription_to_pb(m.sub), home=m.home)
+            pb = snap.subscriptions.add()
+            pb.CopyFrom(remote_subscription_to_pb(m))
             sizes.append(int(pb.ByteSize()))
             total += sizes[-1]
             end += 1
@@ -439,7 +494,16 @@ def _each(
 
 
 def _subscribe_msg(rs: fpb.RemoteSubscription, cache: GeofenceCache) -> SubscribeMsg:
-    return SubscribeMsg(subscription_from_pb(rs.subscription, cache), rs.home)
+    sub = subscription_from_pb(rs.subscription, cache)
+    if sub.roaming is not None:
+        sub = sub.placed(location_from_pb(rs, "at", "subscribe.at"))
+    return SubscribeMsg(sub, rs.home)
+
+
+def _relocate_msg(rl: fpb.Relocation) -> RelocateMsg:
+    return RelocateMsg(
+        (rl.client, rl.subscription_id), rl.home, location_from_pb(rl, "at", "relocate.at")
+    )
 
 
 def _subscription_id(rs: fpb.RemoteSubscription) -> str:
@@ -466,7 +530,7 @@ def snapshot_from_frame(
     )
 
 
-FRAME_RANK = {"subscribe": 0, "unsubscribe": 1, "event": 2, "delivery": 3}
+FRAME_RANK = {"subscribe": 0, "unsubscribe": 1, "relocate": 2, "event": 3, "delivery": 4}
 """Application order of message kinds within one frame."""
 
 
@@ -477,8 +541,14 @@ def add_to_frame(frame: fpb.Frame, msg: PeerMessage, origin: str) -> int:
         pb = event_to_pb(msg.event, origin)
         frame.events.append(pb)
     elif isinstance(msg, SubscribeMsg):
-        pb = fpb.RemoteSubscription(subscription=subscription_to_pb(msg.sub), home=msg.home)
+        pb = remote_subscription_to_pb(msg)
         frame.subscribes.append(pb)
+    elif isinstance(msg, RelocateMsg):
+        client, sub_id = msg.key
+        pb = fpb.Relocation(
+            client=client, subscription_id=sub_id, home=msg.home, at=latlon_to_pb(msg.at)
+        )
+        frame.relocations.append(pb)
     elif isinstance(msg, UnsubscribeMsg):
         client, sub_id = msg.key
         pb = fpb.Unsubscription(subscription_id=sub_id, home=msg.home, client=client)
@@ -520,7 +590,7 @@ def messages_from_frame(
 ) -> list[PeerMessage]:
     """The logical messages of a frame, in the order they are applied.
 
-    A frame applies subscribes, then unsubscribes, then events, then
+    A frame applies subscribes, then unsubscribes, relocations, events and
     deliveries; senders start a new frame rather than put a message behind
     one of a later rank (`FRAME_RANK`), so this order is the order sent.
 
@@ -541,6 +611,15 @@ def messages_from_frame(
     )
     out.extend(
         UnsubscribeMsg((us.client, us.subscription_id), us.home) for us in frame.unsubscribes
+    )
+    out.extend(
+        _each(
+            frame.relocations,
+            Kind.RELOCATE,
+            lambda rl: str(rl.subscription_id),
+            _relocate_msg,
+            rejected,
+        )
     )
     out.extend(
         _each(

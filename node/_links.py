@@ -64,7 +64,7 @@ from ._metrics import NodeMetrics
 
 log = logging.getLogger("geofed.node.links")
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 _UNACKED_FRAMES = 4096
 _ACK_DELAY_S = 0.02
 _RESENDABLE = (Kind.EVENT, Kind.DELIVERY)
@@ -225,7 +225,7 @@ class PeerLink:
         full queue leaves it there, to be read back in order, instead of
         dropping it.
         """
-        subscription_change = msg.kind in (Kind.SUBSCRIBE, Kind.UNSUBSCRIBE)
+        subscription_change = msg.kind in (Kind.SUBSCRIBE, Kind.UNSUBSCRIBE, Kind.RELOCATE)
         if subscription_change and not self.connected:
             return  # the snapshot sent on reconnect carries the current state
         if oid and self._behind is not None:

@@ -42,6 +42,7 @@ from geofed.routing import (
     NotFound,
     PeerMessage,
     PermissionDenied,
+    RelocateMsg,
     Send,
     StorageFailed,
     SubKey,
@@ -573,6 +574,12 @@ class BrokerServer(Guarded):
         self.core.on_message(peer, msg)
         if not self.durable:
             return
+        if isinstance(msg, RelocateMsg):
+            # Kept as the copy now placed (a relocation of no copy held changed nothing).
+            held = self.core.remote.get(msg.key)
+            if held is None or self.core.remote_home(msg.key) != msg.home:
+                return
+            msg = SubscribeMsg(held, msg.home)
         if isinstance(msg, SubscribeMsg):
             self.store.put_remote(
                 _stored(msg.sub.key), msg.home, message_to_bytes(msg, self.broker_id)
@@ -969,6 +976,9 @@ class BrokerServer(Guarded):
             raise InvalidInput("session_expiry_s", f"must be a number >= 0, got {expiry_s!r}")
         self.check_owner(who, client)
         self.security.may_be_at(who, where)
+        if client in self.core.sessions and self.federation.responsible(where) == self.broker_id:
+            # A known client at a new place: its roaming geofences follow.
+            self.dispatch(self.core.update_location(client, where).sends)
         redirect = self.core.connect(client, where)
         if redirect is not None:
             self.metrics.redirects.inc()
@@ -990,6 +1000,7 @@ class BrokerServer(Guarded):
         self.check_owner(who, client)
         self.security.may_be_at(who, where)
         moved = self.core.update_location(client, where)
+        self.dispatch(moved.sends)  # withdrawals, or where its roaming geofences now reach
         if moved.redirect is None:
             if self.durable and self.persistent(client):
                 session = self._sessions[client]
@@ -997,7 +1008,6 @@ class BrokerServer(Guarded):
                     client, where.lat, where.lon, session.expiry_s, session.owner
                 )
             return None
-        self.dispatch(moved.sends)
         for sub in moved.dropped:
             stream = self._streams.pop(sub.key, None)
             if stream is not None:

@@ -15,6 +15,7 @@ from ._broker import (
     Moved,
     Outcome,
     PeerMessage,
+    RelocateMsg,
     Send,
     SubscribeMsg,
     UnsubscribeMsg,
@@ -81,6 +82,7 @@ from ._model import (
     validate_id,
 )
 from ._oracle import reference_deliveries, reference_topic_match
+from ._roaming import ROAM_PREFIX, Roaming, is_roaming, parse_roaming
 from ._simulate import SimResult, Simulator, simulate
 from ._strategies import STRATEGIES, Strategy, route_summary, strategy_for
 from ._topics import topic_matches, validate_filter, validate_topic
@@ -122,6 +124,9 @@ __all__ = [
     "Outcome",
     "PeerMessage",
     "PermissionDenied",
+    "ROAM_PREFIX",
+    "RelocateMsg",
+    "Roaming",
     "Send",
     "SimResult",
     "Simulator",
@@ -150,6 +155,7 @@ __all__ = [
     "great_circle_m",
     "history_order",
     "history_targets",
+    "is_roaming",
     "latlon",
     "make_event",
     "make_subscription",
@@ -160,6 +166,7 @@ __all__ = [
     "parse_geojson",
     "parse_op",
     "parse_ops",
+    "parse_roaming",
     "parse_wkt",
     "predict",
     "read_sites",

@@ -27,6 +27,7 @@ class Kind(StrEnum):
     EVENT = "event"
     SUBSCRIBE = "subscribe"
     UNSUBSCRIBE = "unsubscribe"
+    RELOCATE = "relocate"
     DELIVERY = "delivery"
     CONTROL = "control"
 
@@ -58,6 +59,20 @@ class UnsubscribeMsg:
 
 
 @dataclass(frozen=True, slots=True)
+class RelocateMsg:
+    """The subscriber of a roaming subscription (by key) held here moved: place it at `at`.
+
+    Sent by its broker `home` to the brokers that hold a copy before and after
+    the move; smaller than a new version of the subscription (docs/design.md §3).
+    """
+
+    key: SubKey
+    home: str
+    at: LatLon
+    kind = Kind.RELOCATE
+
+
+@dataclass(frozen=True, slots=True)
 class DeliveryMsg:
     """An event matched at the publisher's broker, for these subscriptions (by key)."""
 
@@ -66,7 +81,7 @@ class DeliveryMsg:
     kind = Kind.DELIVERY
 
 
-PeerMessage = EventMsg | SubscribeMsg | UnsubscribeMsg | DeliveryMsg
+PeerMessage = EventMsg | SubscribeMsg | UnsubscribeMsg | RelocateMsg | DeliveryMsg
 
 MessageKey = tuple[str, str, str]
 """(kind, src broker, dst broker)."""
@@ -154,10 +169,16 @@ class BrokerState:
     # -- client side -----------------------------------------------------
 
     def connect(self, client: str, location: LatLon) -> str | None:
-        """Open or refresh a session; return the responsible broker if not this one."""
+        """Open a session; return the responsible broker if not this one.
+
+        A client that already has a session here reports a new location with
+        `update_location` (its roaming geofences move, which may send messages).
+        """
         owner = self.federation.responsible(location)
         if owner != self.id:
             return owner
+        if client in self.sessions and self.sessions[client] != location:
+            raise ValueError(f"client {client!r} has a session: update_location moves it")
         self.sessions[client] = location
         return None
 
@@ -171,8 +192,7 @@ class BrokerState:
         self._session(client)
         owner = self.federation.responsible(location)
         if owner == self.id:
-            self.sessions[client] = location
-            return Moved()
+            return Moved(sends=self._relocate(client, location))
         moved = Moved(redirect=owner)
         for sub in list(self._client_subs.get(client, {}).values()):
             moved.sends.extend(self.unsubscribe(client, sub.id))
@@ -201,7 +221,7 @@ class BrokerState:
         geofence sends the new version along its new path and withdraws it
         where the new path no longer goes.
         """
-        self._session(sub.client)
+        sub = sub.placed(self._session(sub.client))
         old = self.local.get(sub.key)
         self.local.add(sub)
         self._client_subs[sub.client][sub.id] = sub
@@ -268,8 +288,15 @@ class BrokerState:
         if isinstance(msg, DeliveryMsg):
             return Outcome(deliveries=self._deliver(msg))
         if isinstance(msg, SubscribeMsg):
+            if msg.sub.roaming is not None and msg.sub.geofence is None:
+                raise ValueError(f"roaming subscription {msg.sub.key} arrived unplaced")
             self.remote.add(msg.sub)
             self._remote_home[msg.sub.key] = msg.home
+        elif isinstance(msg, RelocateMsg):
+            held = self.remote.get(msg.key)
+            # Only the copy from that home moves (a newer one from another home stays).
+            if held is not None and self._remote_home.get(msg.key) == msg.home:
+                self.remote.add(held.placed(msg.at))
         elif isinstance(msg, UnsubscribeMsg):
             # A newer version from another home (the subscriber moved) stays.
             if self._remote_home.get(msg.key) == msg.home:
@@ -299,6 +326,39 @@ class BrokerState:
         return self._remote_home.get(key)
 
     # -- internals -------------------------------------------------------
+
+    def _relocate(self, client: str, location: LatLon) -> list[Send]:
+        """The client moved within this area: its roaming geofences move with it.
+
+        Each one is placed at the new location. A broker its old placement
+        did not reach but the new one does gets the subscription, one it no
+        longer reaches an unsubscription, and one that holds a copy before
+        and after a `RelocateMsg`; fixed geofences and an unchanged location
+        send nothing.
+        """
+        old_at = self.sessions[client]
+        self.sessions[client] = location
+        if location == old_at:
+            return []
+        sends: list[Send] = []
+        for sub in list(self._client_subs.get(client, {}).values()):
+            if sub.roaming is None:
+                continue
+            new = sub.placed(location)
+            self.local.add(new)
+            self._client_subs[client][sub.id] = new
+            before = self.strategy.subscription_targets(self.id, sub.geofence)
+            after = self.strategy.subscription_targets(self.id, new.geofence)
+            for dst in sorted(before | after):
+                msg: PeerMessage
+                if dst not in before:
+                    msg = SubscribeMsg(new, self.id)
+                elif dst not in after:
+                    msg = UnsubscribeMsg(new.key, self.id)
+                else:
+                    msg = RelocateMsg(new.key, self.id, location)
+                sends.append(Send(dst, msg))
+        return sends
 
     def _session(self, client: str) -> LatLon:
         try:

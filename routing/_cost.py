@@ -56,24 +56,36 @@ def predict(federation: Federation, strategy: str | Strategy, ops: Iterable[Trac
         if op.location is not None:
             new_home = federation.responsible(op.location)
             old_home = home.get(op.client)
+            held = by_client.get(op.client, {})
             if old_home is not None and old_home != new_home:
                 # Re-homing: withdrawn at the old broker, renewed at the new one.
-                for sub in by_client.get(op.client, {}).values():
+                for sub in held.values():
                     send(
                         Kind.UNSUBSCRIBE,
                         old_home,
                         strat.subscription_targets(old_home, sub.geofence),
                     )
+                    sub = held[sub.id] = subs[sub.id] = sub.placed(op.location)
                     send(
                         Kind.SUBSCRIBE, new_home, strat.subscription_targets(new_home, sub.geofence)
                     )
+            elif old_home is not None and where[op.client] != op.location:
+                # A move within the area: roaming geofences follow (BrokerState._relocate).
+                for sub in [s for s in held.values() if s.roaming is not None]:
+                    before = strat.subscription_targets(old_home, sub.geofence)
+                    sub = held[sub.id] = subs[sub.id] = sub.placed(op.location)
+                    after = strat.subscription_targets(old_home, sub.geofence)
+                    send(Kind.SUBSCRIBE, old_home, after - before)
+                    send(Kind.UNSUBSCRIBE, old_home, before - after)
+                    send(Kind.RELOCATE, old_home, before & after)
             where[op.client] = op.location
             home[op.client] = new_home
         if op.op == "subscribe":
             old = subs.get(op.id)
             if old is not None and old.client != op.client:
                 continue
-            sub = Subscription(op.id, op.client, op.topic, op.geofence)
+            sub = Subscription(op.id, op.client, op.topic, op.geofence, op.roaming)
+            sub = sub.placed(where[op.client])
             h = home[op.client]
             targets = strat.subscription_targets(h, sub.geofence)
             send(Kind.SUBSCRIBE, h, targets)

@@ -218,10 +218,14 @@ def parse_geofence(
     if isinstance(value, str):
         check_text_size(value, field, max_bytes)
         text = value.strip()
+        if text[:5].lower() == "roam:":
+            raise InvalidInput(field, _NOT_HERE)
         if not text.startswith("{"):
             return _parse_wkt(text, field, max_vertices, max_bytes)
         value = _load_json(text, field)
     if isinstance(value, dict):
+        if "roaming" in value:
+            raise InvalidInput(field, _NOT_HERE)
         if "circle" in value:
             c = value["circle"]
             if not isinstance(c, dict):
@@ -236,6 +240,9 @@ def parse_geofence(
             )
         return parse_geojson(value, field, max_vertices=max_vertices, max_bytes=max_bytes)
     raise InvalidInput(field, f"must be WKT text, GeoJSON or a circle, got {type(value).__name__}")
+
+
+_NOT_HERE = "a roaming geofence is accepted only as a subscription geofence"
 
 
 def check_text_size(text: str, field: str, max_bytes: int | None) -> None:
@@ -451,15 +458,7 @@ def circle(
     # Longitudes are kept continuous around the centre (not wrapped), so the
     # generic antimeridian cut below handles circles across ±180.
     for i in range(CIRCLE_SEGMENTS):
-        brg = 2 * math.pi * i / CIRCLE_SEGMENTS
-        lat2 = math.asin(
-            math.sin(lat1) * math.cos(delta) + math.cos(lat1) * math.sin(delta) * math.cos(brg)
-        )
-        dlon = math.atan2(
-            math.sin(brg) * math.sin(delta) * math.cos(lat1),
-            math.cos(delta) - math.sin(lat1) * math.sin(lat2),
-        )
-        ring.append((math.degrees(lon1 + dlon), math.degrees(lat2)))
+        ring.append(destination(lat1, lon1, 2 * math.pi * i / CIRCLE_SEGMENTS, delta))
     pole_dist = math.radians(90.0 - abs(center.lat))
     if delta >= pole_dist:
         # The cap holds a pole: walk the boundary by longitude and close it
@@ -471,6 +470,23 @@ def circle(
     if not poly.is_valid or poly.area == 0.0:
         raise InvalidInput(field, f"degenerate circle: {shapely.is_valid_reason(poly)}")
     return _canonical(_cut_antimeridian(poly), field, max_vertices, max_bytes)
+
+
+def destination(lat1: float, lon1: float, bearing: float, delta: float) -> tuple[float, float]:
+    """(lon, lat) in degrees reached from (`lat1`, `lon1`) in radians along `bearing`.
+
+    `delta` is the angular distance (metres / `EARTH_RADIUS_M`). The longitude
+    is not wrapped: it stays continuous around `lon1`, so that a ring of such
+    points crossing ±180 is cut there by the generic antimeridian cut.
+    """
+    lat2 = math.asin(
+        math.sin(lat1) * math.cos(delta) + math.cos(lat1) * math.sin(delta) * math.cos(bearing)
+    )
+    dlon = math.atan2(
+        math.sin(bearing) * math.sin(delta) * math.cos(lat1),
+        math.cos(delta) - math.sin(lat1) * math.sin(lat2),
+    )
+    return (math.degrees(lon1 + dlon), math.degrees(lat2))
 
 
 def _pole_cap_ring(ring: Ring, center: LatLon) -> Ring:

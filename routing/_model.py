@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ._errors import InvalidInput
 from ._geometry import DEFAULT_MAX_VERTICES, Geofence, LatLon, covers, parse_geofence
+from ._roaming import Roaming, is_roaming, parse_roaming
 from ._topics import topic_matches, validate_filter, validate_topic
 
 MAX_ID_LENGTH = 256
@@ -45,18 +46,31 @@ class Subscription:
         id: subscription id, unique among its client's subscriptions.
         client: the subscriber's client id.
         topic_filter: MQTT topic filter.
-        geofence: where publishers must be; ``None`` is the whole world.
+        geofence: where publishers must be; ``None`` is the whole world. For
+            a roaming subscription: its placement at `at` (None until placed).
+        roaming: the geofence relative to the subscriber, which moves with it
+            (docs/design.md §1); None for a fixed geofence.
+        at: where `roaming` is placed: the subscriber's location as the
+            holder of this copy last heard it.
     """
 
     id: str
     client: str
     topic_filter: str
     geofence: Geofence | None = None
+    roaming: Roaming | None = None
+    at: LatLon | None = None
 
     @property
     def key(self) -> SubKey:
         """What identifies it in the federation: ids are scoped by client."""
         return (self.client, self.id)
+
+    def placed(self, at: LatLon) -> Subscription:
+        """This subscription with its roaming geofence placed at `at` (itself when fixed)."""
+        if self.roaming is None or at == self.at:
+            return self
+        return replace(self, geofence=self.roaming.place(at), at=at)
 
 
 SubKey = tuple[str, str]
@@ -107,11 +121,21 @@ def make_subscription(
     field: str = "subscription",
     max_vertices: int = DEFAULT_MAX_VERTICES,
 ) -> Subscription:
-    """Validate untrusted parts and build a `Subscription`; errors name ``field.<part>``."""
+    """Validate untrusted parts and build a `Subscription`; errors name ``field.<part>``.
+
+    A roaming `geofence` (`Roaming`, ``roam:...`` text, ``{"roaming": ...}``)
+    gives an unplaced roaming subscription: its broker places it.
+    """
+    sub_id = validate_id(id, f"{field}.id")
+    owner = validate_id(client, f"{field}.client")
+    topic = validate_filter(topic_filter, f"{field}.topic_filter")
+    if is_roaming(geofence):
+        shape = parse_roaming(geofence, f"{field}.geofence", max_vertices=max_vertices)
+        return Subscription(sub_id, owner, topic, roaming=shape)
     return Subscription(
-        id=validate_id(id, f"{field}.id"),
-        client=validate_id(client, f"{field}.client"),
-        topic_filter=validate_filter(topic_filter, f"{field}.topic_filter"),
+        id=sub_id,
+        client=owner,
+        topic_filter=topic,
         geofence=geofence
         if isinstance(geofence, Geofence)
         else parse_geofence(geofence, f"{field}.geofence", max_vertices=max_vertices),

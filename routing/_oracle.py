@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from functools import lru_cache
 
 from ._geometry import Geofence, LatLon
+from ._roaming import Roaming
 from ._trace import TraceOp
 
 
@@ -51,9 +52,11 @@ def reference_deliveries(ops: Iterable[TraceOp]) -> list[tuple[str, str]]:
     """Every (event id, subscription id) a central matcher delivers, in order.
 
     Rejections mirror the simulator: a subscribe reusing another client's live
-    id and an unsubscribe of an id the client does not hold are ignored.
+    id and an unsubscribe of an id the client does not hold are ignored. A
+    roaming geofence is put down around its subscriber's location of the
+    moment of each publish.
     """
-    subs: dict[str, tuple[str, str, Geofence | None]] = {}
+    subs: dict[str, tuple[str, str, Geofence | None, Roaming | None]] = {}
     where: dict[str, LatLon] = {}
     out: list[tuple[str, str]] = []
     for op in ops:
@@ -62,7 +65,7 @@ def reference_deliveries(ops: Iterable[TraceOp]) -> list[tuple[str, str]]:
         if op.op == "subscribe":
             held = subs.get(op.id)
             if held is None or held[0] == op.client:
-                subs[op.id] = (op.client, op.topic, op.geofence)
+                subs[op.id] = (op.client, op.topic, op.geofence, op.roaming)
         elif op.op == "unsubscribe":
             held = subs.get(op.id)
             if held is not None and held[0] == op.client:
@@ -70,7 +73,9 @@ def reference_deliveries(ops: Iterable[TraceOp]) -> list[tuple[str, str]]:
         elif op.op == "publish":
             assert op.location is not None
             for sub_id in sorted(subs):
-                client, topic_filter, fence = subs[sub_id]
+                client, topic_filter, fence, roaming = subs[sub_id]
+                if roaming is not None:
+                    fence = roaming.place(where[client])
                 if (
                     reference_topic_match(topic_filter, op.topic)
                     and _inside(fence, op.location)

@@ -78,7 +78,7 @@ class Simulator:
             owner = self._owner.get(op.id)
             if owner is not None and owner != op.client:
                 raise _Rejected(f"subscription id {op.id!r} is used by client {owner!r}")
-            sub = Subscription(op.id, op.client, op.topic, op.geofence)
+            sub = Subscription(op.id, op.client, op.topic, op.geofence, op.roaming)
             self._flush(client.home, self.cores[client.home].subscribe(sub))
             client.subs[op.id] = sub
             self._owner[op.id] = op.client

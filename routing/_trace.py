@@ -11,6 +11,7 @@ from typing import Any, Literal
 from ._errors import InvalidInput
 from ._geometry import DEFAULT_MAX_VERTICES, Geofence, GeofenceCache, LatLon, latlon
 from ._model import validate_id
+from ._roaming import Roaming, parse_roaming
 from ._topics import validate_filter, validate_topic
 
 OpName = Literal["subscribe", "move", "publish", "unsubscribe"]
@@ -34,6 +35,7 @@ class TraceOp:
         geofence: subscription or event geofence; None is the whole world.
         payload_size: payload bytes of a publish.
         line: 1-based line (or row) number in the trace.
+        roaming: a subscription's roaming geofence (then `geofence` is None).
     """
 
     t: float
@@ -45,6 +47,7 @@ class TraceOp:
     geofence: Geofence | None = None
     payload_size: int = 0
     line: int = 0
+    roaming: Roaming | None = None
 
 
 def parse_op(record: Mapping[str, Any], line: int, cache: GeofenceCache | None = None) -> TraceOp:
@@ -74,9 +77,19 @@ def parse_op(record: Mapping[str, Any], line: int, cache: GeofenceCache | None =
         return TraceOp(float(t), op, client, location, line=line)
     op_id = validate_id(record.get("id"), f"{where}: id")
     fence = cache.get(record.get("geofence"), f"{where}: geofence")
+    roaming = record.get("roaming")
+    if roaming is not None and op != "subscribe":
+        raise InvalidInput(f"{where}: roaming", "only a subscribe has a roaming geofence")
     if op == "subscribe":
         topic = validate_filter(record.get("topic"), f"{where}: topic")
-        return TraceOp(float(t), op, client, location, op_id, topic, fence, line=line)
+        if roaming is None:
+            return TraceOp(float(t), op, client, location, op_id, topic, fence, line=line)
+        if fence is not None:
+            raise InvalidInput(
+                f"{where}: roaming", "a subscription has a geofence or roaming, not both"
+            )
+        shape = parse_roaming(roaming, f"{where}: roaming", max_vertices=cache.max_vertices)
+        return TraceOp(float(t), op, client, location, op_id, topic, line=line, roaming=shape)
     topic = validate_topic(record.get("topic"), f"{where}: topic")
     size = record.get("payload_size", 0)
     if size is None:
@@ -137,6 +150,8 @@ def op_to_record(op: TraceOp) -> dict[str, Any]:
     if op.op in ("subscribe", "publish"):
         rec["topic"] = op.topic
         rec["geofence"] = op.geofence.wkt if op.geofence is not None else None
+    if op.roaming is not None:
+        rec["roaming"] = op.roaming.text
     if op.op == "publish":
         rec["payload_size"] = op.payload_size
     return rec

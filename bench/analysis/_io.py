@@ -42,7 +42,10 @@ LINE_BITS = 40
 """``k = file << LINE_BITS | line``: up to 2**40 lines per file, 2**23 files."""
 
 WORKLOAD_REQUIRED = ("t", "op", "client", "lat", "lon", "id", "topic")
-WORKLOAD_OPTIONAL = ("geofence", "payload_size")
+WORKLOAD_OPTIONAL = ("geofence", "payload_size", "roaming")
+ROAMING_UNSUPPORTED = "roaming geofences are not supported by the Spark analysis"
+"""Error of a record with a roaming geofence: the job refuses the workload (`geofed simulate`
+predicts and checks such traces)."""
 
 NODE_REQUIRED = ("strategy", "src", "dst", "kind")
 NODE_OPTIONAL = ("t", "ids", "topic", "bytes")
@@ -278,6 +281,8 @@ def _parse_batch(
                 err = str(exc)
             except Exception as exc:  # a core bug must not hide a row: report it as one
                 err = f"line {line}: unexpected {type(exc).__name__}: {exc}"
+            if op is not None and op.roaming is not None:
+                op, err = None, f"line {line}: roaming: {ROAMING_UNSUPPORTED}"
         out["k"].append(cols["k"][i])
         out["file"].append(cols["file"][i])
         out["line"].append(line)

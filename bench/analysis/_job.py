@@ -251,6 +251,22 @@ def analyze(spark: SparkSession, cfg: AnalysisConfig, progress: Progress | None 
             .limit(cfg.max_errors)
             .collect()
         ]
+        roaming = (
+            parsed.where(F.col("err").contains(io.ROAMING_UNSUPPORTED))
+            .orderBy("k")
+            .select("file", "line")
+            .limit(1)
+            .collect()
+            if bad
+            else []
+        )
+    if roaming:
+        where = f"{inputs.name(roaming[0]['file'])} line {roaming[0]['line']}"
+        raise InvalidInput(
+            "workload.roaming",
+            f"{where} and maybe more: {io.ROAMING_UNSUPPORTED}; `geofed simulate` predicts"
+            " and checks traces with roaming geofences",
+        )
     summary["ops"] = {"valid": sum(by_op.values()), "malformed": bad, "by_op": by_op}
     summary["errors"] = {"total": bad, "shown": errors}
     progress.say(f"  {sum(by_op.values()):,} valid ops, {bad:,} malformed")

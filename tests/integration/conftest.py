@@ -13,6 +13,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from geofed.bench import LocalFederation
+from geofed.routing import Federation, LatLon
 
 ROOT = Path(__file__).resolve().parents[2]
 THREE = ROOT / "deploy" / "federations" / "three.geojson"
@@ -52,3 +53,17 @@ def token_signer(tmp_path: Path) -> TokenSigner:
         )
     )
     return TokenSigner(public, key, ec.generate_private_key(ec.SECP256R1()))
+
+
+@pytest.fixture(scope="session")
+def eu_ap_edge() -> float:
+    """Longitude (±0.01) where, going east along latitude 30, eu's area gives way to ap's."""
+    fed = Federation.load(THREE)
+    lon = 0.0
+    while not (
+        fed.responsible(LatLon(30.0, lon)) == "eu"
+        and fed.responsible(LatLon(30.0, lon + 0.01)) == "ap"
+    ):
+        lon += 0.01
+        assert lon < 180.0, "no eu/ap edge at latitude 30"
+    return lon

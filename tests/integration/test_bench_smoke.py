@@ -156,7 +156,7 @@ def test_exact_run_matches_model_oracle_and_spark(
         model = predict(fed, name, ops)
         kinds = model.by_kind()
         assert row["messages"] == {
-            **{k: kinds[k] for k in ("event", "subscribe", "unsubscribe", "delivery")},
+            **{k: kinds[k] for k in ("event", "subscribe", "unsubscribe", "relocate", "delivery")},
             "total": model.total_messages,
         }, name
         assert row["lower_bound"] == model.lower_bound_total == 6

@@ -139,6 +139,20 @@ def test_publish_and_subscribe_commands_follow_redirects(tmp_path: Path) -> None
         assert bad.returncode != 0 and "topic" in bad.stderr
 
 
+def test_subscribe_takes_a_roaming_geofence(tmp_path: Path) -> None:
+    # Publishers within 300 km of the subscriber (in Singapore): one from
+    # Frankfurt is not delivered, one from 130 km away is.
+    with LocalFederation(THREE, "subscription-geofence", tmp_path) as fed:
+        fed_file = str(fed.federation_path)
+        with subscribed("--federation", fed_file, "--geofence", "roam:circle:300000") as sub:
+            for where, text in (("50.1,8.7", "far"), ("2.5,103.8", "near")):
+                out = run("publish", "--federation", fed_file, "--client", "p", "--location",
+                          where, "--topic", "news/x", "--payload", text)  # fmt: skip
+                assert out.returncode == 0, out.stderr
+            stdout, _ = sub.communicate(timeout=30)
+        assert [json.loads(line)["payload"] for line in stdout.splitlines()] == ["near"]
+
+
 def test_replay_writes_the_delivery_log(tmp_path: Path) -> None:
     ops = list(
         generate(

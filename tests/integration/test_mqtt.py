@@ -44,6 +44,7 @@ from geofed.node import (
 
 if TYPE_CHECKING:
     from conftest import TokenSigner  # tests/integration/conftest.py
+from geofed.routing import LatLon, TraceOp, parse_roaming, reference_deliveries
 
 pytestmark = pytest.mark.integration
 
@@ -321,6 +322,10 @@ def test_bad_geo_context_is_answered_and_the_node_keeps_serving(fed: LocalFedera
     assert rc.value == 0x83 and "geofed-geofence" in props.ReasonString
     rc, props = p.publish("x/bad", b"2", user(PacketTypes.PUBLISH, geofed_geofence="circle:1,2"))
     assert rc.value == 0x83 and "geofed-geofence" in props.ReasonString
+    # Only subscription geofences roam.
+    rc, props = p.publish("x/bad", b"2", user(PacketTypes.PUBLISH, geofed_geofence="roam:circle:9"))
+    assert rc.value == 0x83 and "geofed-geofence" in props.ReasonString
+    assert "only as a subscription geofence" in props.ReasonString
     codes = p.subscribe("x/#", 1, user(PacketTypes.SUBSCRIBE, geofed_geofence="POLYGON((1 1))"))
     assert [c.value for c in codes] == [0x83]
     rc, _ = p.publish("x/good", b"3")  # the connection goes on
@@ -727,3 +732,74 @@ def test_a_durable_broker_keeps_the_qos_of_persistent_subscriptions_across_a_res
         s.receive(2)
         assert sorted((m.topic, m.qos) for m in s.messages) == [("q0/a", 0), ("q1/a", 1)]
         s.close()
+
+
+def test_a_roaming_geofence_follows_an_mqtt_subscriber_across_an_area_edge(
+    fed: LocalFederation, eu_ap_edge: float
+) -> None:
+    """paho 5.0 subscribes with ``geofed-geofence: roam:circle:200000`` and drives east along
+    latitude 30 across the eu/ap edge, reporting each position on a ``$geofed/loc=`` PUBLISH;
+    after every move mosquitto_pub publishes once on each side of the edge. After every
+    step, what the brokers delivered and what paho received equal the oracle's deliveries
+    for the same actions."""
+    edge = eu_ap_edge
+    roam = "roam:circle:200000"
+    ops: list[TraceOp] = []
+    delivered = total(fed, DELIVERIES)
+    held = local_subs(fed, "eu")
+    earlier: list[str] = []  # received on a connection that has ended
+
+    def at(lon: float) -> str:
+        return f"30,{lon}"
+
+    def connect(broker: str, lon: float) -> Paho:
+        s = Paho("x-roam")
+        props = user(PacketTypes.CONNECT, geofed_location=at(lon))
+        assert s.connect(fed.nodes[broker].mqtt, props) == 0
+        assert s.subscribe("x/roam/#", 1, user(PacketTypes.SUBSCRIBE, geofed_geofence=roam)) == [1]
+        where = LatLon(30.0, lon)
+        ops.append(TraceOp(len(ops), "subscribe", "x-roam", where, "x/roam/#", "x/roam/#",
+                           roaming=parse_roaming(roam)))  # fmt: skip
+        return s
+
+    def settle(sub: Paho) -> None:
+        asyncio.run(fed.quiescent(HANG_S))
+        want = len(reference_deliveries(ops))
+        until(lambda: total(fed, DELIVERIES) - delivered == want, f"{want} deliveries made")
+        until(lambda: len(earlier) + len(sub.messages) >= want, f"{want} received", sub.step)
+
+    def publish_both(n: int, sub: Paho) -> None:
+        for side, lon, broker in (("w", edge - 1.0, "eu"), ("e", edge + 1.0, "ap")):
+            topic = f"x/roam/r{n}{side}"
+            done = mosquitto("mosquitto_pub", "-p", port(fed, broker), "-V", "mqttv311", "-q", "1",
+                             "-i", f"x-roam-{side}", "-t", f"$geofed/loc={at(lon)}/{topic}",
+                             "-m", topic)  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            ops.append(TraceOp(len(ops), "publish", f"x-roam-{side}", LatLon(30.0, lon), topic,
+                               topic))  # fmt: skip
+        settle(sub)
+
+    sub = connect("eu", edge - 3.0)
+    until(lambda: local_subs(fed, "eu") == held + 1, "the subscription held")
+    publish_both(1, sub)
+    for n, offset in enumerate((-0.5, -0.3, 0.5, 1.8, 3.0), start=2):
+        lon = edge + offset
+        info = sub.c.publish(f"$geofed/loc={at(lon)}", b"", 1)
+        if offset == 0.5:  # into ap's area: "Server moved", and on to ap
+            until(lambda s=sub: s.disconnect is not None, "DISCONNECT", sub.step)
+            assert sub.disconnect.value == 0x9D
+            assert sub.disconnect_props.ServerReference == fed.nodes["ap"].mqtt
+            earlier += [m.payload.decode() for m in sub.messages]
+            sub = connect("ap", lon)  # a new session at ap: the subscribe moves it there
+        else:
+            until(lambda s=sub, i=info: i.mid in s.acks, "PUBACK of the location", sub.step)
+            ops.append(TraceOp(len(ops), "move", "x-roam", LatLon(30.0, lon)))
+        settle(sub)
+        publish_both(n, sub)
+    expected = sorted(event for event, _ in reference_deliveries(ops))
+    # Events from both sides, and not every one: the geofence moved.
+    assert {e[-1] for e in expected} == {"w", "e"} and len(expected) == 9
+    received = earlier + [m.payload.decode() for m in sub.messages]
+    assert sorted(received) == expected
+    assert total(fed, DELIVERIES) - delivered == len(expected)
+    sub.close()

@@ -22,12 +22,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import geofed
 from geofed.bench import LocalFederation, Replayer, metric, peer_message_counts, wait_quiescent
 from geofed.node import DELIVERIES, SUBSCRIPTIONS
 from geofed.routing import (
     STRATEGIES,
     Kind,
     LatLon,
+    Roaming,
     TraceOp,
     latlon,
     parse_geofence,
@@ -65,6 +67,8 @@ FENCES = [
     {"circle": {"lat": 50.1, "lon": 8.7, "radius_m": 300_000}},
     {"circle": {"lat": 20.0, "lon": 40.0, "radius_m": 3_000_000}},
 ]
+# Subscriptions also get roaming geofences: a regional one, and one reaching other areas.
+ROAMING = [None, None, None, Roaming(radius_m=300_000.0), Roaming(radius_m=2_500_000.0)]
 FILTERS = ["a/b", "a/+", "a/#", "#", "+/b"]
 TOPICS = ["a/b", "a/c", "b/b", "a"]
 
@@ -106,11 +110,12 @@ def workloads(draw: st.DrawFn) -> list[TraceOp]:
         fence = parse_geofence(draw(st.sampled_from(FENCES)))
         if kind == "subscribe":
             sid = f"r{run}s{step}"
-            add(
-                TraceOp(
-                    step, "subscribe", client, where, sid, draw(st.sampled_from(FILTERS)), fence
-                )
-            )
+            filt = draw(st.sampled_from(FILTERS))
+            roam = draw(st.sampled_from(ROAMING))
+            if roam is not None:
+                add(TraceOp(step, "subscribe", client, where, sid, filt, roaming=roam))
+            else:
+                add(TraceOp(step, "subscribe", client, where, sid, filt, fence))
             live[sid] = client
         elif kind == "publish":
             topic = draw(st.sampled_from(TOPICS))
@@ -202,3 +207,79 @@ def test_live_federation_matches_oracle_and_cost_model(
     assert made == len(expected)  # not even a duplicate the client dropped
     predicted = predict(federation.federation, federation.strategy, ops)
     assert sent == +predicted.messages
+
+
+def test_roaming_geofence_follows_a_subscriber_across_an_area_edge(
+    federation: LocalFederation, eu_ap_edge: float
+) -> None:
+    # A subscriber with a 200 km roaming circle drives east along latitude 30
+    # from eu's area across the edge into ap's; one publisher on each side
+    # publishes after every move. Which events it gets depends on where its
+    # geofence is at that moment; under subscription-geofence its moves near
+    # the edge send ap the subscription, relocate ap's copy, hand it over,
+    # relocate eu's copy and withdraw it again. Deliveries must equal the oracle's and the
+    # messages the cost model's, under every strategy.
+    edge = eu_ap_edge
+    run = next(_counter)
+    rover, pe, pa = (f"r{run}{name}" for name in ("rover", "pe", "pa"))
+    east, west = LatLon(30.0, edge + 1.0), LatLon(30.0, edge - 1.0)
+    ops: list[TraceOp] = []
+
+    def both(t: int) -> None:
+        ops.append(TraceOp(t, "publish", pe, west, f"r{run}e{t}w", "a/b", payload_size=8))
+        ops.append(TraceOp(t, "publish", pa, east, f"r{run}e{t}e", "a/b", payload_size=8))
+
+    start = LatLon(30.0, edge - 3.0)
+    ops.append(TraceOp(0, "subscribe", rover, start, f"r{run}s", "a/#", roaming=Roaming(200_000.0)))
+    both(1)
+    # At +1.8 eu still holds a copy (relocated), which must no longer match pe.
+    for t, offset in enumerate((-0.5, -0.3, 0.5, 1.8, 3.0), start=2):
+        ops.append(TraceOp(t * 2, "move", rover, LatLon(30.0, edge + offset)))
+        both(t * 2 + 1)
+    deliveries, _, sent = asyncio.run(_replay(federation, ops))
+    expected = reference_deliveries(ops)
+    # The geofence met each side's publisher at some moves and not at others.
+    assert {ev[-1] for ev, _ in expected} == {"w", "e"}
+    assert 2 < len(expected) < 2 * 6
+    assert Counter(deliveries) == Counter(expected)
+    predicted = predict(federation.federation, federation.strategy, ops)
+    assert sent == +predicted.messages
+    if federation.strategy == "subscription-geofence":
+        assert predicted.by_kind()["relocate"] == 2
+
+
+def test_a_connect_at_a_new_place_moves_roaming_geofences_too(
+    federation: LocalFederation, eu_ap_edge: float
+) -> None:
+    # A known client connecting again elsewhere in its broker's area is a
+    # move (docs/design.md §7): its 130 km roaming circle, which reaches into
+    # ap from either place, must be relocated there too — from the first
+    # place ap's publisher is 144 km away, from the second 125 km.
+    edge = eu_ap_edge
+    run = next(_counter)
+    rover = f"r{run}rover"
+    where = str(federation.federation_path)
+
+    async def scenario() -> geofed.Message:
+        first = await geofed.connect(
+            client_id=rover, location=LatLon(30.0, edge - 0.5), federation=where
+        )
+        sub = await first.subscribe("a/#", geofence="roam:circle:130000")
+        await federation.quiescent(WAIT_S)
+        again = await geofed.connect(
+            client_id=rover, location=LatLon(30.0, edge - 0.3), federation=where
+        )
+        await federation.quiescent(WAIT_S)
+        async with await geofed.connect(
+            client_id=f"r{run}pa", location=LatLon(30.0, edge + 1.0), federation=where
+        ) as pa:
+            await pa.publish("a/b", b"near enough now")
+        try:
+            return await sub.next(timeout=WAIT_S)
+        finally:
+            await again.close()
+            await first.close()
+            await _until(lambda: _total(federation, SUBSCRIPTIONS) == 0, "withdrawn")
+            await federation.quiescent(WAIT_S)
+
+    assert asyncio.run(scenario()).payload == b"near enough now"

@@ -239,6 +239,24 @@ def test_node_traces_compared_and_every_difference_flagged(spark: Any, tmp_path:
     assert m["topic_differences"] == 2  # sensors/x events, sensors/y deliveries
 
 
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_a_workload_with_roaming_geofences_is_refused(spark: Any, tmp_path: Path, fmt: str) -> None:
+    # The job does not model roaming geofences (docs/design.md §4): it says so
+    # and names the first such line rather than analyse the trace wrongly.
+    roaming = {"t": 2, "op": "subscribe", "client": "c8", "lat": 50.1, "lon": 8.7, "id": "s8",
+               "topic": "sensors/#", "roaming": "roam:circle:2000"}  # fmt: skip
+    if fmt == "jsonl":
+        trace = write_jsonl(tmp_path / "w.jsonl", [*THREE_TRACE[:2], roaming])
+    else:
+        rows = [*THREE_TRACE[:2], roaming]
+        cols = ("t", "op", "client", "lat", "lon", "id", "topic", "geofence", "roaming")
+        trace = _parquet(tmp_path / "w.parquet", {c: [r.get(c) for r in rows] for c in cols})
+    with pytest.raises(InvalidInput) as err:
+        run(spark, THREE, trace)
+    assert err.value.field == "workload.roaming"
+    assert "line 3" in err.value.reason and "not supported" in err.value.reason
+
+
 def test_unsubscribes_beyond_the_workload_are_explained(spark: Any, tmp_path: Path) -> None:
     """Node traces taken past the end of a replay hold the closing clients' unsubscribes;
     the comparison flags them and the printed result says where they come from."""

@@ -50,12 +50,26 @@ class Hello(_message.Message):
     def __init__(self, broker_id: _Optional[str] = ..., strategy: _Optional[str] = ..., federation_digest: _Optional[str] = ..., protocol_version: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class RemoteSubscription(_message.Message):
-    __slots__ = ("subscription", "home")
+    __slots__ = ("subscription", "home", "at")
     SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
     HOME_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
     subscription: _geo_pb2.Subscription
     home: str
-    def __init__(self, subscription: _Optional[_Union[_geo_pb2.Subscription, _Mapping]] = ..., home: _Optional[str] = ...) -> None: ...
+    at: _geo_pb2.LatLon
+    def __init__(self, subscription: _Optional[_Union[_geo_pb2.Subscription, _Mapping]] = ..., home: _Optional[str] = ..., at: _Optional[_Union[_geo_pb2.LatLon, _Mapping]] = ...) -> None: ...
+
+class Relocation(_message.Message):
+    __slots__ = ("client", "subscription_id", "home", "at")
+    CLIENT_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_ID_FIELD_NUMBER: _ClassVar[int]
+    HOME_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    client: str
+    subscription_id: str
+    home: str
+    at: _geo_pb2.LatLon
+    def __init__(self, client: _Optional[str] = ..., subscription_id: _Optional[str] = ..., home: _Optional[str] = ..., at: _Optional[_Union[_geo_pb2.LatLon, _Mapping]] = ...) -> None: ...
 
 class Unsubscription(_message.Message):
     __slots__ = ("subscription_id", "home", "client")
@@ -98,7 +112,7 @@ class Ack(_message.Message):
     def __init__(self, seq: _Optional[int] = ...) -> None: ...
 
 class Frame(_message.Message):
-    __slots__ = ("seq", "hello", "ack", "events", "subscribes", "unsubscribes", "deliveries", "snapshot", "refuse_reason")
+    __slots__ = ("seq", "hello", "ack", "events", "subscribes", "unsubscribes", "deliveries", "snapshot", "refuse_reason", "relocations")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
@@ -108,6 +122,7 @@ class Frame(_message.Message):
     DELIVERIES_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     REFUSE_REASON_FIELD_NUMBER: _ClassVar[int]
+    RELOCATIONS_FIELD_NUMBER: _ClassVar[int]
     seq: int
     hello: Hello
     ack: Ack
@@ -117,4 +132,5 @@ class Frame(_message.Message):
     deliveries: _containers.RepeatedCompositeFieldContainer[EventDelivery]
     snapshot: SubscriptionSnapshot
     refuse_reason: str
-    def __init__(self, seq: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_geo_pb2.Event, _Mapping]]] = ..., subscribes: _Optional[_Iterable[_Union[RemoteSubscription, _Mapping]]] = ..., unsubscribes: _Optional[_Iterable[_Union[Unsubscription, _Mapping]]] = ..., deliveries: _Optional[_Iterable[_Union[EventDelivery, _Mapping]]] = ..., snapshot: _Optional[_Union[SubscriptionSnapshot, _Mapping]] = ..., refuse_reason: _Optional[str] = ...) -> None: ...
+    relocations: _containers.RepeatedCompositeFieldContainer[Relocation]
+    def __init__(self, seq: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_geo_pb2.Event, _Mapping]]] = ..., subscribes: _Optional[_Iterable[_Union[RemoteSubscription, _Mapping]]] = ..., unsubscribes: _Optional[_Iterable[_Union[Unsubscription, _Mapping]]] = ..., deliveries: _Optional[_Iterable[_Union[EventDelivery, _Mapping]]] = ..., snapshot: _Optional[_Union[SubscriptionSnapshot, _Mapping]] = ..., refuse_reason: _Optional[str] = ..., relocations: _Optional[_Iterable[_Union[Relocation, _Mapping]]] = ...) -> None: ...

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13geofed/v1/geo.proto\x12\tgeofed.v1\"\"\n\x06LatLon\x12\x0b\n\x03lat\x18\x01 \x01(\x01\x12\x0b\n\x03lon\x18\x02 \x01(\x01\"=\n\x06\x43ircle\x12!\n\x06\x63\x65nter\x18\x01 \x01(\x0b\x32\x11.geofed.v1.LatLon\x12\x10\n\x08radius_m\x18\x02 \x01(\x01\"Z\n\x08Geofence\x12\r\n\x03wkt\x18\x01 \x01(\tH\x00\x12\x11\n\x07geojson\x18\x02 \x01(\tH\x00\x12#\n\x06\x63ircle\x18\x03 \x01(\x0b\x32\x11.geofed.v1.CircleH\x00\x42\x07\n\x05shape\"\xa6\x01\n\x05\x45vent\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\x12$\n\tpublisher\x18\x04 \x01(\x0b\x32\x11.geofed.v1.LatLon\x12%\n\x08geofence\x18\x05 \x01(\x0b\x32\x13.geofed.v1.Geofence\x12\x14\n\x0cpublish_time\x18\x06 \x01(\x01\x12\x0e\n\x06origin\x18\x07 \x01(\t\"g\n\x0cSubscription\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06\x63lient\x18\x02 \x01(\t\x12\x14\n\x0ctopic_filter\x18\x03 \x01(\t\x12%\n\x08geofence\x18\x04 \x01(\x0b\x32\x13.geofed.v1.Geofenceb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13geofed/v1/geo.proto\x12\tgeofed.v1\"\"\n\x06LatLon\x12\x0b\n\x03lat\x18\x01 \x01(\x01\x12\x0b\n\x03lon\x18\x02 \x01(\x01\"=\n\x06\x43ircle\x12!\n\x06\x63\x65nter\x18\x01 \x01(\x0b\x32\x11.geofed.v1.LatLon\x12\x10\n\x08radius_m\x18\x02 \x01(\x01\")\n\x06Offset\x12\x0e\n\x06\x65\x61st_m\x18\x01 \x01(\x01\x12\x0f\n\x07north_m\x18\x02 \x01(\x01\"5\n\x0eRoamingPolygon\x12#\n\x08vertices\x18\x01 \x03(\x0b\x32\x11.geofed.v1.Offset\"T\n\x07Roaming\x12\x12\n\x08radius_m\x18\x01 \x01(\x01H\x00\x12,\n\x07polygon\x18\x02 \x01(\x0b\x32\x19.geofed.v1.RoamingPolygonH\x00\x42\x07\n\x05shape\"\x81\x01\n\x08Geofence\x12\r\n\x03wkt\x18\x01 \x01(\tH\x00\x12\x11\n\x07geojson\x18\x02 \x01(\tH\x00\x12#\n\x06\x63ircle\x18\x03 \x01(\x0b\x32\x11.geofed.v1.CircleH\x00\x12%\n\x07roaming\x18\x04 \x01(\x0b\x32\x12.geofed.v1.RoamingH\x00\x42\x07\n\x05shape\"\xa6\x01\n\x05\x45vent\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\x12$\n\tpublisher\x18\x04 \x01(\x0b\x32\x11.geofed.v1.LatLon\x12%\n\x08geofence\x18\x05 \x01(\x0b\x32\x13.geofed.v1.Geofence\x12\x14\n\x0cpublish_time\x18\x06 \x01(\x01\x12\x0e\n\x06origin\x18\x07 \x01(\t\"g\n\x0cSubscription\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06\x63lient\x18\x02 \x01(\t\x12\x14\n\x0ctopic_filter\x18\x03 \x01(\t\x12%\n\x08geofence\x18\x04 \x01(\x0b\x32\x13.geofed.v1.Geofenceb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,10 +35,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LATLON']._serialized_end=68
   _globals['_CIRCLE']._serialized_start=70
   _globals['_CIRCLE']._serialized_end=131
-  _globals['_GEOFENCE']._serialized_start=133
-  _globals['_GEOFENCE']._serialized_end=223
-  _globals['_EVENT']._serialized_start=226
-  _globals['_EVENT']._serialized_end=392
-  _globals['_SUBSCRIPTION']._serialized_start=394
-  _globals['_SUBSCRIPTION']._serialized_end=497
+  _globals['_OFFSET']._serialized_start=133
+  _globals['_OFFSET']._serialized_end=174
+  _globals['_ROAMINGPOLYGON']._serialized_start=176
+  _globals['_ROAMINGPOLYGON']._serialized_end=229
+  _globals['_ROAMING']._serialized_start=231
+  _globals['_ROAMING']._serialized_end=315
+  _globals['_GEOFENCE']._serialized_start=318
+  _globals['_GEOFENCE']._serialized_end=447
+  _globals['_EVENT']._serialized_start=450
+  _globals['_EVENT']._serialized_end=616
+  _globals['_SUBSCRIPTION']._serialized_start=618
+  _globals['_SUBSCRIPTION']._serialized_end=721
 # @@protoc_insertion_point(module_scope)

@@ -1,6 +1,7 @@
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -21,15 +22,39 @@ class Circle(_message.Message):
     radius_m: float
     def __init__(self, center: _Optional[_Union[LatLon, _Mapping]] = ..., radius_m: _Optional[float] = ...) -> None: ...
 
+class Offset(_message.Message):
+    __slots__ = ("east_m", "north_m")
+    EAST_M_FIELD_NUMBER: _ClassVar[int]
+    NORTH_M_FIELD_NUMBER: _ClassVar[int]
+    east_m: float
+    north_m: float
+    def __init__(self, east_m: _Optional[float] = ..., north_m: _Optional[float] = ...) -> None: ...
+
+class RoamingPolygon(_message.Message):
+    __slots__ = ("vertices",)
+    VERTICES_FIELD_NUMBER: _ClassVar[int]
+    vertices: _containers.RepeatedCompositeFieldContainer[Offset]
+    def __init__(self, vertices: _Optional[_Iterable[_Union[Offset, _Mapping]]] = ...) -> None: ...
+
+class Roaming(_message.Message):
+    __slots__ = ("radius_m", "polygon")
+    RADIUS_M_FIELD_NUMBER: _ClassVar[int]
+    POLYGON_FIELD_NUMBER: _ClassVar[int]
+    radius_m: float
+    polygon: RoamingPolygon
+    def __init__(self, radius_m: _Optional[float] = ..., polygon: _Optional[_Union[RoamingPolygon, _Mapping]] = ...) -> None: ...
+
 class Geofence(_message.Message):
-    __slots__ = ("wkt", "geojson", "circle")
+    __slots__ = ("wkt", "geojson", "circle", "roaming")
     WKT_FIELD_NUMBER: _ClassVar[int]
     GEOJSON_FIELD_NUMBER: _ClassVar[int]
     CIRCLE_FIELD_NUMBER: _ClassVar[int]
+    ROAMING_FIELD_NUMBER: _ClassVar[int]
     wkt: str
     geojson: str
     circle: Circle
-    def __init__(self, wkt: _Optional[str] = ..., geojson: _Optional[str] = ..., circle: _Optional[_Union[Circle, _Mapping]] = ...) -> None: ...
+    roaming: Roaming
+    def __init__(self, wkt: _Optional[str] = ..., geojson: _Optional[str] = ..., circle: _Optional[_Union[Circle, _Mapping]] = ..., roaming: _Optional[_Union[Roaming, _Mapping]] = ...) -> None: ...
 
 class Event(_message.Message):
     __slots__ = ("id", "topic", "payload", "publisher", "geofence", "publish_time", "origin")

@@ -190,6 +190,8 @@ def test_node_totals_are_deltas_between_scrapes() -> None:
             bytes__control__us=70,
             sent__subscribe__us=3,
             bytes__subscribe__us=300,
+            sent__relocate__us=2,
+            bytes__relocate__us=60,
             received__event__us=99,
             dropped__us=1,
             cpu=1.5,
@@ -207,15 +209,17 @@ def test_node_totals_are_deltas_between_scrapes() -> None:
         "event": 10,
         "subscribe": 3,
         "unsubscribe": 0,
+        "relocate": 2,
         "delivery": 4,
-        "total": 17,
+        "total": 19,
     }
     assert t["bytes"] == {
         "event": 1000,
         "subscribe": 300,
         "unsubscribe": 0,
+        "relocate": 60,
         "delivery": 400,
-        "total": 1700,
+        "total": 1760,
     }
     assert t["control"] == {"messages": 6, "bytes": 70}
     assert t["drops"] == {"peer_queue": 1, "subscriber_queue": 2}
@@ -351,12 +355,15 @@ def test_markdown_tables() -> None:
     md = rep.markdown(_report(rows, {"error": "geofed analyze exited with 1"}))
     assert md.startswith("# geofed bench: mobile on three (3 brokers)\n")
     lines = md.splitlines()
-    messages = "| flooding-events | 14 | 0 | 0 | 0 | **14** | 2.00 | 14 | +0.0% | +30.0% | 2.33 |"
+    messages = (
+        "| flooding-events | 14 | 0 | 0 | 0 | 0 | **14** | 2.00 | 14 | +0.0% | +30.0% | 2.33 |"
+    )
     assert messages in lines
     assert (
-        "| event-geofence | 11 | 0 | 0 | 0 | **11** | 1.57 | 11 | +21.4% | +45.0% | 1.83 |" in lines
+        "| event-geofence | 11 | 0 | 0 | 0 | 0 | **11** | 1.57 | 11 | +21.4% | +45.0% | 1.83 |"
+        in lines
     )
-    assert "| event-geofence | 1,100 | 0 | 0 | 0 | **1,100** | +21.4% | – |" in lines
+    assert "| event-geofence | 1,100 | 0 | 0 | 0 | 0 | **1,100** | +21.4% | – |" in lines
     assert "| event-geofence | 2 | 1 | 0.5000 | 1.0000 | 0 | 1 | 0 | 0 / 0 | 0 |" in md
     assert "| event-geofence | 1 | 2.0 | 2.0 | 2.0 | 1 | 150.0 | 150.0 | 150.0 |" in md
     assert "| event-geofence | 7 | 4.6 | 1.5 | 0.40 | 1.4 | 0.01 | 1.5 | 0.8 (eu) |" in md
@@ -372,7 +379,7 @@ def test_markdown_spark_table_and_missing_values() -> None:
     assert "| event-geofence | 11 | 700 | 11 | 11 | event ok |" in md
     assert "| lower-bound | 6 | 384 | – | – | – |" in md
     assert "| event-geofence | 0 | – | – | – | 0 | – | – | – |" in md  # no latencies
-    assert "| event-geofence | 11 | 0 | 0 | 0 | **11** | 1.57 | 11 | – | – | 1.83 |" in md
+    assert "| event-geofence | 11 | 0 | 0 | 0 | 0 | **11** | 1.57 | 11 | – | – | 1.83 |" in md
 
 
 def test_plots_are_written(tmp_path: Path) -> None:

@@ -309,6 +309,23 @@ def test_wildcard_share_bounds(share: float, wild: bool) -> None:
 # Files
 
 
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_roaming_share_gives_roaming_circles_that_round_trip(tmp_path: Path, suffix: str) -> None:
+    cfg = WorkloadConfig(scenario="open-data", clients=40, publisher_share=0.0, roaming_share=0.5)
+    generated = list(generate(cfg))
+    subs = [op for op in generated if op.op == "subscribe"]
+    roaming = [op for op in subs if op.roaming is not None]
+    assert 0 < len(roaming) < len(subs)
+    assert all(op.geofence is None and op.roaming.radius_m for op in roaming)  # type: ignore[union-attr]
+    # Without a roaming share the same seed gives the same trace as before it existed.
+    plain = list(generate(WorkloadConfig(scenario="open-data", clients=40, publisher_share=0.0)))
+    assert [op.t for op in plain] == [op.t for op in generated]
+    path = tmp_path / f"trace{suffix}"
+    write_trace(generated, path)
+    back = list(read_trace_file(path))
+    assert [op.roaming for op in back] == [op.roaming for op in generated]
+
+
 def test_parquet_round_trip(tmp_path: Path) -> None:
     cfg = WorkloadConfig(scenario="mobile", clients=30, duration_s=20.0, unsubscribe_share=0.5)
     generated = list(generate(cfg))
@@ -324,6 +341,7 @@ def test_parquet_round_trip(tmp_path: Path) -> None:
         "topic",
         "geofence",
         "payload_size",
+        "roaming",
     ]
     assert records(list(read_trace_file(path))) == records(generated)
     assert sum(summary.ops.values()) == len(generated)

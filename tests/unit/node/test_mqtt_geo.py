@@ -42,6 +42,18 @@ def test_geofence_forms() -> None:
     assert err.value.field == "geofed-geofence"
 
 
+def test_roaming_geofences_in_the_property_and_the_prefix() -> None:
+    assert geofence_pb("roam:circle:2000", "geofed-geofence").roaming.radius_m == 2000
+    geo = split_topic("$geofed/loc=1,2/fence=roam:polygon:0 0, 10 0, 0 10/parking/#")
+    assert geo == GeoTopic("parking/#", "1,2", "roam:polygon:0 0, 10 0, 0 10")
+    assert geo.geofence is not None
+    ring = geofence_pb(geo.geofence, "$geofed/fence=").roaming.polygon.vertices
+    assert [(v.east_m, v.north_m) for v in ring] == [(0, 0), (10, 0), (0, 10), (0, 0)]
+    with pytest.raises(InvalidInput) as err:
+        geofence_pb("roam:circle:0", "geofed-geofence")
+    assert err.value.field == "geofed-geofence.radius_m"
+
+
 def test_the_geofed_prefix_carries_location_and_geofence_before_the_topic() -> None:
     assert split_topic("sensors/#") == GeoTopic("sensors/#")
     assert split_topic("$SYS/x") == GeoTopic("$SYS/x")

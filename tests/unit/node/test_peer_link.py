@@ -18,7 +18,16 @@ from prometheus_client import CollectorRegistry
 from geofed import routing
 from geofed import wire as gw
 from geofed.node import ByteBudget, NodeConfig, NodeMetrics, PeerLink, _links
-from geofed.routing import BrokerInfo, EventMsg, GeofenceCache, Kind, PeerMessage, SubscribeMsg
+from geofed.routing import (
+    BrokerInfo,
+    EventMsg,
+    GeofenceCache,
+    Kind,
+    LatLon,
+    PeerMessage,
+    RelocateMsg,
+    SubscribeMsg,
+)
 from geofed.v1 import federation_pb2 as fpb
 
 SAFETY_S = 30.0
@@ -315,7 +324,8 @@ def test_snapshots_start_every_session_span_frames_and_replace(
 
         host.subs = [sub("s2"), sub("s4")]
         link.enqueue(sub("s4"))
-        assert link.queued == 0  # not queued: the next snapshot carries it
+        link.enqueue(RelocateMsg(("c", "s2"), "eu", LatLon(1.0, 2.0)))  # a roaming move
+        assert link.queued == 0  # not queued: the next snapshot carries them
         link.enqueue(event("marker"))
         wire, task, first = await accept(link)
         assert await snapshot(wire, first, 2) == [(["s2"], False), (["s4"], True)]

@@ -20,11 +20,13 @@ from geofed.routing import (
     Federation,
     Geofence,
     LatLon,
+    Roaming,
     Simulator,
     TraceOp,
     build_geofence,
     circle,
     latlon,
+    parse_roaming,
     parse_wkt,
     predict,
     reference_deliveries,
@@ -286,6 +288,36 @@ def geofences(around: LatLon | None = None) -> st.SearchStrategy[Geofence | None
     )
 
 
+ROAMING_SCALES = (10.0, 5_000.0, 300_000.0, 1_500_000.0, 3_000_000.0)
+
+
+@st.composite
+def roamings(draw: st.DrawFn, scales: Sequence[float] = ROAMING_SCALES) -> Roaming:
+    """Roaming geofences: circles and polygons of offsets, about `scales` metres across.
+
+    By default from street scale to well beyond one broker area, so that
+    moving subscribers keep, gain and lose brokers their geofence meets.
+    """
+    scale = draw(st.sampled_from(scales))
+    if draw(st.booleans()):
+        return parse_roaming({"roaming": {"radius_m": draw(st.floats(0.5, 1.0)) * scale}})
+    n = draw(st.integers(3, 7))
+    angles = sorted(
+        draw(st.lists(st.floats(0.0, 2 * math.pi, exclude_max=True), min_size=n, max_size=n))
+    )
+    radii = draw(st.lists(st.floats(0.1, 1.0), min_size=n, max_size=n))
+    # Offsets need not surround the subscriber: shift the star now and then.
+    shift = draw(st.sampled_from([0.0, 0.0, 0.5, 1.2])) * scale
+    ring = [
+        [shift + r * scale * math.sin(a), r * scale * math.cos(a)]
+        for r, a in zip(radii, angles, strict=True)
+    ]
+    try:
+        return parse_roaming({"roaming": {"polygon": ring}})
+    except ValueError:
+        reject()  # self-intersecting (a gap of more than half a turn) or degenerate
+
+
 def boundary_fences(around: LatLon | None = None) -> st.SearchStrategy[Geofence | None]:
     """Geofences for `boundary_points` workloads: mostly boxes flush with ±180."""
     return st.one_of(
@@ -342,6 +374,9 @@ def workloads(
     max_ops: int = 30,
     anchor_points: st.SearchStrategy[LatLon] = points,
     fences_near: Callable[[LatLon | None], st.SearchStrategy[Geofence | None]] = geofences,
+    roaming_shapes: st.SearchStrategy[Roaming] | None = None,
+    near_m: float = 20_000.0,
+    roaming_share: int = 3,
 ) -> list[TraceOp]:
     """A random trace: clients that subscribe, move, publish and unsubscribe.
 
@@ -350,7 +385,10 @@ def workloads(
     re-subscribe with the same id (changing the geofence), collide with other
     clients' ids and unsubscribe ids they do not hold. `anchor_points` says
     where the anchors are (e.g. only on area boundaries), `fences_near` what
-    geofences around an anchor look like.
+    geofences around an anchor look like. About one subscribe in
+    `roaming_share` has a roaming geofence from `roaming_shapes` (default
+    `roamings()`) when the workload has some; `near_m` is how far from an
+    anchor a "near" location may be.
     """
     anchors = draw(st.lists(anchor_points, min_size=2, max_size=4))
     if draw(st.booleans()):
@@ -381,7 +419,7 @@ def workloads(
         how = draw(st.sampled_from(["anchor", "anchor", "near", "near", "anywhere"]))
         if how == "anchor":
             return anchor
-        return draw(near(anchor) if how == "near" else points)
+        return draw(near(anchor, near_m) if how == "near" else points)
 
     def fence() -> Geofence | None:
         # Mostly one of the workload's own fences (or the world), so that
@@ -396,6 +434,14 @@ def workloads(
             return draw(filters())
         return draw(filter_for(draw(st.sampled_from(topic_pool))))
 
+    shapes = roamings() if roaming_shapes is None else roaming_shapes
+    roaming_pool = [draw(shapes) for _ in range(draw(st.integers(0, 2)))]
+
+    def roaming() -> Roaming | None:
+        if not roaming_pool or draw(st.integers(1, roaming_share)) != 1:
+            return None
+        return draw(st.sampled_from(roaming_pool))
+
     clients = [f"c{i}" for i in range(draw(st.integers(1, 4)))]
     sub_ids = ["s0", "s1", "s2", "s3"]
     ops: list[TraceOp] = []
@@ -405,6 +451,7 @@ def workloads(
         client = draw(st.sampled_from(clients))
         t = float(i)
         if kind == "subscribe":
+            shape = roaming()
             ops.append(
                 TraceOp(
                     t,
@@ -413,8 +460,9 @@ def workloads(
                     place(),
                     draw(st.sampled_from(sub_ids)),
                     topic_filter(),
-                    fence(),
+                    fence() if shape is None else None,
                     line=i + 1,
+                    roaming=shape,
                 )
             )
         elif kind == "move":
@@ -526,6 +574,9 @@ def check_workload(federation: Federation, ops: list[TraceOp]) -> None:
 
         report = predict(federation, name, ops)
         assert report.messages == +result.messages, name
+        if name == "subscription-geofence":
+            moved = report.by_kind()["relocate"]
+            event(f"roaming geofences relocated at remote brokers: {'some' if moved else 'none'}")
         assert report.events == events
         assert report.lower_bound_total == sum(len(h) for _, h in bounds.values()), name
 

@@ -20,6 +20,7 @@ from routing_testkit import (
     gap_federation,
     points,
     rect_wkt,
+    roamings,
     tiling_federation,
     workloads,
 )
@@ -60,6 +61,26 @@ def test_every_strategy_equals_the_central_matcher(fed_name: str, ops: list[Trac
 def test_every_strategy_equals_the_central_matcher_on_boundaries(ops: list[TraceOp]) -> None:
     # Clients and geofences on area edges and on the antimeridian, where the
     # tie-break and the ±180 seam decide who is responsible.
+    check_workload(FEDERATIONS["tiling"], ops)
+
+
+@SHRINK_TIMEOUT
+@settings(EQUIVALENCE, max_examples=150)
+@given(
+    ops=workloads(
+        anchor_points=boundary_points,
+        roaming_shapes=roamings(scales=(20_000.0, 100_000.0, 400_000.0)),
+        near_m=400_000.0,
+        roaming_share=1,
+    )
+)
+def test_every_strategy_equals_the_central_matcher_with_roaming_geofences(
+    ops: list[TraceOp],
+) -> None:
+    # Subscribers with roaming geofences about as large as their moves, near
+    # area edges: a move within an area shifts which publishers the geofence
+    # covers at a remote broker holding a copy, and moves add and drop such
+    # brokers. A remote copy left where the subscriber was would be caught.
     check_workload(FEDERATIONS["tiling"], ops)
 
 
