@@ -142,7 +142,8 @@ def _history(args: argparse.Namespace) -> int:
             )
         )
         print(
-            f"{len(answer)} entries{' removed' if args.delete else ''}"
+            f"{len(answer)} entr{'y' if len(answer) == 1 else 'ies'}"
+            f"{' removed' if args.delete else ''}"
             f"{' (cut by the answer-size limit)' if answer.truncated else ''};"
             f" brokers asked: {', '.join(sorted(answer.brokers))}",
             file=sys.stderr,

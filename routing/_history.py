@@ -34,6 +34,10 @@ from ._errors import InvalidInput
 from ._geometry import Geofence, LatLon
 from ._topics import topic_matches, validate_filter
 
+MAX_BOXES = 32
+"""Parts of a query area beyond which the index is asked for its one bounding box instead
+(a query of thousands of boxes would outgrow SQL's limits)."""
+
 RECORD_OVERHEAD = 64
 """Bytes counted per history entry besides its texts and payload (ids, times, index)."""
 
@@ -180,13 +184,16 @@ class HistoryQuery:
     def boxes(self) -> list[Box] | None:
         """Bounding boxes that hold every publisher location the area covers (None = all).
 
-        One per part of the geometry, plus the mirror image of where it
-        touches ±180 (a point on 180 is also on −180): a spatial index asked
-        for these boxes returns a superset of the answer, `matches` decides.
+        One per part of the geometry (one for all beyond `MAX_BOXES` parts),
+        plus the mirror image of where it touches ±180 (a point on 180 is
+        also on −180): a spatial index asked for these boxes returns a
+        superset of the answer, `matches` decides.
         """
         if self.geometry is None:
             return None
         parts = getattr(self.geometry, "geoms", [self.geometry])
+        if len(parts) > MAX_BOXES:  # one box for them all: still a superset
+            parts = [self.geometry]
         out: list[Box] = [tuple(p.bounds) for p in parts]
         seam = shapely.intersection(self.geometry, _ANTIMERIDIAN)
         if not seam.is_empty:

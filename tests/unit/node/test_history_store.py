@@ -397,3 +397,19 @@ def test_postgis_refuses_a_bad_dsn_naming_the_setting() -> None:
     with pytest.raises(InvalidInput) as err:
         open_backend("b", "", "mysql://x")
     assert err.value.field == "history_dsn"
+
+
+def test_an_area_of_many_parts_is_answered(make_backend: Callable[[str], HistoryBackend]) -> None:
+    """Thousands of parts (within the vertex limit) ask the index for one box, not thousands."""
+    xs = [-179.9 + 0.299 * k for k in range(1200)]
+    parts = MultiPolygon([box(x, 0, x + 0.1, 0.1) for x in xs])  # 6,000 vertices
+    records = [rec(k, lat=0.05, lon=x + (0.2 if k % 2 else 0.05)) for k, x in enumerate(xs)]
+    q = HistoryQuery("#", None, None, parts, 1000)
+
+    async def body(log: HistoryLog) -> list[str]:
+        log.record(records)
+        found, _ = await log.query(q)
+        return [r.event_id for r in found]
+
+    assert run(with_log(make_backend(fresh_id()), body)) == oracle(records, q)
+    assert len(oracle(records, q)) == 600
