@@ -41,6 +41,7 @@ from geofed.node import (
     SUBSCRIPTIONS,
     issue_federation,
 )
+from geofed.node import _mqtt_codec as mq
 
 if TYPE_CHECKING:
     from conftest import TokenSigner  # tests/integration/conftest.py
@@ -803,3 +804,43 @@ def test_a_roaming_geofence_follows_an_mqtt_subscriber_across_an_area_edge(
     assert sorted(received) == expected
     assert total(fed, DELIVERIES) - delivered == len(expected)
     sub.close()
+
+
+def test_a_burst_of_packets_is_answered_in_order_and_a_subscribe_splits_it(
+    fed: LocalFederation,
+) -> None:
+    """Packets written in one go (CONNECT, PUBLISH a, SUBSCRIBE, PUBLISH b): the listener
+    publishes a burst's events together, but never across another packet: the PUBACKs
+    come in order and the new subscription gets b, not a (published before it)."""
+    out = [
+        mq.Connect("x-burst", properties=mq.Properties(user=[("geofed-location", PARIS)])),
+        mq.Publish("burst/a", b"before", 1, packet_id=1),
+        mq.Subscribe(2, [("burst/#", 1)]),
+        mq.Publish("burst/b", b"after", 1, packet_id=3),
+    ]
+    data = b"".join(p.encode() if isinstance(p, mq.Connect) else p.encode(mq.MQTT_5) for p in out)
+
+    async def run() -> list[tuple[str, Any]]:
+        host, _, p = fed.nodes["eu"].mqtt.rpartition(":")
+        reader, writer = await asyncio.open_connection(host, int(p))
+        writer.write(data)  # one write: one burst
+        packets = mq.PacketReader(reader, 1 << 20)
+        got: list[tuple[str, Any]] = []
+        while not any(kind == "publish" for kind, _ in got):
+            kind, flags, body = await asyncio.wait_for(packets.next(), HANG_S)
+            packet = mq.decode_server(kind, flags, body, mq.MQTT_5)
+            if isinstance(packet, mq.PubAck):
+                got.append(("puback", packet.packet_id))
+            elif isinstance(packet, mq.SubAck):
+                got.append(("suback", packet.packet_id))
+            elif isinstance(packet, mq.Publish):
+                got.append(("publish", (packet.topic, packet.payload)))
+        writer.write(mq.Disconnect().encode(mq.MQTT_5))
+        writer.close()
+        await writer.wait_closed()
+        return got
+
+    got = asyncio.run(run())
+    acks = [x for x in got if x[0] != "publish"]
+    assert acks == [("puback", 1), ("suback", 2), ("puback", 3)]
+    assert got[-1] == ("publish", ("burst/b", b"after"))  # the first delivery: not "before"
