@@ -26,6 +26,7 @@ from grpc_health.v1 import health_pb2
 from shapely.geometry import MultiPolygon, Polygon
 
 from geofed.routing import (
+    DEFAULT_MAX_VERTICES,
     BrokerInfo,
     DeliveryMsg,
     Event,
@@ -105,14 +106,21 @@ Subscription geofences may also roam: a `Roaming`, ``roam:circle:R`` /
 """
 
 
-def roaming_from_pb(pb: gpb.Roaming, field: str) -> Roaming:
+def roaming_from_pb(
+    pb: gpb.Roaming, field: str, max_vertices: int = DEFAULT_MAX_VERTICES
+) -> Roaming:
     """A roaming geofence from the wire; errors name ``field.roaming...``."""
     shape = pb.WhichOneof("shape")
     if shape == "radius_m":
         return parse_roaming({"roaming": {"radius_m": pb.radius_m}}, field)
     if shape == "polygon":
+        if len(pb.polygon.vertices) > max_vertices:  # counted before any is looked at
+            raise InvalidInput(
+                f"{field}.roaming.polygon",
+                f"more than {max_vertices} vertices ({len(pb.polygon.vertices)})",
+            )
         ring = [[v.east_m, v.north_m] for v in pb.polygon.vertices]
-        return parse_roaming({"roaming": {"polygon": ring}}, field)
+        return parse_roaming({"roaming": {"polygon": ring}}, field, max_vertices=max_vertices)
     raise InvalidInput(f"{field}.roaming", "needs radius_m or polygon")
 
 
@@ -259,7 +267,7 @@ def subscription_from_pb(
         )
     fence: Geofence | Roaming | None
     if pb.geofence.WhichOneof("shape") == "roaming":
-        fence = roaming_from_pb(pb.geofence.roaming, f"{field}.geofence")
+        fence = roaming_from_pb(pb.geofence.roaming, f"{field}.geofence", cache.max_vertices)
     else:
         fence = geofence_from_pb(pb.geofence, f"{field}.geofence", cache)  # unset: the world
     return make_subscription(pb.id, owner, pb.topic_filter, fence, field=field)

@@ -199,9 +199,9 @@ def _polygon(raw: Any, field: str, max_vertices: int) -> Roaming:
     return shape
 
 
-@functools.lru_cache(maxsize=8192)
+@functools.lru_cache(maxsize=1024)
 def _place(shape: Roaming, lat: float, lon: float) -> Geofence:
-    """The placement (pure; cached: a holder re-places a shape on every relocation).
+    """The placement (pure; cached, bounded: the home, the copies and the models ask for it).
 
     A circle is the geodesic circle of `circle`. A polygon's vertices go to
     the points at their offset's distance and bearing (an azimuthal

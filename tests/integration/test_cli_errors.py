@@ -53,6 +53,8 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 
 BRIDGE = ["bridge-topics", "--mqtt", "{closed}", "--federation", "three", "--client", "b"]
+# A client of a broker nobody runs: for mistakes found before it would connect.
+AT_CLOSED = ["--endpoint", "{closed}", "--client", "c", "--location", "1,2"]
 
 CASES = [
     # (name, argv with {placeholders}, exit code, text the message must contain)
@@ -63,37 +65,13 @@ CASES = [
     ("route: roaming geofence", ["route", "roam:circle:5000"], 2, "only as a subscription"),
     (
         "publish: roaming event geofence",
-        [
-            "publish",
-            "--endpoint",
-            "{closed}",
-            "--client",
-            "c",
-            "--location",
-            "1,2",
-            "--topic",
-            "t",
-            "--geofence",
-            "roam:circle:5000",
-        ],
+        ["publish", *AT_CLOSED, "--topic", "t", "--geofence", "roam:circle:5000"],
         2,
         "only as a subscription",
     ),
     (
         "subscribe: bad roaming radius",
-        [
-            "subscribe",
-            "--endpoint",
-            "{closed}",
-            "--client",
-            "c",
-            "--location",
-            "1,2",
-            "--topic",
-            "t/#",
-            "--geofence",
-            "roam:circle:0.5",
-        ],
+        ["subscribe", *AT_CLOSED, "--topic", "t/#", "--geofence", "roam:circle:0.5"],
         2,
         "geofence.radius_m",
     ),

@@ -74,6 +74,15 @@ def test_bad_shapes_from_the_wire_name_the_field() -> None:
     assert err.value.field == "subscription.geofence.roaming"
 
 
+def test_the_vertex_limit_is_the_brokers() -> None:
+    pb = subscribe_request("c", "s", "t", "roam:polygon:0 0, 10 0, 10 10, 0 10").subscription
+    assert subscription_from_pb(pb, GeofenceCache(max_vertices=5)).roaming is not None
+    with pytest.raises(InvalidInput) as err:
+        subscription_from_pb(pb, GeofenceCache(max_vertices=4))
+    assert err.value.field == "subscription.geofence.roaming.polygon"
+    assert "more than 4 vertices" in err.value.reason
+
+
 def test_events_do_not_roam() -> None:
     pb = gpb.Event(id="e", topic="t", publisher=gpb.LatLon(lat=0, lon=0))
     pb.geofence.CopyFrom(geofence_to_pb("roam:circle:5000"))
