@@ -3,12 +3,15 @@
 A 3-broker federation (event-geofence) with the HTTP bridge on every broker;
 the browser opens eu's map. Waiting is on the page's state (the DOM, through
 WebDriverWait): areas drawn, the event stream open, an event listed, an
-answer shown. The test also takes the screenshot README shows (docs/map.png).
+answer shown. The test also takes the screenshot README shows: into its own
+temporary folder, or, with GEOFED_UPDATE_SCREENSHOTS=1, over docs/map.png (so
+that running the tests leaves the checkout as it was).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +34,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 THREE = ROOT / "deploy" / "federations" / "three.geojson"
 SCREENSHOT = ROOT / "docs" / "map.png"
+UPDATE_SCREENSHOTS = os.environ.get("GEOFED_UPDATE_SCREENSHOTS") == "1"
 HANG_S = 120.0  # the page has not reached a state by then: hung, not slow
 ATLANTIC = [(-80.0, 25.0), (10.0, 25.0), (10.0, 60.0), (-80.0, 60.0)]  # (lon, lat)
 PARIS_BOX = [(0.0, 46.0), (5.0, 46.0), (5.0, 51.0), (0.0, 51.0)]
@@ -89,7 +93,7 @@ def wkt(ring: list[tuple[float, float]]) -> str:
 
 
 def test_map_shows_areas_live_events_routes_and_history(
-    fed: LocalFederation, browser: webdriver.Chrome
+    fed: LocalFederation, browser: webdriver.Chrome, tmp_path: Path
 ) -> None:
     eu = fed.nodes["eu"].http
 
@@ -157,8 +161,8 @@ def test_map_shows_areas_live_events_routes_and_history(
     assert shown.split(",") == expected and len(expected) >= 2
     listed = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#route-result li")]
     assert listed == expected
-    SCREENSHOT.parent.mkdir(exist_ok=True)
-    assert browser.save_screenshot(str(SCREENSHOT))
+    shot = SCREENSHOT if UPDATE_SCREENSHOTS else tmp_path / SCREENSHOT.name
+    assert browser.save_screenshot(str(shot))
 
     # A publisher's text is shown as text, also in the markers' tooltips (HTML in Leaflet).
     html = '<img class="injected" src="x">'
