@@ -673,6 +673,12 @@ class Client:
         try:
             return await call
         except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.CANCELLED and not (self._closed or self._closing):
+                # Not this client's doing: a broker stopping cancels the calls in flight
+                # (its restart is ahead), so the request was not taken: try it again.
+                raise Unavailable(
+                    self._endpoint, f"{operation} cancelled: {exc.details()}"
+                ) from None
             raise _error(
                 exc, self._endpoint, operation, timeout or self.config.request_timeout_s
             ) from None

@@ -175,15 +175,20 @@ def _finish_subscribers(subscribers: list[Background]) -> None:
         assert rc == 0, f"{sub.cmd.where}: exited {rc}:\n" + "\n".join(sub.lines)
 
 
-def _up_brokers(up: Background) -> list[list[str]]:
-    """The broker rows of `geofed up`'s table: id, client, peer, mqtt, mqtt-ws, metrics URL."""
+def _up_brokers(up: Background) -> list[dict[str, str]]:
+    """The broker rows of `geofed up`'s table, by its column names (broker, mqtt, metrics...)."""
     with up.cond:
-        lines = list(up.lines)
-    return [r for r in (x.split() for x in lines) if len(r) == 6 and r[-1].startswith("http")]
+        rows = [x.split() for x in up.lines]
+    head = next(r for r in rows if r[:1] == ["broker"])
+    return [
+        dict(zip(head, r, strict=True))
+        for r in rows
+        if len(r) == len(head) and r != head and r[-1].startswith("http")
+    ]
 
 
 def _local_subscriptions(up: Background) -> float:
-    return sum(metric(row[-1], SUBSCRIPTIONS, scope="local") for row in _up_brokers(up))
+    return sum(metric(row["metrics"], SUBSCRIPTIONS, scope="local") for row in _up_brokers(up))
 
 
 def _wait_subscribed(up: Background, before: float, sub: Background) -> None:
@@ -206,7 +211,7 @@ def _run_sh_block(block: Block, cwd: Path, env: dict[str, str]) -> None:
             if words[:2] == ["geofed", "up"]:
                 up = Background(cmd, cwd, env)
                 up.wait_for("all brokers healthy")
-                ports = {r[0].upper(): r[3].rsplit(":", 1)[1] for r in _up_brokers(up)}
+                ports = {r["broker"].upper(): r["mqtt"].rsplit(":", 1)[1] for r in _up_brokers(up)}
                 env = {**env, **ports}  # $EU, $US, ...: the mqtt column
             elif words[0] == "mosquitto_sub":
                 assert up is not None and "-C" in words, (
