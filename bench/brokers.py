@@ -22,7 +22,6 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import Self
 
 from .local import free_ports
@@ -43,7 +42,8 @@ class _Broker:
     binary = ""
     package = ""
 
-    def __init__(self, start_timeout: float = 30.0) -> None:
+    def __init__(self, extra: list[str] | None = None, start_timeout: float = 30.0) -> None:
+        self.extra = list(extra or [])  # more lines for the configuration file
         self.host = "127.0.0.1"
         self.port = 0
         self.start_timeout = start_timeout
@@ -131,12 +131,7 @@ class _Broker:
     def __enter__(self) -> Self:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
@@ -154,10 +149,6 @@ class Mosquitto(_Broker):
     name = "mosquitto"
     binary = "mosquitto"
     package = "mosquitto"
-
-    def __init__(self, extra: list[str] | None = None, start_timeout: float = 30.0) -> None:
-        super().__init__(start_timeout)
-        self.extra = list(extra or [])
 
     def config(self, workdir: Path) -> list[str]:
         conf = workdir / "mosquitto.conf"
@@ -188,10 +179,6 @@ class NatsServer(_Broker):
     name = "nats-server"
     binary = "nats-server"
     package = "nats-server"
-
-    def __init__(self, extra: list[str] | None = None, start_timeout: float = 30.0) -> None:
-        super().__init__(start_timeout)
-        self.extra = list(extra or [])
 
     def config(self, workdir: Path) -> list[str]:
         conf = workdir / "nats.conf"

@@ -51,7 +51,7 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
-from ._machine import describe
+from ._machine import record
 from .brokers import Mosquitto, NatsServer
 from .local import LocalFederation
 
@@ -116,8 +116,9 @@ async def _publish(kind: str, address: str, n: int, rate: float) -> float:
             return t0
     if kind == "mosquitto":
         import paho.mqtt.client as mqtt
+        from paho.mqtt.enums import CallbackAPIVersion
 
-        client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="bench-pub")
+        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="bench-pub")
         host, port = address.rsplit(":", 1)
         client.connect(host, int(port))
         client.loop_start()
@@ -223,7 +224,9 @@ async def _subscribe(
         from geofed.routing import LatLon
 
         clients = [
-            await connect(client_id=f"bench-sub-{i}", location=LatLon(48.85, 2.35), endpoint=address)
+            await connect(
+                client_id=f"bench-sub-{i}", location=LatLon(48.85, 2.35), endpoint=address
+            )
             for i in range(n)
         ]
         subs = [await c.subscribe("bench/#") for c in clients]
@@ -241,11 +244,12 @@ async def _subscribe(
         return tasks, close_geofed
     if kind == "mosquitto":
         import paho.mqtt.client as mqtt
+        from paho.mqtt.enums import CallbackAPIVersion
 
         host, port = address.rsplit(":", 1)
         clients_m = []
         for i in range(n):
-            c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"bench-sub-{i}")
+            c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"bench-sub-{i}")
             subscribed = threading.Event()
             c.on_message = lambda _c, _u, m, i=i: rx.got(i, m.payload)
             c.on_subscribe = lambda *_a, ev=subscribed: ev.set()
@@ -376,13 +380,20 @@ def summarize(reps: list[dict[str, Any]]) -> dict[str, Any]:
         ratios.append(row)
     medians: dict[str, Any] = {}
     for key in ratios[0] if ratios else []:
-        vals = [x[key] for x in ratios if x[key] is not None]
+        vals = [v for x in ratios if (v := x[key]) is not None]
         medians[key] = round(statistics.median(vals), 3) if vals else None
     figures: dict[str, Any] = {}
     for kind in KINDS:
-        for test, key in (("1->1", "per_s"), ("1->10", "per_s"), ("latency", "p50_ms"), ("latency", "p99_ms")):
-            vals = [rep["results"][kind][test][key] for rep in reps if key in rep["results"][kind][test]]
-            figures[f"{kind} {test} {key}"] = statistics.median(vals) if vals else None
+        for test, key in (
+            ("1->1", "per_s"),
+            ("1->10", "per_s"),
+            ("latency", "p50_ms"),
+            ("latency", "p99_ms"),
+        ):
+            figs: list[float] = [
+                rep["results"][kind][test][key] for rep in reps if key in rep["results"][kind][test]
+            ]
+            figures[f"{kind} {test} {key}"] = statistics.median(figs) if figs else None
     return {"ratios": ratios, "median_ratios": medians, "median_figures": figures}
 
 
@@ -416,14 +427,21 @@ def _markdown(reps: list[dict[str, Any]], summary: dict[str, Any]) -> str:
         for test in TESTS
         if "error" in rep["results"][kind][test]
     ]
-    lines += ["", "Ratios geofed / other, per repetition (throughput: higher is better; latency: lower):", ""]
+    lines += [
+        "",
+        "Ratios geofed / other, per repetition (throughput: higher is better; latency: lower):",
+        "",
+    ]
     keys = list(summary["median_ratios"])
     lines.append("| repetition | " + " | ".join(keys) + " |")
     lines.append("|---:|" + "---:|" * len(keys))
     for rep, row in zip(reps, summary["ratios"], strict=True):
         cells = ["—" if row[k] is None else f"{row[k]:.2f}" for k in keys]
         lines.append(f"| {rep['repetition']} | " + " | ".join(cells) + " |")
-    med = ["—" if summary["median_ratios"][k] is None else f"**{summary['median_ratios'][k]:.2f}**" for k in keys]
+    med = [
+        "—" if summary["median_ratios"][k] is None else f"**{summary['median_ratios'][k]:.2f}**"
+        for k in keys
+    ]
     lines.append("| median | " + " | ".join(med) + " |")
     lines += ["", "Failed repetitions: " + ("none" if not failures else ""), *failures]
     return "\n".join(lines)
@@ -435,9 +453,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3, help="repetitions (order rotated)")
     p.add_argument("--rate", type=float, default=200.0, help="events/s of the latency test")
     p.add_argument("--seconds", type=float, default=5.0, help="length of the latency test")
-    p.add_argument("--brokers", default=",".join(KINDS), help="comma-separated subset of " + ", ".join(KINDS))
+    p.add_argument(
+        "--brokers", default=",".join(KINDS), help="comma-separated subset of " + ", ".join(KINDS)
+    )
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
-    p.add_argument("--no-record", action="store_true", help="do not append to bench/results/brokers.md")
+    p.add_argument(
+        "--no-record", action="store_true", help="do not append to bench/results/brokers.md"
+    )
     args = p.parse_args(argv)
     kinds = args.brokers.split(",")
     if set(kinds) != set(KINDS):
@@ -457,16 +479,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps({"repetitions": reps, **summary}, indent=1), "utf-8")
     if not args.no_record:
-        cmd = "python -m geofed.bench.brokers_bench " + " ".join(
-            argv if argv is not None else sys.argv[1:]
+        record(
+            RESULTS,
+            "geofed.bench.brokers_bench",
+            argv,
+            f"Events per throughput test: {args.events:,}; latency: {args.rate:.0f}/s"
+            f" for {args.seconds} s; {PAYLOAD_BYTES}-byte payloads\n\n{table}",
         )
-        with RESULTS.open("a", encoding="utf-8") as f:
-            f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n")
-            f.write(
-                f"Command: `{cmd.strip()}`  \nMachine: {describe()}  \n"
-                f"Events per throughput test: {args.events:,}; latency: {args.rate:.0f}/s"
-                f" for {args.seconds} s; {PAYLOAD_BYTES}-byte payloads\n\n{table}\n"
-            )
     return 0
 
 

@@ -72,12 +72,14 @@ from geofed.errors import (
 from geofed.routing import Federation, LatLon, latlon, validate_id
 from geofed.v1 import client_pb2_grpc as cpb_grpc
 from geofed.wire import (
+    BATCH_METADATA,
     BROKER_METADATA,
     GeofenceInput,
     Message,
     Publication,
     ack_request,
     connect_request,
+    deliveries_in,
     health_check_request,
     message_from_pb,
     publish_batch,
@@ -735,7 +737,8 @@ class Subscription:
         call = stub.Subscribe(
             subscribe_request(
                 client.client_id, self.id, self.topic_filter, self.geofence, self._offset
-            )
+            ),
+            metadata=(BATCH_METADATA,),  # many deliveries per stream message
         )
         try:
             # Sent once the broker registered the subscription; a rejection ends the
@@ -777,7 +780,8 @@ class Subscription:
     async def _read(self, call: Any, broker_id: str) -> None:
         try:
             async for pb in call:
-                self._push(message_from_pb(pb, broker_id))
+                for one in deliveries_in(pb):
+                    self._push(message_from_pb(one, broker_id))
         except grpc.aio.AioRpcError as exc:
             code = exc.code()
             if self._call is not call or code == _MOVED:

@@ -51,6 +51,8 @@ from geofed.v1 import geo_pb2 as gpb
 
 BROKER_METADATA = "geofed-broker"
 """Initial metadata a broker sends on Subscribe once it holds the subscription (its id)."""
+BATCH_METADATA = ("geofed-batch", "1")
+"""Subscribe call metadata: the client reads batched deliveries (`Delivery.batch`)."""
 CLIENT_SERVICE: str = cpb.DESCRIPTOR.services_by_name["ClientService"].full_name
 """Full name of the client gRPC service (also its health-check service name)."""
 FEDERATION_SERVICE: str = fpb.DESCRIPTOR.services_by_name["FederationService"].full_name
@@ -257,6 +259,18 @@ def delivery_to_pb(
     return cpb.Delivery(
         subscription_id=subscription_id, event=event, deliver_time=deliver_time, offset=offset
     )
+
+
+def delivery_batch(items: list[cpb.Delivery]) -> cpb.Delivery:
+    """One stream message for many deliveries (a single one is sent as it is)."""
+    if len(items) == 1:
+        return items[0]
+    return cpb.Delivery(batch=items)
+
+
+def deliveries_in(pb: cpb.Delivery) -> Iterable[cpb.Delivery]:
+    """The deliveries a Subscribe stream message carries: a batch, or itself."""
+    return pb.batch if pb.batch else (pb,)
 
 
 def delivery_from_bytes(data: bytes) -> cpb.Delivery:
