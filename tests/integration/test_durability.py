@@ -175,8 +175,8 @@ def test_sessions_expire_and_their_subscriptions_go(tmp_path: Path) -> None:
             for i in range(20):
                 plain = await client(fed, f"exp-{i}", SINGAPORE)
                 await plain.close()
-            # Each of the 21 is open or already expired (a loaded machine may be slow).
-            assert metric(ap, SESSIONS) + metric(ap, SESSIONS_EXPIRED) == 21
+            # (Open + expired is not checked at one instant: the two gauges are two reads,
+            # and the reaper may move a session between them.)
             await until(lambda: metric(ap, SESSIONS_EXPIRED) == 21, "sessions expired", HANG_S)
             assert metric(ap, SESSIONS) == 0
             assert metric(ap, "geofed_subscriptions", scope="local") == 0
