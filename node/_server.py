@@ -745,6 +745,12 @@ class BrokerServer(Guarded):
 
     async def _commit(self, staged: _Staged) -> None:
         """Wait for the store to hold what `staged` wrote, then let it take effect."""
+        if self.durable:
+            # The ids go into the transaction that keeps their effects: a broker
+            # killed before its next commit must still know them when the peer,
+            # which never saw its acknowledgement, sends them again.
+            for peer, kind, event_id in staged.seen:
+                self._store_seen(peer, kind, event_id)
         if self.store.dirty:
             try:
                 await self.store.commit()
@@ -757,10 +763,13 @@ class BrokerServer(Guarded):
             stream.push(item)
         self.metrics.deliveries.inc(staged.delivered)
         for peer, kind, event_id in staged.seen:
-            self._remember(peer, kind, event_id)
+            self._remember(peer, kind, event_id, stored=True)
 
-    def _remember(self, peer: str, kind: Kind, event_id: str) -> None:
-        """Add an event id to a duplicate window (the store's copy too, when durable)."""
+    def _remember(self, peer: str, kind: Kind, event_id: str, stored: bool = False) -> None:
+        """Add an event id to a duplicate window (the store's copy too, when durable).
+
+        `stored`: its store copy was written already (`_commit`).
+        """
         forgot: tuple[str, str] | None = None
         if peer == _LOCAL:
             self._published[event_id] = None
@@ -769,10 +778,14 @@ class BrokerServer(Guarded):
         else:
             forgot = self.links[peer].remember(kind, event_id)
         if self.durable:
-            self.store.put_seen(peer, kind.value, event_id, self._next_seen)
-            self._next_seen += 1
+            if not stored:
+                self._store_seen(peer, kind, event_id)
             if forgot is not None:
                 self.store.delete_seen(peer, *forgot)
+
+    def _store_seen(self, peer: str, kind: Kind, event_id: str) -> None:
+        self.store.put_seen(peer, kind.value, event_id, self._next_seen)
+        self._next_seen += 1
 
     async def _trim(self, key: SubKey, info: PendingInfo) -> None:
         """Keep a persistent subscription's queue within `session_queue_bytes` (oldest go)."""
