@@ -68,6 +68,9 @@ def test_flags_parse_into_config(monkeypatch: pytest.MonkeyPatch) -> None:
         ({"peer_timeout_s": -1.0}, {}, "peer_timeout_s"),
         ({"peer_heartbeat_s": 1.0, "peer_timeout_s": 1.5}, {}, "peer_timeout_s"),
         ({}, {"GEOFED_MAX_PAYLOAD_BYTES": "lots"}, "max_payload_bytes"),
+        ({"subscriber_batch_max": 0}, {}, "subscriber_batch_max"),
+        ({"subscriber_batch_delay_ms": -1.0}, {}, "subscriber_batch_delay_ms"),
+        ({}, {"GEOFED_SUBSCRIBER_BACKPRESSURE_MS": "-5"}, "subscriber_backpressure_ms"),
     ],
 )
 def test_bad_values_name_the_field(
