@@ -453,17 +453,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3, help="repetitions (order rotated)")
     p.add_argument("--rate", type=float, default=200.0, help="events/s of the latency test")
     p.add_argument("--seconds", type=float, default=5.0, help="length of the latency test")
-    p.add_argument(
-        "--brokers", default=",".join(KINDS), help="comma-separated subset of " + ", ".join(KINDS)
-    )
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
     p.add_argument(
         "--no-record", action="store_true", help="do not append to bench/results/brokers.md"
     )
     args = p.parse_args(argv)
-    kinds = args.brokers.split(",")
-    if set(kinds) != set(KINDS):
-        p.error("--brokers: the comparison needs all of " + ", ".join(KINDS))
     if args.events < 1 or args.repeat < 1 or args.rate <= 0 or args.seconds <= 0:
         p.error("--events, --repeat, --rate and --seconds must be positive")
     reps: list[dict[str, Any]] = []
