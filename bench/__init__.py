@@ -10,6 +10,9 @@
   checks them against the oracle (`Report`: lost, duplicated, unexpected);
   `FaultProxy` cuts or flaps a peer link; `geofed.bench.faults` injects
   faults under load (``python -m geofed.bench.faults``);
+* `geofed.bench.brokers` starts Debian's Mosquitto and nats-server on
+  loopback (``Mosquitto``, ``NatsServer``) for side-by-side runs
+  (``python -m geofed.bench.brokers_bench``) and bridges;
 * ``geofed bench`` / ``geofed demo`` (`geofed.bench.compare`) and the node
   and index benchmarks build on them; the Spark analysis is its own
   subpackage, `geofed.bench.analysis` (``geofed analyze``; the ``analysis``

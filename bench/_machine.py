@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
+import time
 from pathlib import Path
 
 
@@ -30,3 +32,11 @@ def describe() -> str:
         pass
     system = f"Python {platform.python_version()}, {platform.system()} {platform.release()}"
     return f"{os.cpu_count()} cores, {cpu_model()}, {mem} RAM, {system}"
+
+
+def record(path: Path, module: str, argv: list[str] | None, body: str) -> None:
+    """Append a dated section to a results file: the command, the machine, then `body`."""
+    cmd = f"python -m {module} " + " ".join(argv if argv is not None else sys.argv[1:])
+    with path.open("a", encoding="utf-8") as f:
+        f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n")
+        f.write(f"Command: `{cmd.strip()}`  \nMachine: {describe()}  \n{body}\n")

@@ -18,7 +18,12 @@ events travel to the peer as deliveries.
    subscriptions, so ``--world-events`` (every event without geofence, every
    one matched against all N) gives the worst case. *Absorbed* events/s
    count until the peer has also received every delivery message.
-2. Latency: 1,000 events/s through unary Publish for a few seconds to a local
+2. Local delivery: ``--local-events`` events (64-byte payloads, topic
+   ``local/x`` that no remote subscription matches) through PublishStream
+   to ``--local-subs`` subscribers at the node itself (Subscribe streams,
+   ``geofed.client``, in this process): deliveries/s until every subscriber
+   received every event, and how many never arrived (dropped on the way).
+3. Latency: 1,000 events/s through unary Publish for a few seconds to a local
    subscriber (Subscribe stream) at the node; publish->delivery from the
    client's clock, p50/p99.
 
@@ -31,7 +36,8 @@ With a store, a publish is answered once its peer outbox entries are
 committed (group commit), so both phases pay the commit.
 
 Usage: ``python -m geofed.bench.node_bench [--subs 10000,100000] [--events 50000]
-[--world-events] [--durability off,normal,full] [--rounds 1]``
+[--world-events] [--local-subs 10] [--local-events 20000] [--durability off,normal,full]
+[--rounds 1]``
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ from typing import Any
 import grpc
 
 from geofed.client import Publication, TLSConfig, connect, health_status
+from geofed.errors import DeadlineExceeded
 from geofed.node import (
     PEER_MESSAGES_SENT,
     PEER_QUEUE_LENGTH,
@@ -72,12 +79,13 @@ from geofed.wire import (
     snapshot_frames,
 )
 
-from ._machine import describe
+from ._machine import record
 from .local import free_ports, tls_config
 from .scrape import metric
 from .workload import WorkloadConfig, generate
 
 RESULTS = Path(__file__).resolve().parent / "results" / "node.md"
+_LOCAL_IDLE_S = 10.0  # a local subscriber that got nothing for this long has lost the rest
 DURABILITY = ("off", "normal", "full")
 """Persistence modes: no data_dir, or a store with that ``store_sync``."""
 PARIS = LatLon(48.85, 2.35)
@@ -140,13 +148,27 @@ class FakePeer(fpb_grpc.FederationServiceServicer):
             frame.seq = seq
             await context.write(frame)
         self.loaded.set()
-        while True:
-            frame = await context.read()
-            if frame is grpc.aio.EOF:
-                return
-            self.deliveries += len(frame.deliveries)
-            if frame.seq:
-                await context.write(ack_frame(frame.seq))
+        lock = asyncio.Lock()  # one write at a time: acks and heartbeats
+
+        async def heartbeats() -> None:
+            # The node drops a link that is silent for peer_timeout_s (a long run outlasts it).
+            while True:
+                await asyncio.sleep(1.0)
+                async with lock:
+                    await context.write(new_frame())
+
+        beating = asyncio.create_task(heartbeats())
+        try:
+            while True:
+                frame = await context.read()
+                if frame is grpc.aio.EOF:
+                    return
+                self.deliveries += len(frame.deliveries)
+                if frame.seq:
+                    async with lock:
+                        await context.write(ack_frame(frame.seq))
+        finally:
+            beating.cancel()
 
 
 def _subscriptions(n: int, seed: int) -> list[Subscription]:
@@ -196,6 +218,7 @@ async def _run(
     workdir: Path,
     durability: str,
     tls: bool = False,
+    local: tuple[int, int] = (10, 20_000),
 ) -> dict[str, Any]:
     """One configuration; `subs` and `events` are emptied (the latency run needs the memory).
 
@@ -275,6 +298,13 @@ async def _run(
             absorbed = n_sent / (time.perf_counter() - t0)
             print(
                 f"{tag} {throughput:,.0f} events/s accepted, {absorbed:,.0f} absorbed;"
+                f" local delivery to {local[0]} subscribers ...",
+                file=sys.stderr,
+                flush=True,
+            )
+            local_per_s, local_lost = await _local_delivery(endpoint, *local, client_tls)
+            print(
+                f"{tag} {local_per_s:,.0f} deliveries/s to local subscribers ({local_lost} lost);"
                 f" latency at {rate:.0f}/s ...",
                 file=sys.stderr,
                 flush=True,
@@ -285,7 +315,9 @@ async def _run(
             subs.clear()
             gc.collect()
             gc.freeze()
-            latencies = await _latency(endpoint, rate, seconds, client_tls)
+            latencies, failures = await _latency(endpoint, rate, seconds, client_tls)
+            for what, count in failures.items():
+                print(f"{tag} latency run: {count} publishes failed: {what}", file=sys.stderr)
         matched = peer.deliveries
     finally:
         proc.terminate()
@@ -304,10 +336,14 @@ async def _run(
         "events_per_s": round(throughput),
         "absorbed_per_s": round(absorbed),
         "delivery_messages": matched,
+        "local_subscribers": local[0],
+        "local_deliveries_per_s": round(local_per_s),
+        "local_lost": local_lost,
         "latency_rate": rate,
         "latency_samples": len(lat_ms),
-        "p50_ms": round(statistics.median(lat_ms), 2),
-        "p99_ms": round(lat_ms[int(0.99 * (len(lat_ms) - 1))], 2),
+        "latency_failed": sum(failures.values()),
+        "p50_ms": round(statistics.median(lat_ms), 2) if lat_ms else "—",
+        "p99_ms": round(lat_ms[int(0.99 * (len(lat_ms) - 1))], 2) if lat_ms else "—",
     }
 
 
@@ -315,10 +351,59 @@ async def _metric(url: str, name: str, **labels: str) -> float:
     return await asyncio.to_thread(metric, url, name, **labels)
 
 
+async def _local_delivery(
+    endpoint: str, subscribers: int, n: int, tls: TLSConfig | None = None
+) -> tuple[float, int]:
+    """Deliveries/s of `n` batched publishes to `subscribers` local subscribers, and the lost.
+
+    A subscriber that receives nothing more for `_LOCAL_IDLE_S` while short
+    of `n` has lost the rest (a queue on the way overflowed).
+    """
+    clients = [
+        await connect(client_id=f"local-sub-{i}", location=PARIS, endpoint=endpoint, tls=tls)
+        for i in range(subscribers)
+    ]
+    try:
+        subs = [
+            await c.subscribe("local/#", subscription_id=f"local-{i}")
+            for i, c in enumerate(clients)
+        ]
+        counts = [0] * subscribers
+        last = [0.0]
+
+        async def take(i: int) -> None:
+            while counts[i] < n:
+                try:
+                    await subs[i].next(timeout=_LOCAL_IDLE_S)
+                except DeadlineExceeded:
+                    return  # the rest was dropped
+                counts[i] += 1
+                last[0] = time.perf_counter()
+
+        readers = [asyncio.create_task(take(i)) for i in range(subscribers)]
+        async with await connect(
+            client_id="local-pub", location=PARIS, endpoint=endpoint, tls=tls
+        ) as publisher:
+            events = [Publication("local/x", b"\0" * 64, PARIS) for _ in range(n)]
+            t0 = time.perf_counter()
+            await publisher.publish_many(events)
+            await asyncio.gather(*readers)
+        delivered = sum(counts)
+        return delivered / max(last[0] - t0, 1e-9), subscribers * n - delivered
+    finally:
+        for c in clients:
+            await c.close()
+
+
 async def _latency(
     endpoint: str, rate: float, seconds: float, tls: TLSConfig | None = None
-) -> list[float]:
-    """Publish -> delivery times of `rate` events/s for `seconds` to one local subscriber."""
+) -> tuple[list[float], dict[str, int]]:
+    """Publish -> delivery times of `rate` events/s for `seconds` to one local subscriber.
+
+    A publish that fails is counted by its error (returned), not raised: the
+    subscriber then waits only for the events that were published, and the
+    row reports the failures instead of the run losing every row.
+    """
     async with (
         await connect(
             client_id="lat-sub", location=PARIS, endpoint=endpoint, tls=tls
@@ -328,25 +413,37 @@ async def _latency(
         sub = await subscriber.subscribe("latency/#", subscription_id="lat")
         n = int(rate * seconds)
         received: list[float] = []
+        published: set[str] = set()
+        done_publishing = asyncio.Event()
 
         async def take() -> None:
-            while len(received) < n:
-                msg = await sub.next(timeout=30.0)
+            while not done_publishing.is_set() or len(received) < len(published):
+                try:
+                    msg = await sub.next(timeout=30.0)
+                except DeadlineExceeded:
+                    return  # what is missing is reported as lost
                 received.append(time.perf_counter() - float(msg.payload.decode()))
 
         task = asyncio.create_task(take())
         start = time.perf_counter()
-        pending = set()
+        tasks = []
         for i in range(n):
             wait = start + i / rate - time.perf_counter()
             if wait > 0:
                 await asyncio.sleep(wait)
             payload = str(time.perf_counter())
-            pending.add(asyncio.ensure_future(publisher.publish("latency/x", payload)))
-            pending = {p for p in pending if not p.done()}
-        await asyncio.gather(*pending)
+            tasks.append(asyncio.ensure_future(publisher.publish("latency/x", payload)))
+        failures: dict[str, int] = {}
+        for result in await asyncio.gather(*tasks, return_exceptions=True):
+            if isinstance(result, BaseException):
+                failures[str(result)] = failures.get(str(result), 0) + 1
+            else:
+                published.add(result)
+        done_publishing.set()
         await task
-    return received
+        if len(received) < len(published):
+            failures["published, never delivered"] = len(published) - len(received)
+    return received, failures
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -357,6 +454,12 @@ def main(argv: list[str] | None = None) -> int:
         "--world-events",
         action="store_true",
         help="throughput events without geofence (each matched against every subscription)",
+    )
+    p.add_argument(
+        "--local-subs", type=int, default=10, help="subscribers of the local delivery run"
+    )
+    p.add_argument(
+        "--local-events", type=int, default=20_000, help="events of the local delivery run"
     )
     p.add_argument("--rate", type=float, default=1000.0, help="events/s for the latency run")
     p.add_argument("--seconds", type=float, default=10.0, help="length of the latency run")
@@ -388,6 +491,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown --durability {', '.join(unknown)}; of {', '.join(DURABILITY)}")
     if args.rounds < 1:
         p.error("--rounds must be >= 1")
+    if args.local_subs < 1 or args.local_events < 1:
+        p.error("--local-subs and --local-events must be >= 1")
     tls_modes = args.tls.split(",")
     if not tls_modes or any(t not in ("off", "on") for t in tls_modes):
         p.error(f"--tls takes off, on or off,on; got {args.tls!r}")
@@ -413,6 +518,7 @@ def main(argv: list[str] | None = None) -> int:
                             Path(tmp),
                             mode,
                             tls == "on",
+                            (args.local_subs, args.local_events),
                         )
                     )
                     rows.append(row | {"order": len(rows) + 1})
@@ -421,16 +527,13 @@ def main(argv: list[str] | None = None) -> int:
     table = _table(rows, modes)
     print(table)
     if not args.no_record:
-        cmd = "python -m geofed.bench.node_bench " + " ".join(
-            argv if argv is not None else sys.argv[1:]
+        record(
+            RESULTS,
+            "geofed.bench.node_bench",
+            argv,
+            f"Load average (1 / 5 min): {load_before[0]:.2f} / {load_before[1]:.2f} before,"
+            f" {load_after[0]:.2f} / {load_after[1]:.2f} after\n\n{table}",
         )
-        with RESULTS.open("a", encoding="utf-8") as f:
-            f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n")
-            f.write(
-                f"Command: `{cmd.strip()}`  \nMachine: {describe()}  \n"
-                f"Load average (1 / 5 min): {load_before[0]:.2f} / {load_before[1]:.2f} before,"
-                f" {load_after[0]:.2f} / {load_after[1]:.2f} after\n\n{table}\n"
-            )
     return 0
 
 
@@ -438,10 +541,10 @@ def _table(rows: list[dict[str, Any]], modes: list[str]) -> str:
     """One row per run, grouped by subscription count in the order of `modes`."""
     head = (
         "| subscriptions | persistence | TLS | run | events | event geofences | load s "
-        "| events/s (batched) | events/s absorbed | delivery msgs | p50 ms @ rate "
-        "| p99 ms @ rate | store MiB after |"
+        "| events/s (batched) | events/s absorbed | delivery msgs | local deliveries/s (lost) "
+        "| p50 ms @ rate | p99 ms @ rate | failed publishes @ rate | store MiB after |"
     )
-    lines = [head, "|---:|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [head, "|---:|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     order = sorted(
         rows, key=lambda r: (r["subscriptions"], modes.index(r["persistence"]), r["tls"])
     )
@@ -452,8 +555,10 @@ def _table(rows: list[dict[str, Any]], modes: list[str]) -> str:
             f"| {r['events']:,} "
             f"| {r['event_geofences']} | {r['load_s']} | {r['events_per_s']:,} "
             f"| {r['absorbed_per_s']:,} | {r['delivery_messages']:,} "
+            f"| {r['local_deliveries_per_s']:,} to {r['local_subscribers']} "
+            f"({r['local_lost']:,}) "
             f"| {r['p50_ms']} @ {r['latency_rate']:.0f}/s "
-            f"| {r['p99_ms']} @ {r['latency_rate']:.0f}/s | {store} |"
+            f"| {r['p99_ms']} @ {r['latency_rate']:.0f}/s | {r['latency_failed']} | {store} |"
         )
     return "\n".join(lines)
 

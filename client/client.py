@@ -72,6 +72,7 @@ from geofed.errors import (
 from geofed.routing import Federation, HistoryAnswer, LatLon, latlon, validate_id
 from geofed.v1 import client_pb2_grpc as cpb_grpc
 from geofed.wire import (
+    BATCH_METADATA,
     BROKER_METADATA,
     GeofenceInput,
     Message,
@@ -79,6 +80,7 @@ from geofed.wire import (
     Publication,
     ack_request,
     connect_request,
+    deliveries_in,
     health_check_request,
     history_record_from_pb,
     history_request,
@@ -835,7 +837,8 @@ class Subscription:
         call = stub.Subscribe(
             subscribe_request(
                 client.client_id, self.id, self.topic_filter, self.geofence, self._offset
-            )
+            ),
+            metadata=(BATCH_METADATA,),  # many deliveries per stream message
         )
         try:
             # Sent once the broker registered the subscription; a rejection ends the
@@ -877,7 +880,8 @@ class Subscription:
     async def _read(self, call: Any, broker_id: str) -> None:
         try:
             async for pb in call:
-                self._push(message_from_pb(pb, broker_id))
+                for one in deliveries_in(pb):
+                    self._push(message_from_pb(one, broker_id))
         except grpc.aio.AioRpcError as exc:
             code = exc.code()
             if self._call is not call or code == _MOVED:

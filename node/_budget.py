@@ -20,7 +20,10 @@ class ByteBudget:
     def __init__(self, limit: int, gauge: Gauge | None = None) -> None:
         self.limit = limit
         self.used = 0
-        self._gauge = gauge
+        if gauge is not None:
+            # Read when scraped: setting a gauge takes a lock, and `add` runs
+            # twice per delivery (a fifth of the node's time at 100k deliveries/s).
+            gauge.set_function(lambda: self.used)
 
     def fits(self, n: int) -> bool:
         """Whether `n` more bytes stay within the limit."""
@@ -29,5 +32,3 @@ class ByteBudget:
     def add(self, n: int) -> None:
         """Account for `n` bytes taken (negative: given back)."""
         self.used += n
-        if self._gauge is not None:
-            self._gauge.set(self.used)

@@ -138,6 +138,21 @@ class NodeConfig:
         " dropped (a persistent subscription reads them back from the store instead)",
         default=16 << 20,
     )
+    subscriber_batch_max: int = _doc(
+        "most deliveries per message on a subscriber stream (clients that read batches)",
+        default=512,
+    )
+    subscriber_batch_delay_ms: float = _doc(
+        "right after a subscriber stream sent a message, how long the next one may wait to"
+        " fill (0: send what is queued at once; measured faster, bench/results/brokers.md)",
+        default=0.0,
+    )
+    subscriber_backpressure_ms: float = _doc(
+        "longest a local publish waits for a plain subscriber stream that is more than half"
+        " full to drain before its oldest deliveries may be dropped; a stream that did not"
+        " drain in time is not waited for again until it has (0: never wait)",
+        default=1000.0,
+    )
     tls_dir: str = _doc(
         "folder with ca.pem, cert.pem and key.pem (as `geofed certs` writes per broker): the"
         " peer port requires mutual TLS, the client port serves TLS; empty = plaintext",
@@ -259,6 +274,7 @@ class NodeConfig:
             "history_max_bytes",
             "history_max_rows",
             "history_max_answer_bytes",
+            "subscriber_batch_max",
         ):
             if getattr(self, name) < 1:
                 raise InvalidInput(name, f"must be >= 1, got {getattr(self, name)!r}")
@@ -274,6 +290,8 @@ class NodeConfig:
             "client_keepalive_s",
             "mqtt_connect_timeout_s",
             "history_retention_s",
+            "subscriber_batch_delay_ms",
+            "subscriber_backpressure_ms",
         ):
             if getattr(self, name) < 0:
                 raise InvalidInput(name, f"must be >= 0, got {getattr(self, name)!r}")

@@ -18,6 +18,8 @@ PEER_QUEUE_LENGTH = "geofed_peer_queue_length"
 EVENTS_PUBLISHED = "geofed_events_published_total"
 DELIVERIES = "geofed_deliveries_total"
 SUBSCRIBER_QUEUE_DROPPED = "geofed_subscriber_queue_dropped_total"
+PUBLISH_BACKPRESSURE_SECONDS = "geofed_publish_backpressure_seconds_total"
+PUBLISH_BACKPRESSURE_WAITS = "geofed_publish_backpressure_waits_total"
 SUBSCRIPTIONS = "geofed_subscriptions"
 SESSIONS = "geofed_sessions"
 REDIRECTS = "geofed_redirects_total"
@@ -104,6 +106,16 @@ class NodeMetrics:
         self.subscriber_dropped = Counter(
             SUBSCRIBER_QUEUE_DROPPED,
             "Deliveries dropped because a subscriber's queue was full (oldest first).",
+            registry=registry,
+        )
+        self.publish_backpressure = Counter(
+            PUBLISH_BACKPRESSURE_SECONDS,
+            "Seconds local publishes waited for subscriber streams to drain (flow control).",
+            registry=registry,
+        )
+        self.publish_waits = Counter(
+            PUBLISH_BACKPRESSURE_WAITS,
+            "Local publishes that waited for subscriber streams to drain (counted as they start).",
             registry=registry,
         )
         self.subscriptions = Gauge(

@@ -62,6 +62,7 @@ from geofed.v1 import federation_pb2 as fpb
 from geofed.v1 import federation_pb2_grpc as fpb_grpc
 from geofed.v1 import geo_pb2 as gpb
 from geofed.wire import (
+    BATCH_METADATA,
     BROKER_METADATA,
     CLIENT_SERVICE,
     FEDERATION_SERVICE,
@@ -69,6 +70,7 @@ from geofed.wire import (
     RejectedMessage,
     accepted_response,
     ack_response,
+    delivery_batch,
     delivery_from_bytes,
     delivery_to_pb,
     event_from_pb,
@@ -107,6 +109,7 @@ log = logging.getLogger("geofed.node")
 
 _END = object()
 _DELIVERY_OVERHEAD = 128  # bytes counted per buffered delivery besides its payload
+_BATCH_BYTES = 1 << 20  # a batch of deliveries stays below this (clients accept 4 MiB)
 _REAP_EVERY_S = 1.0
 _REPLAY_PAGE = 1024  # queued deliveries read back from the store at a time
 _LOCAL = ""  # the duplicate window of local publishes, among the peers' windows in the store
@@ -123,6 +126,13 @@ class _Stream:
     deliveries are all in the store: its queue holds a window of them and,
     when that is full (or the stream resumes after an offset), stops taking
     live ones and reads them back from the store in order (`refill`).
+
+    Flow control (plain streams): a stream more than half full (`pressed`)
+    makes local publishes wait for it to drain back to half (`drained`),
+    for at most `subscriber_backpressure_ms`; one that did not drain in
+    time is marked `slow` and is not waited for again until it has drained,
+    so a stalled subscriber costs each publisher one bounded wait and then
+    loses its oldest deliveries as before (bounded memory wins).
     """
 
     def __init__(
@@ -144,6 +154,9 @@ class _Stream:
         self.behind: int | None = None  # read from the store after this offset
         self.session: _Session | None = None  # the session whose streams it counts
         self.end_status: tuple[grpc.StatusCode, str] | None = None
+        self._drained = asyncio.Event()  # at most half full (or ended)
+        self._drained.set()
+        self.slow = False  # did not drain within a publisher's wait: not waited for again
 
     def push(self, item: cpb.Delivery) -> None:
         size = _DELIVERY_OVERHEAD + len(item.event.payload)
@@ -174,23 +187,61 @@ class _Stream:
         self._items.append((item, size))
         self._bytes += size
         self._budget.add(size)
+        if self._refill is None and self._drained.is_set() and self._over_half():
+            self._drained.clear()
 
     def _take(self) -> Any:
         item, size = self._items.popleft()
         self._bytes -= size
         self._budget.add(-size)
+        if not self._drained.is_set() and not self._over_half():
+            self._drained.set()
+            self.slow = False
         return item
+
+    def _over_half(self) -> bool:
+        return 2 * len(self._items) > self._cap or 2 * self._bytes > self._byte_cap
+
+    @property
+    def pressed(self) -> bool:
+        """More than half full and not known to be stalled: publishers should wait."""
+        return not self._drained.is_set() and not self.slow
+
+    async def drained(self) -> None:
+        """Wait until the stream is at most half full (or ended)."""
+        await self._drained.wait()
+
+    def take_ready(self, max_items: int, max_bytes: int) -> list[Any]:
+        """Deliveries queued behind the one just taken, without waiting (for one batch).
+
+        Stops before the end marker (the next `get` returns it) and before
+        `max_items` deliveries or `max_bytes` counted bytes.
+        """
+        out: list[Any] = []
+        items = self._items
+        while items and len(out) < max_items:
+            item, size = items[0]
+            if item is _END or size > max_bytes:
+                break
+            max_bytes -= size
+            out.append(self._take())
+        return out
+
+    def __len__(self) -> int:
+        return len(self._items)
 
     def release(self) -> None:
         """The stream ended: what it still held leaves the node's budget."""
         self._budget.add(-self._bytes)
         self._items.clear()
         self._bytes = 0
+        self._drained.set()
 
     def close(self, status: tuple[grpc.StatusCode, str] | None = None) -> None:
         self.end_status = status
         self._items.append((_END, 0))
         self._ready.set()
+        self._drained.set()  # nobody reads it any more: publishers must not wait
 
     def take_ready(self, most: int) -> list[Any]:
         """Up to `most` items already queued, without waiting (written out in one go)."""
@@ -693,6 +744,33 @@ class BrokerServer(Guarded):
         if self.history is not None:
             # Queued before the publish is answered: a later query sees it.
             self.history.record(logged)
+        # Published: now the publisher waits for subscribers it filled up.
+        await self._backpressure(staged)
+
+    async def _backpressure(self, staged: _Staged) -> None:
+        """Flow control: wait (bounded) for the plain streams this publish left over half full.
+
+        Only local publishes wait: a peer link carries every publisher of its
+        broker, and holding it for one slow subscriber would stall them all.
+        """
+        bound = self.config.subscriber_backpressure_ms / 1000.0
+        if not bound or not staged.pushes:
+            return
+        pressed = {id(st): st for st, _ in staged.pushes if st.pressed}
+        if not pressed:
+            return
+        self.metrics.publish_waits.inc()
+        t0 = time.monotonic()
+        try:
+            async with asyncio.timeout(bound):
+                for st in pressed.values():
+                    await st.drained()
+        except TimeoutError:
+            for st in pressed.values():
+                if st.pressed:
+                    st.slow = True  # stalled: its oldest go, and nobody waits for it again
+        finally:
+            self.metrics.publish_backpressure.inc(time.monotonic() - t0)
 
     def _stage_sends(self, sends: list[Send], staged: _Staged) -> None:
         for send in sends:
@@ -744,6 +822,12 @@ class BrokerServer(Guarded):
 
     async def _commit(self, staged: _Staged) -> None:
         """Wait for the store to hold what `staged` wrote, then let it take effect."""
+        if self.durable:
+            # The ids go into the transaction that keeps their effects: a broker
+            # killed before its next commit must still know them when the peer,
+            # which never saw its acknowledgement, sends them again.
+            for peer, kind, event_id in staged.seen:
+                self._store_seen(peer, kind, event_id)
         if self.store.dirty:
             try:
                 await self.store.commit()
@@ -756,10 +840,13 @@ class BrokerServer(Guarded):
             stream.push(item)
         self.metrics.deliveries.inc(staged.delivered)
         for peer, kind, event_id in staged.seen:
-            self._remember(peer, kind, event_id)
+            self._remember(peer, kind, event_id, stored=True)
 
-    def _remember(self, peer: str, kind: Kind, event_id: str) -> None:
-        """Add an event id to a duplicate window (the store's copy too, when durable)."""
+    def _remember(self, peer: str, kind: Kind, event_id: str, stored: bool = False) -> None:
+        """Add an event id to a duplicate window (the store's copy too, when durable).
+
+        `stored`: its store copy was written already (`_commit`).
+        """
         forgot: tuple[str, str] | None = None
         if peer == _LOCAL:
             self._published[event_id] = None
@@ -768,10 +855,14 @@ class BrokerServer(Guarded):
         else:
             forgot = self.links[peer].remember(kind, event_id)
         if self.durable:
-            self.store.put_seen(peer, kind.value, event_id, self._next_seen)
-            self._next_seen += 1
+            if not stored:
+                self._store_seen(peer, kind, event_id)
             if forgot is not None:
                 self.store.delete_seen(peer, *forgot)
+
+    def _store_seen(self, peer: str, kind: Kind, event_id: str) -> None:
+        self.store.put_seen(peer, kind.value, event_id, self._next_seen)
+        self._next_seen += 1
 
     async def _trim(self, key: SubKey, info: PendingInfo) -> None:
         """Keep a persistent subscription's queue within `session_queue_bytes` (oldest go)."""
@@ -1480,6 +1571,11 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
         sub, stream = await node.client_subscribe(
             who, client, request.subscription, request.resume_after
         )
+        cfg = node.config
+        batched = BATCH_METADATA in (context.invocation_metadata() or ())
+        most = cfg.subscriber_batch_max if batched else 1
+        delay = cfg.subscriber_batch_delay_ms / 1000.0
+        last = 0.0
         try:
             await context.send_initial_metadata(((BROKER_METADATA, node.broker_id),))
             while True:
@@ -1488,7 +1584,18 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
                     if stream.end_status is not None:
                         await context.abort(*stream.end_status)
                     return
-                yield item
+                if most == 1:
+                    yield item
+                    continue
+                if delay and len(stream) < most - 1:
+                    # Nagle-like, as on peer links: right after a message, let
+                    # the next one fill a little (a lone delivery goes at once).
+                    wait = last + delay - time.monotonic()
+                    if wait > 0:
+                        await asyncio.sleep(wait)
+                room = _BATCH_BYTES - _DELIVERY_OVERHEAD - len(item.event.payload)
+                yield delivery_batch([item, *stream.take_ready(most - 1, room)])
+                last = time.monotonic()
         finally:
             node.client_stream_closed(sub.key, stream)
 

@@ -104,6 +104,8 @@ class Federation:
         self.digest = hashlib.sha256(json.dumps(canonical).encode()).hexdigest()
         self._all = frozenset(self.ids)
         self._route_cache: OrderedDict[bytes, frozenset[str]] = OrderedDict()
+        # Publishers publish from few places over and over: their owner is looked up once.
+        self._owner_cache: dict[LatLon, str] = {}
 
     def __len__(self) -> int:
         return len(self.brokers)
@@ -127,12 +129,16 @@ class Federation:
 
     def responsible(self, location: LatLon) -> str:
         """Id of the broker responsible for `location` (its local broker)."""
-        owners = self._owners_at(location.lon, location.lat)
-        if abs(location.lon) == 180.0:
-            owners |= self._owners_at(-location.lon, location.lat)
-        if owners:
-            return min(owners)
-        return self._nearest(location)
+        owner = self._owner_cache.get(location)
+        if owner is None:
+            owners = self._owners_at(location.lon, location.lat)
+            if abs(location.lon) == 180.0:
+                owners |= self._owners_at(-location.lon, location.lat)
+            owner = min(owners) if owners else self._nearest(location)
+            if len(self._owner_cache) >= _ROUTE_CACHE_SIZE:
+                self._owner_cache.clear()  # cheap, and bounded
+            self._owner_cache[location] = owner
+        return owner
 
     def _owners_at(self, lon: float, lat: float) -> set[str]:
         if self._part_bounds is None:

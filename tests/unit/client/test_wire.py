@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from geofed import wire as gw
 from geofed.routing import (
     DeliveryMsg,
     EventMsg,
@@ -17,6 +18,7 @@ from geofed.routing import (
     parse_geofence,
 )
 from geofed.routing import latlon as ll
+from geofed.v1 import client_pb2 as cpb
 from geofed.v1 import federation_pb2 as fpb
 from geofed.v1 import geo_pb2 as gpb
 from geofed.wire import (
@@ -128,3 +130,15 @@ def test_frame_round_trip_in_application_order() -> None:
     assert back[0] == SubscribeMsg(back[0].sub, "eu") and back[0].sub.geofence is not None
     assert back[1] == UnsubscribeMsg(("c", "s0"), "eu")
     assert back[3] == DeliveryMsg(back[3].event, (("c", "s1"), ("d", "s2")))
+
+
+def test_a_stream_message_carries_one_delivery_or_a_batch() -> None:
+    """`delivery_batch` sends a lone delivery as it is and many in `batch`;
+    `deliveries_in` reads both forms back in order (old brokers send only the first)."""
+    ds = [gw.delivery_to_pb("s1", gpb.Event(id=f"e{i}", payload=b"p"), 1.0, i) for i in range(1, 4)]
+    one = gw.delivery_batch(ds[:1])
+    assert one is ds[0] and list(gw.deliveries_in(one)) == [ds[0]]
+    many = cpb.Delivery.FromString(gw.delivery_batch(ds).SerializeToString())
+    assert not many.subscription_id and not many.HasField("event")
+    assert [d.event.id for d in gw.deliveries_in(many)] == ["e1", "e2", "e3"]
+    assert [d.offset for d in gw.deliveries_in(many)] == [1, 2, 3]

@@ -74,6 +74,9 @@ def test_flags_parse_into_config(monkeypatch: pytest.MonkeyPatch) -> None:
         ({"history_max_rows": 0}, {}, "history_max_rows"),
         ({"history_max_answer_bytes": 0}, {}, "history_max_answer_bytes"),
         ({"history_timeout_s": 0.0}, {}, "history_timeout_s"),
+        ({"subscriber_batch_max": 0}, {}, "subscriber_batch_max"),
+        ({"subscriber_batch_delay_ms": -1.0}, {}, "subscriber_batch_delay_ms"),
+        ({}, {"GEOFED_SUBSCRIBER_BACKPRESSURE_MS": "-5"}, "subscriber_backpressure_ms"),
     ],
 )
 def test_bad_values_name_the_field(

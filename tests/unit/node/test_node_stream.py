@@ -104,3 +104,80 @@ def test_streams_share_the_node_budget() -> None:
     assert budget.used == 3 * 1128
     first.release()
     assert budget.used == 1128
+
+
+def test_take_ready_batches_what_is_queued_within_its_limits() -> None:
+    """A batch takes what is queued without waiting: up to a count, up to a byte size, and
+    never the end marker (the next `get` still returns it)."""
+    stream = _Stream(100, 1 << 20, NodeMetrics(CollectorRegistry()))
+    for i in range(1, 8):
+        stream.push(delivery(i, b"p" * 100))  # 228 bytes counted each
+    assert [d.offset for d in stream.take_ready(3, 1 << 20)] == [1, 2, 3]
+    assert [d.offset for d in stream.take_ready(10, 2 * 228 + 1)] == [4, 5]
+    stream.close()
+    assert [d.offset for d in stream.take_ready(10, 1 << 20)] == [6, 7]
+    assert stream.take_ready(10, 1 << 20) == []
+    assert asyncio.run(stream.get()) is _END
+
+
+def test_a_stream_over_half_full_presses_publishers_until_it_drains() -> None:
+    """Flow control: over half its count (or bytes) a plain stream is `pressed` and
+    `drained` waits; taking it back to half releases the waiters."""
+    stream = _Stream(10, 1 << 20, NodeMetrics(CollectorRegistry()))
+    for i in range(1, 6):
+        stream.push(delivery(i))
+    assert not stream.pressed  # exactly half
+    stream.push(delivery(6))
+    assert stream.pressed
+
+    async def test() -> list[int]:
+        waiter = asyncio.create_task(stream.drained())
+        await asyncio.sleep(0)
+        assert not waiter.done()
+        taken = [(await stream.get()).offset]  # 5 left: half
+        await asyncio.wait_for(waiter, 120)
+        return taken
+
+    assert asyncio.run(test()) == [1]
+    assert not stream.pressed
+
+
+def test_a_stalled_stream_is_marked_slow_until_it_drains() -> None:
+    """A stream that did not drain within a publisher's wait is `slow`: not pressed (nobody
+    waits again), dropping its oldest when full; once it drains it may press again."""
+    registry = CollectorRegistry()
+    stream = _Stream(4, 1 << 20, NodeMetrics(registry))
+    for i in range(1, 4):
+        stream.push(delivery(i))
+    assert stream.pressed
+    stream.slow = True  # what BrokerServer._backpressure does when its wait timed out
+    assert not stream.pressed
+    for i in range(4, 7):
+        stream.push(delivery(i))
+    assert registry.get_sample_value("geofed_subscriber_queue_dropped_total") == 2
+    assert [asyncio.run(stream.get()).offset for _ in range(2)] == [3, 4]  # drained to half
+    assert not stream.slow
+    stream.push(delivery(7))
+    assert stream.pressed
+
+
+def test_persistent_streams_never_press_publishers() -> None:
+    """Their deliveries wait in the store: publishers are not slowed for them."""
+
+    async def refill(after: int) -> list[tuple[int, cpb.Delivery]]:
+        return []
+
+    stream = _Stream(2, 1 << 20, NodeMetrics(CollectorRegistry()), refill)
+    for i in range(1, 6):
+        stream.push(delivery(i))
+    assert not stream.pressed
+
+
+def test_closing_a_stream_releases_waiting_publishers() -> None:
+    stream = _Stream(2, 1 << 20, NodeMetrics(CollectorRegistry()))
+    for i in range(1, 3):
+        stream.push(delivery(i))
+    assert stream.pressed
+    stream.close()
+    assert not stream.pressed
+    asyncio.run(asyncio.wait_for(stream.drained(), 120))

@@ -1,0 +1,190 @@
+"""Third-party brokers on loopback, for side-by-side benchmarks and bridges.
+
+`Mosquitto` and `NatsServer` start Debian's ``mosquitto`` / ``nats-server``
+binary on a free loopback port with a configuration file generated in a
+temporary folder, wait until the broker answers (a TCP connection that
+MQTT's CONNECT gets a CONNACK on, NATS's INFO line: on state, never a fixed
+sleep), and on exit stop the process and remove the folder::
+
+    with Mosquitto() as mqtt:
+        client.connect(mqtt.host, mqtt.port)
+
+The brokers run with their defaults but for what a benchmark on loopback
+needs (anonymous access, no persistence). A missing binary is a
+`BrokerUnavailable` naming the Debian package.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Self
+
+from .local import free_ports
+
+__all__ = ["BrokerUnavailable", "Mosquitto", "NatsServer"]
+
+_POLL_S = 0.02  # between connection attempts while a broker starts
+
+
+class BrokerUnavailable(RuntimeError):
+    """The broker's binary is missing or it did not start."""
+
+
+class _Broker:
+    """A broker process on 127.0.0.1 with a generated configuration (subclasses fill in)."""
+
+    name = ""
+    binary = ""
+    package = ""
+
+    def __init__(self, extra: list[str] | None = None, start_timeout: float = 30.0) -> None:
+        self.extra = list(extra or [])  # more lines for the configuration file
+        self.host = "127.0.0.1"
+        self.port = 0
+        self.start_timeout = start_timeout
+        self.process: subprocess.Popen[bytes] | None = None
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self.workdir: Path | None = None
+
+    @property
+    def address(self) -> str:
+        """``host:port`` of its client listener."""
+        return f"{self.host}:{self.port}"
+
+    def config(self, workdir: Path) -> list[str]:
+        """Write the configuration into `workdir`; return the command line."""
+        raise NotImplementedError
+
+    def answers(self, sock: socket.socket) -> bool:
+        """Whether the broker on the connected `sock` speaks its protocol."""
+        raise NotImplementedError
+
+    def start(self) -> Self:
+        """Start the broker and wait until it answers on its port."""
+        exe = shutil.which(self.binary) or shutil.which(self.binary, path="/usr/sbin:/usr/bin")
+        if exe is None:
+            raise BrokerUnavailable(
+                f"{self.binary} not found: install Debian's {self.package} package"
+            )
+        self._tmp = tempfile.TemporaryDirectory(prefix=f"geofed-{self.name}-")
+        self.workdir = Path(self._tmp.name)
+        self.port = free_ports(1)[0]
+        cmd = [exe, *self.config(self.workdir)]
+        log = (self.workdir / "broker.log").open("wb")
+        self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        assert self.process is not None
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            if self.process.poll() is not None:
+                raise BrokerUnavailable(
+                    f"{self.name} exited with status {self.process.returncode}: {self.log()}"
+                )
+            try:
+                with socket.create_connection((self.host, self.port), timeout=2.0) as sock:
+                    sock.settimeout(2.0)
+                    if self.answers(sock):
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise BrokerUnavailable(
+                    f"{self.name} did not answer on {self.address} within"
+                    f" {self.start_timeout} s: {self.log()}"
+                )
+            time.sleep(_POLL_S)
+
+    def log(self) -> str:
+        """The tail of the broker's output."""
+        if self.workdir is None:
+            return ""
+        path = self.workdir / "broker.log"
+        return path.read_text(errors="replace")[-2000:] if path.exists() else ""
+
+    def stop(self) -> None:
+        """Stop the process (terminate, then kill) and remove the temporary folder."""
+        proc, self.process = self.process, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        tmp, self._tmp = self._tmp, None
+        if tmp is not None:
+            tmp.cleanup()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# MQTT 3.1.1 CONNECT: clean session, keepalive 10 s, client id "ready".
+_MQTT_CONNECT = bytes([0x10, 17, 0, 4, *b"MQTT", 4, 0x02, 0, 10, 0, 5, *b"ready"])
+
+
+class Mosquitto(_Broker):
+    """Debian's ``mosquitto`` (MQTT 3.1.1 / 5.0) on a free loopback port.
+
+    Args:
+        extra: more lines for ``mosquitto.conf`` (e.g. ``max_queued_messages 0``).
+    """
+
+    name = "mosquitto"
+    binary = "mosquitto"
+    package = "mosquitto"
+
+    def config(self, workdir: Path) -> list[str]:
+        conf = workdir / "mosquitto.conf"
+        lines = [
+            f"listener {self.port} {self.host}",
+            "allow_anonymous true",
+            "persistence false",
+            "log_dest stdout",
+            "log_type error",
+            "log_type warning",
+            *self.extra,
+        ]
+        conf.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        return ["-c", str(conf)]
+
+    def answers(self, sock: socket.socket) -> bool:
+        sock.sendall(_MQTT_CONNECT)
+        return sock.recv(4)[:1] == b"\x20"  # CONNACK
+
+
+class NatsServer(_Broker):
+    """Debian's ``nats-server`` on a free loopback port (no JetStream, no cluster).
+
+    Args:
+        extra: more lines for the configuration file.
+    """
+
+    name = "nats-server"
+    binary = "nats-server"
+    package = "nats-server"
+
+    def config(self, workdir: Path) -> list[str]:
+        conf = workdir / "nats.conf"
+        lines = [f'listen: "{self.host}:{self.port}"', *self.extra]
+        conf.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        return ["-c", str(conf)]
+
+    def answers(self, sock: socket.socket) -> bool:
+        return sock.recv(5) == b"INFO "
