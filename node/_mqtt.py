@@ -63,6 +63,7 @@ log = logging.getLogger("geofed.node.mqtt")
 _PACKET_OVERHEAD = 1 << 17  # topic, properties and headers allowed beside payload and geofence
 _RECEIVE_MAXIMUM = 65_535  # QoS 1 deliveries in flight per connection (MQTT's maximum)
 _WRITE_BATCH = 256  # deliveries written to the socket in one go
+_WRITE_BATCH_BYTES = 1 << 20  # ... and at most this many bytes of them
 _PUBLISH_BATCH = 512  # events of a burst of PUBLISH packets published together
 
 
@@ -836,7 +837,10 @@ class _Connection:
         node = self.node
         try:
             while True:
-                items = [await stream.get(), *stream.take_ready(_WRITE_BATCH - 1)]
+                items = [
+                    await stream.get(),
+                    *stream.take_ready(_WRITE_BATCH - 1, _WRITE_BATCH_BYTES),
+                ]
                 out: list[bytes] = []
                 ended = False
                 for item in items:

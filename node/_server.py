@@ -243,13 +243,6 @@ class _Stream:
         self._ready.set()
         self._drained.set()  # nobody reads it any more: publishers must not wait
 
-    def take_ready(self, most: int) -> list[Any]:
-        """Up to `most` items already queued, without waiting (written out in one go)."""
-        out: list[Any] = []
-        while self._items and len(out) < most:
-            out.append(self._take())
-        return out
-
     async def get(self) -> Any:
         while not self._items:
             if self.behind is not None and self._refill is not None:
