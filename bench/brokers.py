@@ -64,13 +64,19 @@ class _Broker:
         """Whether the broker on the connected `sock` speaks its protocol."""
         raise NotImplementedError
 
-    def start(self) -> Self:
-        """Start the broker and wait until it answers on its port."""
-        exe = shutil.which(self.binary) or shutil.which(self.binary, path="/usr/sbin:/usr/bin")
+    @classmethod
+    def executable(cls) -> str:
+        """The broker binary's path (Debian puts some in /usr/sbin)."""
+        exe = shutil.which(cls.binary) or shutil.which(cls.binary, path="/usr/sbin:/usr/bin")
         if exe is None:
             raise BrokerUnavailable(
-                f"{self.binary} not found: install Debian's {self.package} package"
+                f"{cls.binary} not found: install Debian's {cls.package} package"
             )
+        return exe
+
+    def start(self) -> Self:
+        """Start the broker and wait until it answers on its port."""
+        exe = self.executable()
         self._tmp = tempfile.TemporaryDirectory(prefix=f"geofed-{self.name}-")
         self.workdir = Path(self._tmp.name)
         self.port = free_ports(1)[0]

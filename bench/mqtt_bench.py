@@ -39,19 +39,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import random
-import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -61,7 +57,8 @@ from geofed.node import DELIVERIES, SUBSCRIPTIONS
 from geofed.routing import GeofedError, LatLon, great_circle_m
 
 from ._machine import describe
-from .local import LocalFederation, free_ports
+from .brokers import Mosquitto
+from .local import LocalFederation
 from .scrape import metric
 
 RESULTS = Path(__file__).resolve().parent / "results" / "mqtt.md"
@@ -71,77 +68,6 @@ PARIS = (48.85, 2.35)
 PARIS_TEXT = f"{PARIS[0]},{PARIS[1]}"
 SUBSCRIBER_FENCE = f"circle:{PARIS_TEXT},50000"
 HANG_S = 600.0  # a client that has not finished by then is hung, not slow
-
-
-def mosquitto_binary() -> str:
-    """The Mosquitto broker's path (Debian installs it in /usr/sbin).
-
-    Raises:
-        GeofedError: it is not installed.
-    """
-    found = shutil.which("mosquitto") or shutil.which("mosquitto", path="/usr/sbin:/usr/bin")
-    if found is None:
-        raise GeofedError("the mosquitto broker is not installed (Debian package 'mosquitto')")
-    return found
-
-
-@dataclass
-class Mosquitto:
-    """A running Mosquitto broker (`mosquitto`)."""
-
-    port: int
-    process: subprocess.Popen[bytes]
-
-
-@contextlib.contextmanager
-def mosquitto(workdir: Path) -> Iterator[Mosquitto]:
-    """A Mosquitto broker on a free loopback port, from a generated configuration."""
-    port = free_ports(1)[0]
-    conf = workdir / "mosquitto.conf"
-    conf.write_text(
-        "\n".join(
-            [
-                f"listener {port} 127.0.0.1",
-                "allow_anonymous true",
-                "persistence false",
-                "max_queued_messages 0",  # no limit: no drop, as the geofed node here
-                "log_dest stderr",
-                "log_type error",
-                "log_type warning",
-                "",
-            ]
-        ),
-        encoding="utf-8",
-    )
-    log_path = workdir / "mosquitto.log"
-    with log_path.open("ab") as log:
-        process = subprocess.Popen(
-            [mosquitto_binary(), "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT
-        )
-    try:
-        deadline = time.monotonic() + 60.0
-        while not _accepts(port):
-            if process.poll() is not None:
-                raise GeofedError(
-                    f"mosquitto exited with {process.returncode}: "
-                    + log_path.read_text(errors="replace")[-2000:]
-                )
-            if time.monotonic() > deadline:
-                raise GeofedError(f"mosquitto not listening on {port} after 60 s")
-            time.sleep(0.02)
-        yield Mosquitto(port, process)
-    finally:
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def _accepts(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def one_broker_federation(path: Path) -> Path:
@@ -344,7 +270,7 @@ def run(
         }
         with (
             LocalFederation(fed_file, "event-geofence", work / "geofed", extra_env=env) as fed,
-            mosquitto(work) as mosq,
+            Mosquitto(extra=["max_queued_messages 0"]) as mosq,  # no limit, no drop: as geofed
         ):
             node = fed.nodes["node"]
             asyncio.run(hold_subscriptions(fed, background_fences(subs, seed=1)))
@@ -352,6 +278,7 @@ def run(
             if held != subs:
                 raise GeofedError(f"the node holds {held:.0f} subscriptions, not {subs}")
             ports = {"geofed": int(node.mqtt.rsplit(":", 1)[1]), "mosquitto": mosq.port}
+            assert mosq.process is not None  # started
             pids = {"geofed": node.process.pid, "mosquitto": mosq.process.pid}
             delivered = metric(node.metrics_url, DELIVERIES)
             expected = 0
@@ -386,7 +313,7 @@ def run(
 
 def _mosquitto_version() -> str:
     done = subprocess.run(
-        [mosquitto_binary(), "-h"], capture_output=True, text=True, timeout=60, check=False
+        [Mosquitto.executable(), "-h"], capture_output=True, text=True, timeout=60, check=False
     )
     first = (done.stdout or done.stderr).splitlines()
     return first[0].strip() if first else "mosquitto"
