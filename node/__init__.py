@@ -24,6 +24,7 @@ from ._config import (
     HTTP_PORT,
     METRICS_PORT,
     MQTT_PORT,
+    MQTT_WS_PORT,
     PEER_PORT,
     NodeConfig,
     add_arguments,
@@ -140,6 +141,7 @@ __all__ = [
     "HTTP_PORT",
     "METRICS_PORT",
     "MQTT_PORT",
+    "MQTT_WS_PORT",
     "PEER_PORT",
     # metric names
     "DELIVERIES",

@@ -27,6 +27,8 @@ METRICS_PORT = 9400
 """Default port of the Prometheus /metrics endpoint."""
 MQTT_PORT = 1883
 """The registered MQTT port (8883 with TLS); the listener is off unless `mqtt_listen` is set."""
+MQTT_WS_PORT = 8083
+"""The MQTT-over-WebSocket port the Kubernetes render uses (the listener is off unless set)."""
 HTTP_PORT = 8400
 """Suggested port of the HTTP bridge and web map; off unless `http_listen` is set."""
 REQUIRED = ("broker_id", "federation")
@@ -185,7 +187,7 @@ class NodeConfig:
     )
     mqtt_ws_listen: str = _doc(
         "host:port of the MQTT-over-WebSocket listener for browsers (path /mqtt, subprotocol"
-        " mqtt; wss with tls_dir; docs/mqtt.md); empty = off",
+        f" mqtt; wss with tls_dir; docs/mqtt.md), e.g. 0.0.0.0:{MQTT_WS_PORT}; empty = off",
         default="",
     )
     mqtt_connect_timeout_s: float = _doc(

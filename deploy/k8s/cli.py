@@ -16,8 +16,14 @@ from geofed.node import METRICS_PORT
 from geofed.routing import Federation, InvalidInput, federation_path
 
 from .endpoints import parse_endpoints
-from .manifests import DEFAULT_RELEASE, DEFAULT_TLS_SECRET
+from .manifests import DEFAULT_RELEASE, DEFAULT_TLS_SECRET, FRONT_ENDS
 from .tree import RenderResult, render
+
+FRONT_END_HELP = {
+    "mqtt": "MQTT 3.1.1/5.0 (docs/mqtt.md)",
+    "mqtt-ws": "MQTT over WebSocket, path /mqtt",
+    "http": "the HTTP bridge and web map",
+}
 
 
 def register(sub: Any, name: str) -> None:
@@ -102,6 +108,14 @@ def register(sub: Any, name: str) -> None:
         metavar="NAME",
         help="StorageClass of the claims (with --data-size; default: the cluster's default)",
     )
+    for name, port in FRONT_ENDS.items():
+        r.add_argument(
+            f"--{name}",
+            dest="front_ends",
+            action="append_const",
+            const=name,
+            help=f"serve {FRONT_END_HELP[name]} on port {port} of the client Service",
+        )
     r.add_argument("--force", action="store_true", help="replace a previous render in OUT")
     r.set_defaults(func=_cmd_render)
 
@@ -138,6 +152,7 @@ def _cmd_render(args: argparse.Namespace) -> int:
         metrics_listen=args.metrics_listen,
         data_size=args.data_size,
         storage_class=args.storage_class,
+        front_ends=args.front_ends or (),
         force=args.force,
     )
     for warning in result.warnings:

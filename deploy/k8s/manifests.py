@@ -21,11 +21,36 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from geofed.node import CLIENT_PORT, ENV_PREFIX, METRICS_PORT, PEER_PORT, broker_dns_name
+from geofed.node import (
+    CLIENT_PORT,
+    ENV_PREFIX,
+    HTTP_PORT,
+    METRICS_PORT,
+    MQTT_PORT,
+    MQTT_WS_PORT,
+    PEER_PORT,
+    broker_dns_name,
+)
 from geofed.routing import InvalidInput
 from geofed.wire import CLIENT_SERVICE
 
-PORTS = {"grpc-client": CLIENT_PORT, "grpc-peer": PEER_PORT, "metrics": METRICS_PORT}
+FRONT_ENDS = {"mqtt": MQTT_PORT, "mqtt-ws": MQTT_WS_PORT, "http": HTTP_PORT}
+"""The client front ends beside gRPC a render may turn on, by port name: MQTT over TCP
+and over WebSocket, the HTTP bridge. Each is served on the client Service, open to
+clients like the gRPC client port."""
+FRONT_END_SETTINGS = {"mqtt": "MQTT_LISTEN", "mqtt-ws": "MQTT_WS_LISTEN", "http": "HTTP_LISTEN"}
+FRONT_END_ENDPOINTS = {
+    "mqtt": "mqtt_endpoint",
+    "mqtt-ws": "mqtt_ws_endpoint",
+    "http": "http_endpoint",
+}
+"""The federation file property that names each front end of a broker (docs/design.md §2)."""
+PORTS = {
+    "grpc-client": CLIENT_PORT,
+    "grpc-peer": PEER_PORT,
+    "metrics": METRICS_PORT,
+    **FRONT_ENDS,
+}
 """The broker container's named ports (the Services and the PodMonitor use the names)."""
 FEDERATION_DIR = "/etc/geofed"
 FEDERATION_FILE = "federation.geojson"
@@ -111,6 +136,7 @@ class PodOptions:
             node's ``data_dir``; its store may fill `STORE_SHARE` of it. Empty:
             the broker keeps its state in memory (lost with the pod).
         storage_class: the claim's StorageClass (empty: the cluster's default).
+        front_ends: the `FRONT_ENDS` each broker serves besides gRPC (port names).
     """
 
     release: str = DEFAULT_RELEASE
@@ -120,6 +146,7 @@ class PodOptions:
     monitoring_namespace: str = "monitoring"
     data_size: str = ""
     storage_class: str = ""
+    front_ends: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.release) > 63 or not DNS_LABEL.fullmatch(self.release):
@@ -139,6 +166,13 @@ class PodOptions:
             )
         if int(port) in (CLIENT_PORT, PEER_PORT, HEALTH_PORT):
             raise InvalidInput("metrics_listen", f"port {port} is taken by a gRPC port")
+        for name in self.front_ends:
+            if name not in FRONT_ENDS:
+                raise InvalidInput(
+                    "front_ends", f"unknown {name!r}; one of {', '.join(FRONT_ENDS)}"
+                )
+        if int(port) in {FRONT_ENDS[name] for name in self.front_ends}:
+            raise InvalidInput("metrics_listen", f"port {port} is taken by a front end")
         if self.data_size:
             quantity_bytes(self.data_size, "data_size")
         if self.storage_class and not self.data_size:
@@ -185,13 +219,15 @@ def container_env(
     tls: bool = False,
     metrics_listen: str = f"0.0.0.0:{METRICS_PORT}",
     store_max_bytes: int = 0,
+    front_ends: Iterable[str] = (),
 ) -> dict[str, str]:
     """The ``GEOFED_*`` variables a broker container runs with (manifests and tests).
 
     With `tls`, the node reads its certificate from `TLS_DIR`, turns
     reflection off and serves gRPC health in plaintext on `HEALTH_PORT`.
     With `store_max_bytes` the broker is durable: its store lives in
-    `DATA_DIR` (a volume) and may grow to that size.
+    `DATA_DIR` (a volume) and may grow to that size. Each of `front_ends`
+    (`FRONT_ENDS`) listens on every address of the pod at its port.
     """
     env = {
         f"{ENV_PREFIX}BROKER_ID": broker_id,
@@ -206,6 +242,8 @@ def container_env(
         env[f"{ENV_PREFIX}TLS_DIR"] = TLS_DIR
         env[f"{ENV_PREFIX}REFLECTION"] = "off"
         env[f"{ENV_PREFIX}HEALTH_LISTEN"] = f"0.0.0.0:{HEALTH_PORT}"
+    for name in front_ends:
+        env[f"{ENV_PREFIX}{FRONT_END_SETTINGS[name]}"] = f"0.0.0.0:{FRONT_ENDS[name]}"
     if store_max_bytes:
         env[f"{ENV_PREFIX}DATA_DIR"] = DATA_DIR
         env[f"{ENV_PREFIX}STORE_MAX_BYTES"] = str(store_max_bytes)
@@ -276,9 +314,11 @@ def _deployment(options: PodOptions) -> dict[str, Any]:
         tls=options.tls,
         metrics_listen=options.metrics_listen,
         store_max_bytes=_store_max_bytes(options),
+        front_ends=options.front_ends,
     )
     del env[f"{ENV_PREFIX}BROKER_ID"]  # set by each overlay
     ports = {"grpc-client": CLIENT_PORT, "grpc-peer": PEER_PORT}
+    ports.update({name: FRONT_ENDS[name] for name in options.front_ends})
     annotations = {}
     if options.metrics_exposed:
         ports["metrics"] = options.metrics_port
@@ -395,7 +435,7 @@ def _data_claim(options: PodOptions) -> dict[str, Any]:
     }
 
 
-def _service(name: str, port_name: str, options: PodOptions) -> dict[str, Any]:
+def _service(name: str, port_names: Sequence[str], options: PodOptions) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -410,6 +450,7 @@ def _service(name: str, port_name: str, options: PodOptions) -> dict[str, Any]:
                     "targetPort": port_name,
                     "protocol": "TCP",
                 }
+                for port_name in port_names
             ],
         },
     }
@@ -442,8 +483,9 @@ def _ingress(options: PodOptions, peer_cidrs: Sequence[str]) -> list[dict[str, A
     ]
     peer_sources += [{"ipBlock": {"cidr": cidr}} for cidr in peer_cidrs]
     rules: list[dict[str, Any]] = [
-        # Clients may come from anywhere.
+        # Clients may come from anywhere, to every front end.
         {"ports": _tcp(CLIENT_PORT)},
+        *({"ports": _tcp(FRONT_ENDS[name])} for name in options.front_ends),
         # The federation port: other brokers only.
         {"from": peer_sources, "ports": _tcp(PEER_PORT)},
     ]
@@ -491,8 +533,8 @@ def base_manifests(options: PodOptions | None = None) -> dict[str, Any]:
     options = options or PodOptions()
     files: dict[str, Any] = {
         "deployment.yaml": _deployment(options),
-        "service-client.yaml": _service(CLIENT_SVC, "grpc-client", options),
-        "service-peer.yaml": _service(PEER_SVC, "grpc-peer", options),
+        "service-client.yaml": _service(CLIENT_SVC, ("grpc-client", *options.front_ends), options),
+        "service-peer.yaml": _service(PEER_SVC, ("grpc-peer",), options),
         "pdb.yaml": _pdb(options),
         "networkpolicy.yaml": _network_policy(options),
     }

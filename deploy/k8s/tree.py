@@ -27,6 +27,8 @@ from .manifests import (
     DEFAULT_TLS_SECRET,
     DNS_LABEL,
     FEDERATION_FILE,
+    FRONT_END_ENDPOINTS,
+    FRONT_ENDS,
     PEER_SVC,
     PodOptions,
     base_manifests,
@@ -87,6 +89,7 @@ def render(
     metrics_listen: str = f"0.0.0.0:{METRICS_PORT}",
     data_size: str = "",
     storage_class: str = "",
+    front_ends: Sequence[str] = (),
     force: bool = False,
 ) -> RenderResult:
     """Write the kustomize tree for `federation` into `out`.
@@ -121,6 +124,10 @@ def render(
             broker (``10Gi``) for the node's store (`PodOptions`); empty: state
             in memory.
         storage_class: the claims' StorageClass (default: the cluster's).
+        front_ends: client front ends besides gRPC (`FRONT_ENDS`: ``mqtt``,
+            ``mqtt-ws``, ``http``), each on the client Service at its port and
+            in the federation file (``mqtt_endpoint``, ...) at the client
+            endpoint's host.
         force: replace a previous render's files in `out`.
 
     Raises:
@@ -150,6 +157,7 @@ def render(
         monitoring_namespace=monitoring_namespace,
         data_size=data_size,
         storage_class=storage_class,
+        front_ends=tuple(dict.fromkeys(front_ends)),
     )
     if podmonitor and not options.metrics_exposed:
         raise InvalidInput(
@@ -197,7 +205,7 @@ def render(
             )
         # Mutual TLS only: any address may try, only the federation's brokers get in.
         cidrs = ["0.0.0.0/0", "::/0"]
-    fed_text = _federation_text(federation, source, resolved)
+    fed_text = _federation_text(federation, source, resolved, options.front_ends)
     root = Path(out)
     _prepare(root, force)
     _write_tree(root / "base", base_manifests(options))
@@ -244,18 +252,32 @@ def _read_federation(path: Path) -> tuple[dict[str, Any], Federation]:
 
 
 def _federation_text(
-    federation: Federation, source: dict[str, Any] | None, endpoints: Mapping[str, Endpoints]
+    federation: Federation,
+    source: dict[str, Any] | None,
+    endpoints: Mapping[str, Endpoints],
+    front_ends: Sequence[str] = (),
 ) -> str:
-    """The federation file every broker of this render loads."""
+    """The federation file every broker of this render loads.
+
+    Each front end is reached on the client Service, so at the client endpoint's host.
+    """
+
+    def front(bid: str) -> dict[str, str]:
+        host = endpoints[bid].client.rpartition(":")[0]  # with an IPv6 address's brackets
+        return {FRONT_END_ENDPOINTS[f]: f"{host}:{FRONT_ENDS[f]}" for f in front_ends}
+
     if source is not None:
         doc = copy.deepcopy(source)
         for feature in doc["features"]:
             props = feature["properties"]
             props["endpoint"] = endpoints[props["id"]].peer
             props["client_endpoint"] = endpoints[props["id"]].client
+            props.update(front(props["id"]))
     else:
         pairs = {bid: (e.peer, e.client) for bid, e in endpoints.items()}
         doc = federation.with_endpoints(pairs).to_geojson()
+        for feature in doc["features"]:
+            feature["properties"].update(front(feature["properties"]["id"]))
     text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
     rendered = Federation.from_geojson(json.loads(text), source="rendered federation")
     if source is not None and rendered.digest != federation.digest:

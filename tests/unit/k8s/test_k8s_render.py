@@ -664,6 +664,51 @@ def test_durable_brokers_keep_their_store_on_their_own_claim(tmp_path: Path) -> 
     assert not of_kind(valid_objects(plain), "PersistentVolumeClaim")
 
 
+def test_front_ends_on_the_client_service_and_in_the_federation_file(tmp_path: Path) -> None:
+    """--mqtt, --mqtt-ws, --http: each broker listens on the front end's port (as its node
+    config reads the pod's environment), its client Service and NetworkPolicy carry the
+    port, and the federation file names the front end at the client Service's host."""
+    assert render_cli(tmp_path, "--namespace", NAMESPACE, "--mqtt", "--mqtt-ws", "--http") == 0
+    objects = valid_objects(tmp_path)
+    services = of_kind(objects, "Service")
+    policies = of_kind(objects, "NetworkPolicy")
+    (cm, *_) = of_kind(objects, "ConfigMap")
+    fed = Federation.from_geojson(json.loads(cm["data"]["federation.geojson"]))
+    for d in of_kind(objects, "Deployment"):
+        cfg = node_config(d)
+        listens = {
+            "mqtt": cfg.mqtt_listen,
+            "mqtt-ws": cfg.mqtt_ws_listen,
+            "http": cfg.http_listen,
+        }
+        ports = {p["name"]: p["containerPort"] for p in container(d)["ports"]}
+        for name, listen in listens.items():
+            assert listen.startswith("0.0.0.0:") and port_of(listen) == ports[name]
+        (client_svc,) = [
+            s
+            for s in services
+            if selects(s["spec"]["selector"], pod_labels(d))
+            and "grpc-client" in {p["name"] for p in s["spec"]["ports"]}
+        ]
+        served = {p["targetPort"]: p["port"] for p in client_svc["spec"]["ports"]}
+        assert {served[n] for n in listens} == {port_of(v) for v in listens.values()}
+        (policy,) = [
+            p for p in policies if selects(p["spec"]["podSelector"]["matchLabels"], pod_labels(d))
+        ]
+        open_ports = {r["ports"][0]["port"] for r in policy["spec"]["ingress"] if "from" not in r}
+        assert {port_of(v) for v in listens.values()} <= open_ports
+        b = fed.broker(env_of(d)["GEOFED_BROKER_ID"])
+        host = b.client_endpoint.rpartition(":")[0]
+        assert b.mqtt_endpoint == f"{host}:{port_of(cfg.mqtt_listen)}"
+        assert b.mqtt_ws_endpoint == f"{host}:{port_of(cfg.mqtt_ws_listen)}"
+        assert b.http_endpoint == f"{host}:{port_of(cfg.http_listen)}"
+    plain = tmp_path / "plain"
+    assert render_cli(plain) == 0
+    for d in of_kind(valid_objects(plain), "Deployment"):
+        cfg = node_config(d)
+        assert not (cfg.mqtt_listen or cfg.mqtt_ws_listen or cfg.http_listen)
+
+
 # --- the repository's k8s/ tree -----------------------------------------------------
 
 
