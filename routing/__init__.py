@@ -54,6 +54,7 @@ from ._geometry import (
 )
 from ._index import SubscriptionIndex
 from ._model import (
+    MAX_ID_LENGTH,
     Event,
     SubKey,
     Subscription,
@@ -66,7 +67,7 @@ from ._model import (
 from ._oracle import reference_deliveries, reference_topic_match
 from ._simulate import SimResult, Simulator, simulate
 from ._strategies import STRATEGIES, Strategy, strategy_for
-from ._topics import topic_matches, validate_filter, validate_topic
+from ._topics import MAX_TOPIC_BYTES, topic_matches, validate_filter, validate_topic
 from ._trace import TraceOp, op_to_record, parse_op, parse_ops, read_trace
 
 __all__ = [
@@ -92,6 +93,8 @@ __all__ = [
     "Kind",
     "LatLon",
     "Moved",
+    "MAX_ID_LENGTH",
+    "MAX_TOPIC_BYTES",
     "NotFound",
     "Outcome",
     "PeerMessage",

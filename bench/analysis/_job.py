@@ -236,8 +236,9 @@ def analyze(spark: SparkSession, cfg: AnalysisConfig, progress: Progress | None 
             optional=io.WORKLOAD_OPTIONAL,
         )
     summary["workload"] = {"files": inputs.files, "format": wfmt}
-    with progress.stage("workload: validating ops (parse_op in executors)"):
-        parsed = _persist(numbered.mapInArrow(io.parse_workload(fed_text), PARSED_DDL), keep)
+    with progress.stage("workload: validating ops"):
+        records = io.workload_records(numbered, wfmt)
+        parsed = _persist(records.mapInArrow(io.parse_workload(fed_text), PARSED_DDL), keep)
         by_op = {
             r["op"]: int(r["n"])
             for r in parsed.groupBy("op").agg(F.count(F.lit(1)).alias("n")).collect()
