@@ -18,7 +18,6 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -98,26 +97,6 @@ class Inputs:
         return os.path.basename(self.files[index]) if 0 <= index < len(self.files) else "?"
 
 
-def detect_format(paths: Sequence[str], given: str | None = None) -> str:
-    """``parquet`` or ``json``: as given, else Parquet if every path looks like Parquet."""
-    if given:
-        return given
-
-    def is_parquet(p: str) -> bool:
-        path = Path(p)
-        if path.is_dir():
-            return any(path.glob("*.parquet")) or any(path.glob("**/*.parquet"))
-        return p.endswith(".parquet")
-
-    return "parquet" if paths and all(is_parquet(p) for p in paths) else "json"
-
-
-def _check_paths(paths: Sequence[str], what: str) -> None:
-    for p in paths:
-        if "://" not in p and not Path(p).exists():
-            raise InvalidInput(what, f"{p}: no such file or directory")
-
-
 def read_numbered(
     spark: SparkSession,
     paths: Sequence[str],
@@ -129,11 +108,12 @@ def read_numbered(
 ) -> tuple[DataFrame, Inputs]:
     """Read JSON Lines (as column `value`) or Parquet (its columns) with src, line and k.
 
+    `paths` are files or folders (`_fs.detect_format` lists an input's files).
+
     Raises:
         InvalidInput: naming `what` and the column when a Parquet input lacks a
-            required column, or the path when it does not exist.
+            required column.
     """
-    _check_paths(paths, what)
     if fmt == "parquet":
         return _numbered_parquet(spark, paths, what, required, optional)
     return _numbered_text(spark, paths)
