@@ -413,23 +413,23 @@ def _fast_batch(batch: pa.RecordBatch, fences: _Fences) -> Iterator[pa.RecordBat
     an error row with the core's message, as `parse_op` would have raised it
     (every field parse_op checks before the geofence passed in the JVM).
     """
-    texts = batch.column("geofence").to_pylist()
-    ops = batch.column("op").to_pylist()
-    lines = batch.column("line").to_pylist()
-    fence_of: list[Geofence | None] = []
+    # Only rows that carry a geofence reach Python objects, one by one.
+    fenced = pc.and_(
+        pc.is_valid(batch.column("geofence")),
+        pc.is_in(batch.column("op"), pa.array(["subscribe", "publish"])),
+    )
+    rows = np.flatnonzero(np.asarray(fenced.to_numpy(zero_copy_only=False), dtype=bool))
+    texts = batch.column("geofence").take(pa.array(rows)).to_pylist()
+    lines = batch.column("line").take(pa.array(rows)).to_pylist()
+    fence_of: list[Geofence | None] = [None] * batch.num_rows
     refused: dict[int, str] = {}
-    for i, (o, text) in enumerate(zip(ops, texts, strict=True)):
-        if o in ("move", "unsubscribe") or text is None:
-            fence_of.append(None)
-            continue
+    for i, text, line in zip(rows.tolist(), texts, lines, strict=True):
         try:
-            fence_of.append(fences.cache.get(text, f"line {lines[i]}: geofence"))
+            fence_of[i] = fences.cache.get(text, f"line {line}: geofence")
         except GeofedError as exc:
             refused[i] = str(exc)
         except Exception as exc:  # as in _slow_batch: a core bug is reported as a row
-            refused[i] = f"line {lines[i]}: unexpected {type(exc).__name__}: {exc}"
-        if i in refused:
-            fence_of.append(None)
+            refused[i] = f"line {line}: unexpected {type(exc).__name__}: {exc}"
     if refused:
         rows = pa.array(sorted(refused))
         yield _error_batch(batch.take(rows), [refused[i] for i in sorted(refused)])

@@ -74,14 +74,14 @@ class Cluster:
         self.wait_until(lambda s: self.alive(s) == workers, f"{workers} workers alive")
 
     def _start(self, name: str, cls: str, args: list[str]) -> subprocess.Popen[bytes]:
-        log = (self.root / f"{name}.log").open("wb")
-        return subprocess.Popen(
-            [str(spark_home() / "bin" / "spark-class"), cls, *args],
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # killpg reaches its executors and their Python workers
-        )
+        with (self.root / f"{name}.log").open("wb") as log:  # the child keeps its own handle
+            return subprocess.Popen(
+                [str(spark_home() / "bin" / "spark-class"), cls, *args],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # killpg reaches its executors and their Python workers
+            )
 
     def start_worker(self) -> None:
         i = len(self.workers)

@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 import pytest
 from doc_shell import shell_blocks
 from spark_cluster import HANG_GUARD_S, Cluster
-from spark_helpers import AWS, REPO, run, spark_counts, write_jsonl
+from spark_helpers import AWS, REPO, message_counts, run, spark_counts, write_jsonl
 from test_spark_known import THREE_TRACE
 
 from geofed.bench import WorkloadConfig, generate, write_trace
@@ -75,19 +75,7 @@ def local_result(spark: Any, data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _counts(out: Path) -> dict[str, Any]:
-    """spark_counts' shape, from a written messages.parquet."""
-    from collections import Counter
-
-    got: dict[str, Counter[tuple[str, ...]]] = {}
-    for r in pq.read_table(out / "messages.parquet").to_pylist():
-        s = r["strategy"]
-        if s == "lower-bound":
-            got.setdefault(s, Counter())[(r["src"], r["dst"])] += r["messages"]
-        else:
-            got.setdefault(s, Counter())[(r["kind"], r["src"], r["dst"])] += r["messages"]
-            if r["kind"] in ("event", "delivery"):
-                got.setdefault(s + ":bytes", Counter())[(r["src"], r["dst"])] += r["bytes"]
-    return got
+    return message_counts(pq.read_table(out / "messages.parquet").to_pylist())
 
 
 def _same_results(out: Path, local: dict[str, Any]) -> None:
@@ -236,10 +224,15 @@ def s3() -> Iterator[dict[str, str]]:
         "spark.hadoop.fs.s3a.endpoint.region": "us-east-1",
     }
     try:
-        import s3fs
+        import boto3
 
-        fs = s3fs.S3FileSystem(**storage_options("s3a://x", conf))
-        fs.mkdir("geofed-out")
+        boto3.client(
+            "s3",
+            endpoint_url=conf["spark.hadoop.fs.s3a.endpoint"],
+            aws_access_key_id="test-key",
+            aws_secret_access_key="test-secret",
+            region_name="us-east-1",
+        ).create_bucket(Bucket="geofed-out")
         yield conf
     finally:
         server.stop()
