@@ -88,19 +88,19 @@ def _jvm_message(exc: Exception) -> str:
 
 
 def _head(spark: SparkSession, uri: str, n: int) -> bytes:
+    """The first `n` bytes of a file (fewer if it is shorter)."""
     fs, path = _hadoop(spark, uri)
     stream = fs.open(path)
     try:
-        jvm = spark.sparkContext._jvm
-        assert jvm is not None
-        buf = jvm.java.nio.ByteBuffer.allocate(n)
-        got = 0
-        while got < n:
-            r = stream.read(buf.array(), got, n - got)
-            if r < 0:
+        # Byte by byte: a Java byte[] handed over py4j is copied, so read(buf) would
+        # fill a copy this side never sees. n is a magic number's length.
+        out = bytearray()
+        for _ in range(n):
+            b = stream.read()
+            if b < 0:
                 break
-            got += r
-        return bytes(buf.array())[:got]
+            out.append(b)
+        return bytes(out)
     finally:
         stream.close()
 
