@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the analysis; 0 on success, 2 for invalid input (named on stderr)."""
     from geofed.bench._extras import require
 
-    require("analysis", "geofed analyze", "pyspark", "pyarrow", "h3", "matplotlib")
+    require("analysis", "geofed analyze", "pyspark", "pyarrow", "h3", "matplotlib", "fsspec")
     from pyspark.sql import SparkSession
 
     from geofed.bench.analysis import (
