@@ -4,7 +4,8 @@ Runs as a subcommand of the ``geofed`` CLI, as ``python -m geofed.bench.analyze`
 and as a plain Spark application::
 
     geofed analyze -f deploy/federations/aws-2020.geojson -w trace.jsonl -o out/
-    spark-submit --master spark://host:7077 bench/analyze.py -f fed.geojson -w trace.parquet -o out/
+    geofed analyze --master spark://host:7077 -f fed.geojson -w hdfs:///w/ -o hdfs:///out/
+    spark-submit --master spark://host:7077 bench/analyze.py -f fed.geojson -w s3a://b/w/ -o s3a://b/o
 
 This module only parses arguments; the session, the job and its output are
 `geofed.bench.analysis` (the ``analysis`` extra), imported when the command
@@ -18,10 +19,11 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from geofed.routing import GeofedError, InvalidInput
+from geofed.routing import GeofedError
 
 _PROG = "geofed analyze"
 
@@ -65,7 +67,7 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
         "-o",
         "--out",
         required=True,
-        help="output folder (created; an existing non-empty one needs --force)",
+        help="output folder or URI (created; an existing non-empty one needs --force)",
     )
     parser.add_argument(
         "--force", action="store_true", help="write into a non-empty --out (files replaced)"
@@ -74,9 +76,11 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
         "--master", help="Spark master URL (default local[*]; spark-submit's when submitted)"
     )
     parser.add_argument(
-        "--workload-format", choices=("json", "parquet"), help="default: by file name"
+        "--workload-format", choices=("json", "parquet"), help="default: by the files' content"
     )
-    parser.add_argument("--node-format", choices=("json", "parquet"), help="default: by file name")
+    parser.add_argument(
+        "--node-format", choices=("json", "parquet"), help="default: by the files' content"
+    )
     parser.add_argument(
         "--h3-res", type=int, help="H3 resolution of the spatial join (default: by geofence size)"
     )
@@ -85,7 +89,16 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--driver-memory",
-        help="driver JVM heap when this process starts Spark (default: a third of RAM, <= 12g)",
+        help="driver JVM heap when this process starts Spark"
+        " (default: local master: a third of RAM, <= 12g; cluster: Spark's)",
+    )
+    parser.add_argument("--executor-memory", help="executor JVM heap (cluster masters)")
+    parser.add_argument(
+        "--checkpoint-dir",
+        metavar="URI",
+        help="folder for the job's checkpoints, reachable by every executor"
+        " (default: local master: a temporary folder; cluster: OUT/_checkpoints);"
+        " the job's files there are deleted at the end",
     )
     parser.add_argument(
         "--conf",
@@ -101,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the analysis; 0 on success, 2 for invalid input (named on stderr)."""
     from geofed.bench._extras import require
 
-    require("analysis", "geofed analyze", "pyspark", "pyarrow", "h3", "matplotlib")
+    require("analysis", "geofed analyze", "pyspark", "pyarrow", "h3", "matplotlib", "fsspec")
     from pyspark.sql import SparkSession
 
     from geofed.bench.analysis import (
@@ -109,15 +122,16 @@ def run(args: argparse.Namespace) -> int:
         Progress,
         analyze,
         build_session,
+        is_local,
+        join,
         load_federation,
+        out_check,
         print_table,
+        storage_options,
         write_outputs,
     )
 
     try:
-        out = Path(args.out)
-        if out.exists() and not args.force and (not out.is_dir() or any(out.iterdir())):
-            raise InvalidInput("out", f"{out} exists and is not empty (--force writes into it)")
         cfg = AnalysisConfig(
             federation=args.federation,
             workload=tuple(args.workload),
@@ -126,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
             node_format=args.node_format,
             h3_res=args.h3_res,
             max_errors=args.max_errors,
+            checkpoint_dir=args.checkpoint_dir,
         )
         # Fail fast, before a JVM starts, on what can be checked without one.
         load_federation(cfg.federation)
@@ -133,20 +148,31 @@ def run(args: argparse.Namespace) -> int:
             if "://" not in p and not Path(p).exists():
                 print(f"{_PROG}: error: {p}: no such file or directory", file=sys.stderr)
                 return 2
+        settings = dict(item.partition("=")[::2] for item in args.conf)
+        options = storage_options(args.out, settings)
+        out_check(args.out, args.force, options)
     except GeofedError as exc:
         print(f"{_PROG}: error: {exc}", file=sys.stderr)
         return 2
 
     owned = SparkSession.getActiveSession() is None
-    spark = build_session(args.master, args.driver_memory, args.conf)
+    spark = build_session(
+        args.master, args.driver_memory, args.conf, executor_memory=args.executor_memory
+    )
+    if cfg.checkpoint_dir is None and not is_local(spark.sparkContext.master):
+        # Executors elsewhere cannot reach a temporary folder of the driver;
+        # the output folder is one they write anyway.
+        cfg = replace(cfg, checkpoint_dir=join(args.out, "_checkpoints"))
     progress = Progress(spark)
     result = None
     try:
         result = analyze(spark, cfg, progress)
         with progress.stage("writing outputs"):
-            files = write_outputs(result, Path(args.out), plots=not args.no_plots)
+            files = write_outputs(
+                result, args.out, plots=not args.no_plots, storage_options=options
+            )
         print_table(result.summary, sys.stdout)
-        print(f"\nwritten: {', '.join(str(f) for f in files)}")
+        print(f"\nwritten: {', '.join(files)}")
         return 0
     except GeofedError as exc:
         print(f"{_PROG}: error: {exc}", file=sys.stderr)

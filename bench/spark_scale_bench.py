@@ -86,12 +86,21 @@ def run_job(
         str(trace),
         "-o",
         str(out),
+        "--force",  # the benchmark's own folder
         "--no-plots",
         *extra,
     ]
     start = time.monotonic()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     return time.monotonic() - start, cmd
+
+
+def shown(cmd: list[str], workdir: str) -> str:
+    """A command as the results page shows it: relative to the repository, no machine paths."""
+    words = ["python" if c == sys.executable else c for c in cmd]
+    words = [os.path.relpath(c, REPO) if c.startswith(str(REPO) + os.sep) else c for c in words]
+    words = [c.replace(workdir.rstrip("/"), "<workdir>") for c in words]
+    return " ".join(shlex.quote(c) if "<workdir>" not in c else c for c in words)
 
 
 def report(rows: list[dict[str, Any]], env: dict[str, Any], argv: list[str]) -> str:
@@ -142,8 +151,8 @@ def report(rows: list[dict[str, Any]], env: dict[str, Any], argv: list[str]) -> 
             f" {'met' if ten < TARGET_S else 'missed'}).",
             "",
         ]
-    lines += ["Commands run:", ""]
-    lines += [f"- {r['label']}: `{' '.join(shlex.quote(c) for c in r['command'])}`" for r in rows]
+    lines += ["Commands run (from the repository's root; <workdir> is --workdir):", ""]
+    lines += [f"- {r['label']}: `{shown(r['command'], env['workdir'])}`" for r in rows]
     lines.append("")
     return "\n".join(lines)
 
@@ -160,6 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", default=str(REPO / "bench" / "results" / "spark.md"))
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--keep", action="store_true", help="keep the generated traces")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="analyze a trace left in --workdir by an earlier --keep run instead of generating it",
+    )
     parser.add_argument("--conf", action="append", default=[], help="passed to geofed analyze")
     args = parser.parse_args(argv)
     given = list(argv if argv is not None else sys.argv[1:])
@@ -171,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(),
         "federation": os.path.relpath(args.federation, REPO),
         "master": args.master,
+        "workdir": str(work),
     }
     env["load_before"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
     rows: list[dict[str, Any]] = []
@@ -179,8 +194,11 @@ def main(argv: list[str] | None = None) -> int:
         label = f"{n // 1_000_000}M" if n % 1_000_000 == 0 else f"{n:,}"
         trace = work / f"trace-{n}.jsonl"
         out = work / f"out-{n}"
-        print(f"[bench] generating {label} events -> {trace}", file=sys.stderr, flush=True)
-        info = generate_trace(n, trace, args.seed)
+        if args.reuse and trace.exists():
+            info = {"ops": None, "bytes": trace.stat().st_size, "generate_s": 0.0}
+        else:
+            print(f"[bench] generating {label} events -> {trace}", file=sys.stderr, flush=True)
+            info = generate_trace(n, trace, args.seed)
         print(
             f"[bench] {info['ops']} in {info['generate_s']} s; analyzing",
             file=sys.stderr,
@@ -196,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
             {
                 "label": label,
                 "events": summary["events"],
-                "ops": info["ops"],
+                "ops": info["ops"] or summary["ops"]["by_op"],
                 "bytes": info["bytes"],
                 "wall_s": wall,
                 "timings": summary["timings_s"],

@@ -72,6 +72,7 @@ from ._history import (
 )
 from ._index import SubscriptionIndex
 from ._model import (
+    MAX_ID_LENGTH,
     Event,
     SubKey,
     Subscription,
@@ -85,7 +86,7 @@ from ._oracle import reference_deliveries, reference_topic_match
 from ._roaming import ROAM_PREFIX, Roaming, is_roaming, parse_roaming
 from ._simulate import SimResult, Simulator, simulate
 from ._strategies import STRATEGIES, Strategy, route_summary, strategy_for
-from ._topics import topic_matches, validate_filter, validate_topic
+from ._topics import MAX_TOPIC_BYTES, topic_matches, validate_filter, validate_topic
 from ._trace import TraceOp, op_to_record, parse_op, parse_ops, read_trace
 
 __all__ = [
@@ -120,6 +121,8 @@ __all__ = [
     "Kind",
     "LatLon",
     "Moved",
+    "MAX_ID_LENGTH",
+    "MAX_TOPIC_BYTES",
     "NotFound",
     "Outcome",
     "PeerMessage",

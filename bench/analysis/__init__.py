@@ -11,7 +11,9 @@ rest of `geofed.bench` never do. The command line is
   prints its stages; `load_federation` checks the federation file before any
   JVM starts;
 * `write_outputs` writes summary.json, the Parquet tables and the plots into
-  a folder, `print_table` the summary as a table;
+  a folder or URI (`out_check` refuses a non-empty one first,
+  `storage_options` configures the driver's writes from Spark's ``fs.s3a.*``
+  settings), `print_table` the summary as a table;
 * the DataFrame -> DataFrame steps the job is made of (reading numbered
   lines, subscription state over time, matching), each testable on small
   hand-made frames;
@@ -23,6 +25,7 @@ See README.md, section "Analysis" for inputs, outputs and the node message
 trace format.
 """
 
+from ._fs import join, out_check, storage_options
 from ._geo import (
     FederationIndex,
     FilterMatcher,
@@ -37,7 +40,7 @@ from ._io import LINE_BITS, read_numbered
 from ._job import Analysis, AnalysisConfig, Progress, analyze, load_federation
 from ._match import h3_parent, subscriber_locations
 from ._report import print_table, write_outputs
-from ._session import build_session
+from ._session import build_session, is_local, package_zip
 from ._state import (
     accepted_subscription_ops,
     rehomings,
@@ -55,8 +58,13 @@ __all__ = [
     "analyze",
     "build_session",
     "load_federation",
+    "is_local",
+    "package_zip",
     # its outputs
+    "join",
+    "out_check",
     "print_table",
+    "storage_options",
     "write_outputs",
     # the steps (DataFrame -> DataFrame)
     "LINE_BITS",

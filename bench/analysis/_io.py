@@ -16,27 +16,31 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import shapely
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from geofed.routing import (
     DEFAULT_MAX_VERTICES,
+    MAX_ID_LENGTH,
+    MAX_TOPIC_BYTES,
     Federation,
     GeofedError,
     Geofence,
     GeofenceCache,
     InvalidInput,
+    TraceOp,
     parse_op,
 )
 
-from ._geo import H3_RES_MAX, FederationIndex, fence_id, h3_cell
+from ._geo import H3_RES_MAX, FederationIndex, fence_id, h3_cell, h3_cells
 
 LINE_BITS = 40
 """``k = file << LINE_BITS | line``: up to 2**40 lines per file, 2**23 files."""
@@ -96,26 +100,6 @@ class Inputs:
         return os.path.basename(self.files[index]) if 0 <= index < len(self.files) else "?"
 
 
-def detect_format(paths: Sequence[str], given: str | None = None) -> str:
-    """``parquet`` or ``json``: as given, else Parquet if every path looks like Parquet."""
-    if given:
-        return given
-
-    def is_parquet(p: str) -> bool:
-        path = Path(p)
-        if path.is_dir():
-            return any(path.glob("*.parquet")) or any(path.glob("**/*.parquet"))
-        return p.endswith(".parquet")
-
-    return "parquet" if paths and all(is_parquet(p) for p in paths) else "json"
-
-
-def _check_paths(paths: Sequence[str], what: str) -> None:
-    for p in paths:
-        if "://" not in p and not Path(p).exists():
-            raise InvalidInput(what, f"{p}: no such file or directory")
-
-
 def read_numbered(
     spark: SparkSession,
     paths: Sequence[str],
@@ -127,11 +111,12 @@ def read_numbered(
 ) -> tuple[DataFrame, Inputs]:
     """Read JSON Lines (as column `value`) or Parquet (its columns) with src, line and k.
 
+    `paths` are files or folders (`_fs.detect_format` lists an input's files).
+
     Raises:
         InvalidInput: naming `what` and the column when a Parquet input lacks a
-            required column, or the path when it does not exist.
+            required column.
     """
-    _check_paths(paths, what)
     if fmt == "parquet":
         return _numbered_parquet(spark, paths, what, required, optional)
     return _numbered_text(spark, paths)
@@ -205,7 +190,150 @@ def _numbered_parquet(
 
 
 # --------------------------------------------------------------------------
-# Workload parsing in the executors
+# Workload parsing: typed in the JVM, geometry in the executors' Python
+
+# The typed record from_json reads. String fields take any JSON token (a
+# number or an array comes back as its JSON text), number fields a number or
+# Spark's NaN/Infinity spellings; anything else sets _corrupt.
+WORKLOAD_JSON_SCHEMA = (
+    "t double, op string, client string, lat double, lon double, id string, topic string,"
+    " geofence string, payload_size long, _corrupt string"
+)
+_JSON_OPTIONS = {
+    "mode": "PERMISSIVE",
+    "columnNameOfCorruptRecord": "_corrupt",
+    "allowSingleQuotes": "false",  # json.loads refuses them
+}
+# One flat object: nothing nested (no trailing second object either, which
+# from_json would ignore and json.loads refuses) and no escapes (whose edge
+# cases, lone surrogates and the like, the two parsers decode differently).
+_FLAT_OBJECT = r"^[ \t]*\{[^{}\\]*\}[ \t]*$"
+# The JSON text of a non-string token as from_json hands it to a string
+# field: a number, true/false/null, an array, a quoted NaN/Infinity.
+_NOT_A_STRING = (
+    r"^(-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?|true|false|null|-?Infinity|NaN|[\[\"].*)$"
+)
+_NUMERIC_TYPES = ("tinyint", "smallint", "int", "bigint", "float", "double")
+_STRING_FIELDS = ("op", "client", "id", "topic", "geofence")
+_NUMBER_FIELDS = ("t", "lat", "lon", "payload_size")
+
+
+def workload_records(numbered: DataFrame, fmt: str) -> DataFrame:
+    """Numbered workload rows with typed fields and `_fast`: the JVM found the row valid.
+
+    JSON Lines are decoded by ``from_json`` with `WORKLOAD_JSON_SCHEMA`;
+    Parquet columns are checked as they are typed. `_fast` is a conservative
+    pre-check of everything `parse_op` checks but the geofence: a row it
+    passes is one `parse_op` accepts with the same values, so the executors
+    only add geometry to it (`parse_workload`). Any other row (a malformed
+    one, or one whose JSON the JVM cannot judge exactly) keeps its text in
+    `value` (JSON) or its columns (Parquet) for `parse_op` itself, which
+    names the field that is wrong. `tests/spark/test_spark_parse.py` holds
+    the split against `parse_op` on random records.
+    """
+    if fmt == "json":
+        rec = F.from_json(F.col("value"), WORKLOAD_JSON_SCHEMA, _JSON_OPTIONS)
+        typed = numbered.select("k", "file", "line", "value", rec.alias("r")).select(
+            "k", "file", "line", "value", "r.*"
+        )
+        fast = (
+            F.col("value").rlike(_FLAT_OBJECT)
+            & F.col("_corrupt").isNull()
+            & _valid(F.col, json=True)
+        )
+        return typed.select(
+            "k",
+            "file",
+            "line",
+            F.when(~fast, F.col("value")).alias("value"),  # the text only where Python needs it
+            *[F.col(c) for c in ("t", "op", "client", "lat", "lon", "id", "topic", "geofence")],
+            F.col("payload_size"),
+            fast.alias("_fast"),
+        )
+    types = dict(numbered.dtypes)
+
+    def typed_col(name: str) -> Column:
+        # A column whose type parse_op would refuse (or that is absent) reads
+        # as null here: its rows fail the pre-check unless null is fine.
+        kind = types.get(name)
+        want = "string" if name in _STRING_FIELDS else "double"
+        if name in _STRING_FIELDS and kind == "string":
+            return F.col(name)
+        if name in _NUMBER_FIELDS and kind in _NUMERIC_TYPES:
+            return F.col(name).cast(want)
+        return F.lit(None).cast(want)
+
+    def usable(name: str) -> bool:
+        kind = types.get(name)
+        if kind is None:
+            return True  # absent: null, as in a record without the field
+        return kind == "string" if name in _STRING_FIELDS else kind in _NUMERIC_TYPES
+
+    fast = _valid(typed_col, json=False)
+    for name in (*_STRING_FIELDS, *_NUMBER_FIELDS):
+        if not usable(name):
+            fast = F.lit(False)
+    return numbered.withColumn("_fast", fast)
+
+
+def _valid(col: Callable[[str], Column], *, json: bool) -> Column:
+    """The pre-check: the conditions of `parse_op`, as SQL over typed fields."""
+
+    def text_ok(c: Column) -> Column:
+        ok = c.isNotNull()
+        return ok & ~c.rlike(_NOT_A_STRING) if json else ok
+
+    def ident(name: str) -> Column:
+        c = col(name)
+        return text_ok(c) & F.length(c).between(1, MAX_ID_LENGTH) & ~c.rlike("[\\x00-\\x1f]")
+
+    def topic_text(name: str) -> Column:
+        c = col(name)
+        return (
+            text_ok(c)
+            & (F.length(c) >= 1)
+            & (F.instr(c, "\x00") == 0)
+            & (F.octet_length(c) <= MAX_TOPIC_BYTES)
+        )
+
+    def finite(c: Column) -> Column:
+        return c.isNotNull() & ~F.isnan(c)
+
+    def located() -> Column:
+        lat, lon = col("lat"), col("lon")
+        return finite(lat) & lat.between(-90.0, 90.0) & finite(lon) & lon.between(-180.0, 180.0)
+
+    topic = col("topic")
+    sharp = F.instr(topic, "#")
+    filter_ok = (
+        topic_text("topic")
+        # '+' only as a whole level
+        & ~topic.rlike("[^/]\\+|\\+[^/]")
+        # '#' only as the whole last level
+        & ((sharp == 0) | (((topic == "#") | topic.endswith("/#")) & (sharp == F.length(topic))))
+    )
+    topic_ok = topic_text("topic") & (F.instr(topic, "+") == 0) & (sharp == 0)
+    size = col("payload_size")
+    size_ok = size.isNull() | (
+        finite(size) & (size >= 0) & (size < 2.0**63) & (size == F.floor(size))
+    )
+    fence = col("geofence")
+    fence_ok = fence.isNull() | text_ok(fence)  # parsed in Python (`_fast_batch`)
+    t, op = col("t"), col("op")
+    return (
+        finite(t)
+        & (t >= 0)
+        & (t <= sys.float_info.max)
+        & ident("client")
+        & F.coalesce(
+            F.when(op == "unsubscribe", ident("id"))
+            .when(op == "move", located())
+            .when(op == "subscribe", located() & ident("id") & fence_ok & filter_ok)
+            .when(op == "publish", located() & ident("id") & fence_ok & topic_ok & size_ok),
+            F.lit(False),
+        )
+    )
+
 
 _WORKER: dict[str, Any] = {}
 
@@ -220,19 +348,177 @@ def worker_federation(text: str) -> FederationIndex:
     return fidx
 
 
+class _Fences:
+    """A partition's geofences: parsed once per text, an id and the brokers met once per shape,
+    the geometry shipped on the first row that uses it."""
+
+    def __init__(self, fidx: FederationIndex) -> None:
+        self.fidx = fidx
+        self.cache = GeofenceCache(DEFAULT_MAX_VERTICES)
+        self.ids: dict[Geofence, int] = {}
+        self.meet: dict[int, list[int]] = {}
+        self.shipped: set[int] = set()
+
+    def columns(self, fences: Sequence[Geofence | None]) -> tuple[list[Any], list[Any], list[Any]]:
+        """fence, meet and wkb columns for one geofence per row (None: the world)."""
+        new = [f for f in {f for f in fences if f is not None} if f not in self.ids]
+        if len(self.ids) > 50_000:
+            self.ids.clear()  # bounded; the geofence cache drops its objects in the same way
+        for f in new:
+            self.ids[f] = fence_id(f)
+        todo = {self.ids[f]: f for f in new if self.ids[f] not in self.meet}
+        if todo:
+            met = self.fidx.meeting([f.geometry for f in todo.values()])
+            for fid, brokers in zip(todo, met, strict=True):
+                self.meet[fid] = brokers
+        fid_col: list[Any] = []
+        meet_col: list[Any] = []
+        wkb_col: list[Any] = []
+        for fence in fences:
+            if fence is None:
+                fid_col.append(None)
+                meet_col.append(None)
+                wkb_col.append(None)
+                continue
+            fid = self.ids[fence]
+            fid_col.append(fid)
+            meet_col.append(self.meet[fid])
+            if fid in self.shipped:
+                wkb_col.append(None)
+            else:
+                self.shipped.add(fid)
+                wkb_col.append(shapely.to_wkb(fence.geometry))
+        return fid_col, meet_col, wkb_col
+
+
 def parse_workload(fed_text: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The `mapInArrow` function validating workload records into `PARSED_SCHEMA` rows."""
+    """The `mapInArrow` function turning `workload_records` rows into `PARSED_SCHEMA` rows."""
 
     def parse(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        fidx = worker_federation(fed_text)
-        cache = GeofenceCache(DEFAULT_MAX_VERTICES)
-        ids: dict[Geofence, int] = {}
-        meet: dict[int, list[int]] = {}
-        shipped: set[int] = set()  # fences whose geometry this partition already emitted
+        fences = _Fences(worker_federation(fed_text))
         for batch in batches:
-            yield _parse_batch(batch, fidx, cache, ids, meet, shipped)
+            fast = np.asarray(batch.column("_fast").to_numpy(zero_copy_only=False), dtype=bool)
+            fast_rows = np.flatnonzero(fast)
+            slow_rows = np.flatnonzero(~fast)
+            if len(fast_rows):
+                yield from _fast_batch(batch.take(pa.array(fast_rows)), fences)
+            if len(slow_rows):
+                yield _slow_batch(batch.take(pa.array(slow_rows)), fences)
 
     return parse
+
+
+def _fast_batch(batch: pa.RecordBatch, fences: _Fences) -> Iterator[pa.RecordBatch]:
+    """Rows the JVM validated: the core's values, vectorized, plus geometry.
+
+    The geofence is the one check left: its text goes through the core's
+    parser (once per distinct text); a row whose geofence it refuses becomes
+    an error row with the core's message, as `parse_op` would have raised it
+    (every field parse_op checks before the geofence passed in the JVM).
+    """
+    # Only rows that carry a geofence reach Python objects, one by one.
+    fenced = pc.and_(
+        pc.is_valid(batch.column("geofence")),
+        pc.is_in(batch.column("op"), pa.array(["subscribe", "publish"])),
+    )
+    rows = np.flatnonzero(np.asarray(fenced.to_numpy(zero_copy_only=False), dtype=bool))
+    texts = batch.column("geofence").take(pa.array(rows)).to_pylist()
+    lines = batch.column("line").take(pa.array(rows)).to_pylist()
+    fence_of: list[Geofence | None] = [None] * batch.num_rows
+    refused: dict[int, str] = {}
+    for i, text, line in zip(rows.tolist(), texts, lines, strict=True):
+        try:
+            fence_of[i] = fences.cache.get(text, f"line {line}: geofence")
+        except GeofedError as exc:
+            refused[i] = str(exc)
+        except Exception as exc:  # as in _slow_batch: a core bug is reported as a row
+            refused[i] = f"line {line}: unexpected {type(exc).__name__}: {exc}"
+    if refused:
+        rows = pa.array(sorted(refused))
+        yield _error_batch(batch.take(rows), [refused[i] for i in sorted(refused)])
+        keep = np.ones(batch.num_rows, dtype=bool)
+        keep[sorted(refused)] = False
+        kept = np.flatnonzero(keep)
+        batch = batch.take(pa.array(kept))
+        fence_of = [fence_of[i] for i in kept.tolist()]
+    op = batch.column("op")
+    is_unsub = pc.equal(op, "unsubscribe")
+    is_move = pc.equal(op, "move")
+    is_pub = pc.equal(op, "publish")
+    n = batch.num_rows
+    null_f64 = pa.nulls(n, pa.float64())
+    lat = pc.cast(batch.column("lat"), pa.float64(), safe=False)
+    lon = pc.cast(batch.column("lon"), pa.float64(), safe=False)
+    lat = pc.if_else(is_unsub, null_f64, lat)
+    lon = pc.if_else(is_unsub, null_f64, lon)
+    la = np.asarray(pc.fill_null(lat, np.nan).to_numpy(zero_copy_only=False), dtype=np.float64)
+    lo = np.asarray(pc.fill_null(lon, np.nan).to_numpy(zero_copy_only=False), dtype=np.float64)
+    located = np.flatnonzero(~np.isnan(la))
+    home = np.zeros(n, dtype=np.int32)
+    home[located] = _per_point(la[located], lo[located], fences.fidx.responsible)
+    home_mask = np.isnan(la)
+    pub = np.asarray(is_pub.to_numpy(zero_copy_only=False), dtype=bool)
+    cells = np.zeros(n, dtype=np.int64)
+    pub_rows = np.flatnonzero(pub)
+    cells[pub_rows] = _per_point(
+        la[pub_rows], lo[pub_rows], lambda a, b: h3_cells(a, b, H3_RES_MAX)
+    )
+    null_str = pa.nulls(n, pa.string())
+    size = batch.column("payload_size")
+    payload = pc.if_else(
+        is_pub,
+        pc.fill_null(pc.cast(size, pa.int64(), safe=False), 0),
+        pa.nulls(n, pa.int64()),
+    )
+    fid_col, meet_col, wkb_col = fences.columns(fence_of)
+    out = pa.RecordBatch.from_arrays(
+        [
+            batch.column("k"),
+            batch.column("file"),
+            batch.column("line"),
+            op,
+            pc.cast(batch.column("t"), pa.float64(), safe=False),
+            batch.column("client"),
+            lat,
+            lon,
+            pc.if_else(is_move, null_str, batch.column("id")),
+            pc.if_else(pc.or_(is_move, is_unsub), null_str, batch.column("topic")),
+            pa.array(fid_col, pa.int64()),
+            pa.array(meet_col, pa.list_(pa.int32())),
+            pa.array(wkb_col, pa.binary()),
+            payload,
+            pa.array(home, mask=home_mask),
+            pa.array(cells, mask=~pub),
+            null_str,
+        ],
+        schema=PARSED_SCHEMA,
+    )
+    yield out
+
+
+def _per_point(
+    lat: np.ndarray, lon: np.ndarray, fn: Callable[[np.ndarray, np.ndarray], np.ndarray]
+) -> np.ndarray:
+    """`fn` of each point, asked once per distinct point (fixed publishers repeat theirs).
+
+    Points are told apart by their bits, so -0.0 and 0.0 stay distinct.
+    """
+    if len(lat) == 0:
+        return fn(lat, lon)
+    bits = np.stack([lat.view(np.int64), lon.view(np.int64)], axis=1)
+    uniq, inverse = np.unique(bits, axis=0, return_inverse=True)
+    points = uniq.view(np.float64)
+    return np.asarray(fn(points[:, 0].copy(), points[:, 1].copy()))[inverse.ravel()]
+
+
+def _error_batch(batch: pa.RecordBatch, errors: list[str]) -> pa.RecordBatch:
+    """Error rows (k, file, line, err; everything else null) for `batch`'s rows."""
+    n = batch.num_rows
+    cols = {name: pa.nulls(n, PARSED_SCHEMA.field(name).type) for name in PARSED_SCHEMA.names}
+    for name in ("k", "file", "line"):
+        cols[name] = batch.column(name)
+    cols["err"] = pa.array(errors, pa.string())
+    return pa.RecordBatch.from_arrays(list(cols.values()), schema=PARSED_SCHEMA)
 
 
 def _record(row: dict[str, Any]) -> dict[str, Any]:
@@ -245,19 +531,29 @@ def _record(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _parse_batch(
-    batch: pa.RecordBatch,
-    fidx: FederationIndex,
-    cache: GeofenceCache,
-    ids: dict[Geofence, int],
-    meet: dict[int, list[int]],
-    shipped: set[int],
-) -> pa.RecordBatch:
+_NOT_FIELDS = ("k", "file", "line", "_fast", "value")
+
+
+def _unrepresentable(op: TraceOp, line: int) -> str | None:
+    """An error for what parse_op accepts but a Spark row cannot hold: text with a lone
+    surrogate (JSON escapes can spell one), a payload size beyond 64 bits."""
+    if op.payload_size >= 1 << 63:
+        return f"line {line}: payload_size: must be below 2**63, got {op.payload_size}"
+    for name in ("client", "id", "topic"):
+        try:
+            getattr(op, name).encode("utf-8")
+        except UnicodeEncodeError:
+            return f"line {line}: {name}: not valid Unicode (a lone surrogate)"
+    return None
+
+
+def _slow_batch(batch: pa.RecordBatch, fences: _Fences) -> pa.RecordBatch:
+    """Rows the JVM did not pass: `parse_op` on each, which names what is wrong (if anything)."""
     cols = batch.to_pydict()
     n = batch.num_rows
     text = cols.get("value")
     out: dict[str, list[Any]] = {name: [] for name in PARSED_SCHEMA.names}
-    fences: list[Geofence | None] = []
+    fence_of: list[Geofence | None] = []
     for i in range(n):
         line = cols["line"][i]
         err: str | None = None
@@ -273,16 +569,19 @@ def _parse_batch(
             except RecursionError:
                 err = f"line {line}: not JSON: nested too deeply"
         else:
-            record = _record({c: cols[c][i] for c in cols if c not in ("k", "file", "line")})
+            record = _record({c: cols[c][i] for c in cols if c not in _NOT_FIELDS})
         if err is None:
             try:
-                op = parse_op(record, line, cache)
+                op = parse_op(record, line, fences.cache)
             except GeofedError as exc:
                 err = str(exc)
             except Exception as exc:  # a core bug must not hide a row: report it as one
                 err = f"line {line}: unexpected {type(exc).__name__}: {exc}"
             if op is not None and op.roaming is not None:
                 op, err = None, f"line {line}: roaming: {ROAMING_UNSUPPORTED}"
+        if op is not None:
+            err = _unrepresentable(op, line)
+            op = None if err else op
         out["k"].append(cols["k"][i])
         out["file"].append(cols["file"][i])
         out["line"].append(line)
@@ -290,7 +589,7 @@ def _parse_batch(
         if op is None:
             for name in ("op", "t", "client", "lat", "lon", "id", "topic", "payload"):
                 out[name].append(None)
-            fences.append(None)
+            fence_of.append(None)
             continue
         out["op"].append(op.op)
         out["t"].append(op.t)
@@ -300,7 +599,7 @@ def _parse_batch(
         out["id"].append(op.id or None)
         out["topic"].append(op.topic or None)
         out["payload"].append(op.payload_size if op.op == "publish" else None)
-        fences.append(op.geofence)
+        fence_of.append(op.geofence)
 
     m = len(out["k"])
     lat = np.array([np.nan if v is None else v for v in out["lat"]], dtype=np.float64)
@@ -308,7 +607,7 @@ def _parse_batch(
     located = np.flatnonzero(~np.isnan(lat))
     home: list[int | None] = [None] * m
     for i, h in zip(
-        located.tolist(), fidx.responsible(lat[located], lon[located]).tolist(), strict=True
+        located.tolist(), fences.fidx.responsible(lat[located], lon[located]).tolist(), strict=True
     ):
         home[i] = h
     out["home"] = home
@@ -316,34 +615,7 @@ def _parse_batch(
         h3_cell(out["lat"][i], out["lon"][i], H3_RES_MAX) if out["op"][i] == "publish" else None
         for i in range(m)
     ]
-
-    # Geofences: one id per distinct shape, the brokers it meets computed once
-    # per partition in one vectorized query, the geometry shipped once.
-    new = [f for f in {f for f in fences if f is not None} if f not in ids]
-    if len(ids) > 50_000:
-        ids.clear()  # bounded; the geofence cache drops its objects in the same way
-    for f in new:
-        ids[f] = fence_id(f)
-    todo = {ids[f]: f for f in new if ids[f] not in meet}
-    if todo:
-        for fid, brokers in zip(
-            todo, fidx.meeting([f.geometry for f in todo.values()]), strict=True
-        ):
-            meet[fid] = brokers
-    for fence in fences:
-        if fence is None:
-            out["fence"].append(None)
-            out["meet"].append(None)
-            out["wkb"].append(None)
-            continue
-        fid = ids[fence]
-        out["fence"].append(fid)
-        out["meet"].append(meet[fid])
-        if fid in shipped:
-            out["wkb"].append(None)
-        else:
-            shipped.add(fid)
-            out["wkb"].append(shapely.to_wkb(fence.geometry))
+    out["fence"], out["meet"], out["wkb"] = fences.columns(fence_of)
     return pa.RecordBatch.from_pydict(out, schema=PARSED_SCHEMA)
 
 

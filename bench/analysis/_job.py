@@ -9,7 +9,9 @@ Writing files is `_report`'s job.
 
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -17,7 +19,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
@@ -27,10 +28,12 @@ from geofed.cli.progress import write as progress_write
 from geofed.routing import STRATEGIES, Federation, InvalidInput, federation_path
 
 from . import _cost as cost
+from . import _fs as fs
 from . import _io as io
 from . import _match as match
 from . import _state as state
 from ._geo import choose_resolution
+from ._session import is_local
 
 PARSED_DDL = (
     "k long, file int, line long, op string, t double, client string, lat double, lon double,"
@@ -50,7 +53,7 @@ class AnalysisConfig:
     node_traces: tuple[str, ...] = ()
     """Node message trace files or folders (optional; see README.md, section "Analysis")."""
     workload_format: str | None = None
-    """``json`` or ``parquet``; None: Parquet if every path looks like Parquet."""
+    """``json`` or ``parquet``; None: by content (Parquet files start with ``PAR1``)."""
     node_format: str | None = None
     """As `workload_format`, for the node traces."""
     h3_res: int | None = None
@@ -63,6 +66,10 @@ class AnalysisConfig:
     """Small join sides (topic x filter, segment cells) are broadcast below this many rows."""
     top_topics: int = 10
     """Topics listed per strategy in the summary (all are in messages.parquet)."""
+    checkpoint_dir: str | None = None
+    """Where intermediate tables are checkpointed (a folder or URI every executor can
+    write and read, e.g. on HDFS or S3); None: a temporary local folder, which
+    only a local master can use. The job's files there are deleted at the end."""
 
 
 @dataclass
@@ -77,10 +84,12 @@ class Analysis:
     _cleanup: list[Any] = field(default_factory=list)
 
     def release(self) -> None:
-        """Unpersist cached tables and destroy broadcasts."""
+        """Unpersist cached tables, destroy broadcasts, delete the job's checkpoints."""
         for item in self._cleanup:
             if isinstance(item, DataFrame):
                 item.unpersist()
+            elif callable(item):
+                item()
             elif hasattr(item, "release"):
                 item.release()
             else:
@@ -179,12 +188,42 @@ class Progress:
 def _persist(df: DataFrame, cleanup: list[Any]) -> DataFrame:
     # Materialized and cut from its lineage: the later plans stay shallow
     # (Spark spends seconds planning deep ones, every action) and nothing
-    # upstream (the Python parse, the UDFs) runs twice.
-    # Serialized: rows as compact bytes (PySpark's MEMORY_AND_DISK), about a
-    # third of the deserialized size, so 10M parsed ops stay in memory.
-    out = df.localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
+    # upstream (the Python parse, the UDFs) runs twice. A reliable checkpoint
+    # (files in the checkpoint folder, compressed) rather than a local one
+    # (blocks on the executors): when an executor is lost, its part is read
+    # again from the files instead of failing the job.
+    out = df.checkpoint(eager=True)
     cleanup.append(out)
     return out
+
+
+def _checkpoints(spark: SparkSession, cfg: AnalysisConfig) -> Any:
+    """Point the context's checkpoints at this job's folder; return what deletes it.
+
+    Raises:
+        InvalidInput: naming ``checkpoint_dir`` when none is given and the
+            master is not local (a temporary folder on the driver is not one
+            executors elsewhere can reach).
+    """
+    sc = spark.sparkContext
+    made: str | None = None
+    base = cfg.checkpoint_dir
+    if base is None:
+        if not is_local(sc.master):
+            raise InvalidInput(
+                "checkpoint_dir",
+                f"master {sc.master}: give a folder every executor can reach (--checkpoint-dir)",
+            )
+        base = made = tempfile.mkdtemp(prefix="geofed-checkpoints-")
+    sc.setCheckpointDir(base)  # Spark adds a folder of its own (a UUID) for this context
+    own = sc._jsc.sc().getCheckpointDir().get()
+
+    def cleanup() -> None:
+        fs.remove(spark, own)
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+
+    return cleanup
 
 
 def _union(*dfs: DataFrame) -> DataFrame:
@@ -224,20 +263,23 @@ def analyze(spark: SparkSession, cfg: AnalysisConfig, progress: Progress | None 
         "workload": {"files": [], "format": None},
     }
 
+    keep.append(_checkpoints(spark, cfg))
+
     # -- validate ---------------------------------------------------------
-    wfmt = io.detect_format(cfg.workload, cfg.workload_format)
     with progress.stage("workload: numbering lines"):
+        wfmt, wfiles = fs.detect_format(spark, cfg.workload, cfg.workload_format, "workload")
         numbered, inputs = io.read_numbered(
             spark,
-            cfg.workload,
+            wfiles,
             wfmt,
             what="workload",
             required=io.WORKLOAD_REQUIRED,
             optional=io.WORKLOAD_OPTIONAL,
         )
     summary["workload"] = {"files": inputs.files, "format": wfmt}
-    with progress.stage("workload: validating ops (parse_op in executors)"):
-        parsed = _persist(numbered.mapInArrow(io.parse_workload(fed_text), PARSED_DDL), keep)
+    with progress.stage("workload: validating ops"):
+        records = io.workload_records(numbered, wfmt)
+        parsed = _persist(records.mapInArrow(io.parse_workload(fed_text), PARSED_DDL), keep)
         by_op = {
             r["op"]: int(r["n"])
             for r in parsed.groupBy("op").agg(F.count(F.lit(1)).alias("n")).collect()
@@ -458,10 +500,10 @@ def _measured(
     named: DataFrame,
     result: Analysis,
 ) -> None:
-    nfmt = io.detect_format(cfg.node_traces, cfg.node_format)
+    nfmt, nfiles = fs.detect_format(spark, cfg.node_traces, cfg.node_format, "node trace")
     numbered, inputs = io.read_numbered(
         spark,
-        cfg.node_traces,
+        nfiles,
         nfmt,
         what="node trace",
         required=io.NODE_REQUIRED,

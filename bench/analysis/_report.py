@@ -15,15 +15,16 @@ Files written into the output folder:
 
 from __future__ import annotations
 
+import io
 import json
 import math
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 from pyspark.sql import DataFrame
 
 from . import _cost as cost
+from . import _fs as fs
 from ._job import Analysis
 
 ORDER = (
@@ -164,14 +165,24 @@ def _grid(head: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO) -> No
         print(fmt.format(*r), file=out)
 
 
-def write_outputs(result: Analysis, out_dir: Path, *, plots: bool = True) -> list[Path]:
-    """Write JSON, Parquet and PNG files; return their paths."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
+def write_outputs(
+    result: Analysis,
+    out_dir: str,
+    *,
+    plots: bool = True,
+    storage_options: Mapping[str, Any] | None = None,
+) -> list[str]:
+    """Write the Parquet tables (Spark), then summary.json and the plots; return their paths.
+
+    `out_dir` is a local path or a URI: the tables go through Spark's writers
+    (any filesystem the cluster has a connector for), the driver's files
+    through fsspec with `storage_options` (`_fs.storage_options`).
+    """
+    written: list[str] = []
 
     def parquet(df: DataFrame, name: str) -> None:
-        path = out_dir / name
-        df.write.mode("overwrite").parquet(str(path))
+        path = fs.join(out_dir, name)
+        df.write.mode("overwrite").parquet(path)
         written.append(path)
 
     # One sorted file: the table is aggregated (regions^2 x kinds x topics), a
@@ -186,17 +197,26 @@ def write_outputs(result: Analysis, out_dir: Path, *, plots: bool = True) -> lis
         parquet(result.comparison, "comparison.parquet")
     if result.comparison_topics is not None:
         parquet(result.comparison_topics, "comparison_topics.parquet")
-    summary_path = out_dir / "summary.json"
-    summary_path.write_text(
-        json.dumps(result.summary, indent=2, sort_keys=False, default=str) + "\n"
-    )
-    written.append(summary_path)
-    if plots:
-        written.extend(plot(result.summary, out_dir))
+    written.extend(write_driver_files(result.summary, out_dir, plots, storage_options or {}))
     return written
 
 
-def plot(summary: dict[str, Any], out_dir: Path) -> list[Path]:
+def write_driver_files(
+    summary: dict[str, Any], out_dir: str, plots: bool, storage_options: Mapping[str, Any]
+) -> list[str]:
+    """summary.json and (with `plots`) the PNGs, written by the driver through fsspec."""
+    files = {"summary.json": (json.dumps(summary, indent=2, default=str) + "\n").encode()}
+    if plots:
+        files.update(plot(summary))
+    written = []
+    for name, data in files.items():
+        path = fs.join(out_dir, name)
+        fs.write_bytes(path, data, storage_options)
+        written.append(path)
+    return written
+
+
+def plot(summary: dict[str, Any]) -> dict[str, bytes]:
     """savings.png (messages per strategy) and heatmap.png (region x region per strategy)."""
     import matplotlib
 
@@ -227,8 +247,8 @@ def plot(summary: dict[str, Any], out_dir: Path) -> list[Path]:
     ax.set_title(f"Inter-region messages per strategy ({summary['events']:,} events)")
     ax.margins(y=0.25)
     fig.tight_layout()
-    savings = out_dir / "savings.png"
-    fig.savefig(savings, dpi=120)
+    savings = io.BytesIO()
+    fig.savefig(savings, format="png", dpi=120)
     plt.close(fig)
 
     ids = summary["federation"]["brokers"]
@@ -253,7 +273,7 @@ def plot(summary: dict[str, Any], out_dir: Path) -> list[Path]:
         axes[j // cols][j % cols].axis("off")
     if image is not None:
         fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6, label="messages (log)")
-    heatmap = out_dir / "heatmap.png"
-    fig.savefig(heatmap, dpi=110)
+    heatmap = io.BytesIO()
+    fig.savefig(heatmap, format="png", dpi=110)
     plt.close(fig)
-    return [savings, heatmap]
+    return {"savings.png": savings.getvalue(), "heatmap.png": heatmap.getvalue()}

@@ -1,10 +1,23 @@
-"""The SparkSession the analysis runs in: reused, submitted or local."""
+"""The SparkSession the analysis runs in: reused, submitted, local or on a cluster.
+
+On a cluster the executors need the ``geofed`` package; `build_session`
+ships the driver's copy of it (a zip of the imported package, added with
+`SparkContext.addPyFile`) rather than relying on one installed at some path
+on every machine, so driver and executors may see the project at different
+paths, or executors not at all. The executors' Python (``spark.pyspark.python``)
+must hold geofed's dependencies (shapely, h3, pyarrow, numpy, grpcio, ...):
+an environment installed on every worker, or one packed and sent with
+``--archives`` (README.md, section "Analysis").
+"""
 
 from __future__ import annotations
 
 import os
 import sys
+import tempfile
+import zipfile
 from collections.abc import Sequence
+from pathlib import Path
 
 from pyspark import SparkConf
 from pyspark.sql import SparkSession
@@ -23,14 +36,48 @@ def default_driver_memory() -> str:
     return f"{max(1, min(12, ram // 3 // (1 << 30)))}g"
 
 
+def is_local(master: str | None) -> bool:
+    """A local master: driver and executors are this machine's processes."""
+    return (master or "local").startswith("local")
+
+
+def package_zip(folder: str | None = None) -> str:
+    """A zip of the imported ``geofed`` package (its sources, links followed), for executors.
+
+    Written into `folder` (default: a new temporary folder); returns its path.
+    """
+    import geofed
+
+    root = Path(geofed.__file__).parent
+    target = Path(folder or tempfile.mkdtemp(prefix="geofed-pyfiles-")) / "geofed.zip"
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zf:
+        for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+            for name in sorted(filenames):
+                if name.endswith((".pyc", ".pyo")):
+                    continue
+                path = Path(dirpath) / name
+                zf.write(path, Path("geofed") / path.relative_to(root))
+    return str(target)
+
+
 def build_session(
-    master: str | None, driver_memory: str | None, conf: Sequence[str]
+    master: str | None,
+    driver_memory: str | None,
+    conf: Sequence[str],
+    *,
+    executor_memory: str | None = None,
 ) -> SparkSession:
     """The SparkSession: an active one is reused; otherwise local[*] unless told.
 
     Under spark-submit the JVM already runs with spark-submit's master and
-    memory; only `master` given explicitly overrides it. `conf` items are
-    ``KEY=VALUE`` Spark settings.
+    memory; only `master` given explicitly overrides it. Otherwise this
+    process starts the driver JVM, with `driver_memory` (default: a third
+    of RAM for a local master, Spark's own for a cluster). On a cluster
+    master the executors run ``spark.pyspark.python`` (default: the
+    PYSPARK_PYTHON variable, else this interpreter's absolute path) and get
+    this process's geofed package (`package_zip`). `conf` items are
+    ``KEY=VALUE`` Spark settings; they win over everything set here.
 
     Raises:
         ValueError: for a `conf` item that is not ``KEY=VALUE``.
@@ -39,29 +86,44 @@ def build_session(
     if active is not None:
         return active
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ
+    given = SparkConf() if submitted else None
     builder = SparkSession.builder.appName(APP_NAME)
-    effective = master or (SparkConf().get("spark.master", "local[*]") if submitted else "local[*]")
+    effective = master or (
+        given.get("spark.master", "local[*]") if given is not None else "local[*]"
+    )
     if master or not submitted:
         builder = builder.master(effective)
-    if effective.startswith("local"):
+    local = effective.startswith("local")
+    if not submitted:
+        memory = driver_memory or (default_driver_memory() if local else None)
+        if memory:
+            builder = builder.config("spark.driver.memory", memory)
+    if executor_memory:
+        builder = builder.config("spark.executor.memory", executor_memory)
+    if local:
         # Python workers run this interpreter (and so find geofed) unless told otherwise.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        if not submitted:
-            builder = builder.config(
-                "spark.driver.memory", driver_memory or default_driver_memory()
-            )
         # Few cores: a few partitions per core; AQE merges what is too small.
         builder = builder.config("spark.sql.shuffle.partitions", str(8 * (os.cpu_count() or 2)))
+    elif given is None or not given.contains("spark.pyspark.python"):
+        # An absolute path: a relative one would be looked up in each
+        # executor's work folder.
+        python = os.environ.get("PYSPARK_PYTHON") or sys.executable
+        builder = builder.config("spark.pyspark.python", python)
     builder = (
         builder.config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.adaptive.enabled", "true")
         # The job caches intermediate tables; let AQE still size their partitions.
         .config("spark.sql.optimizer.canChangeCachedPlanOutputPartitioning", "true")
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "20000")
+        .config("spark.checkpoint.compress", "true")
     )
     for item in conf:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ValueError(f"--conf: expected KEY=VALUE, got {item!r}")
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    spark = builder.getOrCreate()
+    if not is_local(spark.sparkContext.master):
+        spark.sparkContext.addPyFile(package_zip())
+    return spark

@@ -87,9 +87,14 @@ NOT_RUN: dict[str, str] = {
         "placeholder files (fed.geojson, trace.parquet, node traces)"
     ),
     "python -m geofed.bench.analyze ...": "`...` stands for geofed analyze's arguments",
-    "PYSPARK_PYTHON=.venv/bin/python spark-submit --master spark://host:7077 "
-    "--driver-memory 8g bench/analyze.py -f fed.geojson -w hdfs:///w/ -o out/analysis": (
-        "needs a Spark cluster and HDFS"
+    "spark-submit --master spark://host:7077 "
+    "--conf spark.pyspark.python=/opt/geofed/.venv/bin/python "
+    "--conf spark.pyspark.driver.python=/opt/geofed/.venv/bin/python "
+    "--driver-memory 8g --executor-memory 4g "
+    "bench/analyze.py -f deploy/federations/aws-2020.geojson -w hdfs:///traces/w/ "
+    "-o hdfs:///out/analysis --checkpoint-dir hdfs:///tmp/geofed-checkpoints": (
+        "needs a Spark cluster and HDFS: tests/spark/test_spark_cluster.py runs this command"
+        " on a standalone cluster it starts, with file:// URIs for the hdfs:// ones"
     ),
 }
 

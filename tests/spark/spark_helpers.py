@@ -33,8 +33,13 @@ def run(spark: Any, fed_path: Path, trace: Path, **kw: Any) -> Analysis:
 
 def spark_counts(result: Analysis) -> dict[str, Counter[tuple[str, ...]]]:
     """Messages per strategy by (kind, src, dst); lower bound and payload bytes by (src, dst)."""
+    return message_counts(r.asDict() for r in result.messages.collect())
+
+
+def message_counts(rows: Iterable[dict[str, Any]]) -> dict[str, Counter[tuple[str, ...]]]:
+    """`spark_counts` of rows of the messages table (collected, or read from its Parquet)."""
     out: dict[str, Counter[tuple[str, ...]]] = {}
-    for r in result.messages.collect():
+    for r in rows:
         s = r["strategy"]
         if s == "lower-bound":
             out.setdefault(s, Counter())[(r["src"], r["dst"])] += r["messages"]

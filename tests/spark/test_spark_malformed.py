@@ -125,7 +125,10 @@ def test_parquet_without_a_required_column_is_invalid_input(spark: Any, tmp_path
         h3_res=None,
         max_errors=100,
         driver_memory=None,
+        executor_memory=None,
+        checkpoint_dir=None,
         conf=[],
+        force=False,
         no_plots=True,
     )
     assert cli.run(args) == 2  # the active test session is reused, not stopped
@@ -282,3 +285,21 @@ def test_unsubscribes_beyond_the_workload_are_explained(spark: Any, tmp_path: Pa
     assert "NOTE more unsubscribes measured than the workload has" in out.getvalue()
     assert f"flooding-subscriptions +{extra:,}" in out.getvalue()
     assert "<strategy>/measured/" in out.getvalue()
+
+
+def test_inputs_are_told_apart_by_content(spark: Any, tmp_path: Path) -> None:
+    """Parquet is recognised by its bytes whatever its name; a folder mixing kinds is refused."""
+    cols = ("t", "op", "client", "lat", "lon", "id", "topic", "geofence", "payload_size")
+    table = {c: [r.get(c) for r in THREE_TRACE] for c in cols}
+    data = _parquet(tmp_path / "trace.data", table)  # no .parquet in the name
+    result = run(spark, THREE, data)
+    assert result.summary["workload"]["format"] == "parquet"
+    assert result.summary["events"] == 3 and result.summary["errors"]["total"] == 0
+    result.release()
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    _parquet(mixed / "a.parquet", table)
+    write_jsonl(mixed / "b.jsonl", THREE_TRACE)
+    with pytest.raises(InvalidInput) as err:
+        run(spark, THREE, mixed)
+    assert err.value.field == "workload" and "mixes Parquet" in str(err.value)

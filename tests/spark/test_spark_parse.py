@@ -1,0 +1,227 @@
+"""The JVM pre-check plus the executors' geometry parse exactly as `parse_op` does.
+
+Workload records are typed in the JVM (`from_json`, Parquet columns) and
+only rows the JVM cannot vouch for reach `parse_op` itself. These tests
+feed both paths adversarial records (wrong JSON types, numbers as strings,
+non-finite values, wildcards, bad geofences, lax JSON that Spark's parser
+accepts and `json.loads` does not) and require every row to come out as
+the core's parse of the same line: the same values, or the same error.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from spark_helpers import THREE, write_jsonl
+from test_spark_known import AROUND_FRANKFURT, THREE_TRACE
+
+from geofed.bench.analysis import load_federation
+from geofed.bench.analysis._io import parse_workload, read_numbered, workload_records
+from geofed.bench.analysis._job import PARSED_DDL
+from geofed.routing import GeofedError, GeofenceCache, parse_op
+
+pytestmark = pytest.mark.spark
+
+# Values a field may take instead of a good one: each must come out as the core says.
+ODD_VALUES: list[Any] = [
+    None,
+    "",
+    "5",
+    "-1.5e3",
+    "true",
+    "null",
+    "NaN",
+    "Infinity",
+    "[1]",
+    "x\u0001y",
+    "\u00e9t\u00e9",
+    "a/+/b",
+    "a/#",
+    "#",
+    "+",
+    "a+/b",
+    "a/#/b",
+    "s" * 300,
+    5,
+    0,
+    -0.0,
+    -1,
+    1.5,
+    3.0,
+    10**30,
+    1e300,
+    True,
+    False,
+    [1, 2],
+    [],
+    {"a": 1},
+    {"circle": {"lat": 50, "lon": 8, "radius_m": 1000}},
+    "POLYGON((0 0, 1 1, 1 0, 0 1, 0 0))",
+    AROUND_FRANKFURT,
+    "POLYGON((0 0, 1 0, 1 1, 0 1, 0 0))",
+    '{"type": "Polygon", "coordinates": [[[0, 0], [1, 0], [1, 1], [0, 1], [0, 0]]]}',
+    "POLYGON((0 0",
+    91,
+    -180,
+    180.0,
+    -90,
+]
+FIELDS = ("t", "op", "client", "lat", "lon", "id", "topic", "geofence", "payload_size")
+# Whole lines whose JSON Spark's parser and json.loads may read differently.
+ODD_LINES = [
+    '{"t": 1, "op": "move", "client": "c1", "lat": 1, "lon": 2} {"t": 2}',
+    '{"t": 1, "op": "move", "client": "c1", "lat": 1, "lon": 2}}',
+    "{'t': 1, 'op': 'move', 'client': 'c1', 'lat': 1, 'lon': 2}",
+    '{"t": 01, "op": "move", "client": "c1", "lat": 1, "lon": 2}',
+    '{"t": 1, "op": "move", "client": "c1", "lat": 1, "lon": 2,}',
+    '{"t": 1, "op": "move", "client": "\\u0063\\u0031", "lat": 1, "lon": 2}',
+    '{"t": 1, "op": "move", "client": "c\\ud800", "lat": 1, "lon": 2}',
+    '\ufeff{"t": 1, "op": "move", "client": "c1", "lat": 1, "lon": 2}',
+    '  {"t": 1, "op": "move", "client": "c1", "lat": 1, "lon": 2}\t',
+    '{"t": 1, "op": "move", "op": "publish", "client": "c1", "lat": 1, "lon": 2}',
+    '{"T": 1, "op": "move", "client": "c1", "lat": 1, "lon": 2}',
+    '{"t": NaN, "op": "move", "client": "c1", "lat": 1, "lon": 2}',
+    '{"t": 1, "op": "move", "client": "c1", "lat": Infinity, "lon": 2}',
+    '{"t": 1, "op": "move", "client": "c1", "lat": "NaN", "lon": 2}',
+    '{"t": 1, "op": "move", "client": "c1", "lat": 1, "lon": 2, "extra": {"x": [1]}}',
+    "[1, 2]",
+    "5",
+    '"move"',
+    "\t",
+    "",
+]
+
+
+def _records(rng: random.Random, n: int) -> list[str]:
+    """Good records with one to three fields replaced by odd values (or dropped)."""
+    lines: list[str] = []
+    for _ in range(n):
+        rec = dict(rng.choice(THREE_TRACE))
+        for _ in range(rng.randint(1, 3)):
+            field = rng.choice(FIELDS)
+            if rng.random() < 0.15:
+                rec.pop(field, None)
+            else:
+                rec[field] = rng.choice(ODD_VALUES)
+        lines.append(json.dumps(rec))
+    return lines
+
+
+def _expected(records: list[tuple[int, Any]]) -> dict[int, tuple[Any, ...]]:
+    """line -> the core's answer: (op, t, client, lat, lon, id, topic, payload, err)."""
+    cache = GeofenceCache()
+    out: dict[int, tuple[Any, ...]] = {}
+    for line, record in records:
+        try:
+            op = parse_op(record, line, cache)
+        except GeofedError as exc:
+            out[line] = (None,) * 8 + (str(exc),)
+            continue
+        if op.payload_size >= 1 << 63:  # parse_op's integers are unbounded, a Spark long is not
+            msg = f"line {line}: payload_size: must be below 2**63, got {op.payload_size}"
+            out[line] = (None,) * 8 + (msg,)
+            continue
+        loc = op.location
+        out[line] = (
+            op.op,
+            op.t,
+            op.client,
+            loc.lat if loc else None,
+            loc.lon if loc else None,
+            op.id or None,
+            op.topic or None,
+            op.payload_size if op.op == "publish" else None,
+            None,
+        )
+    return out
+
+
+def _actual(spark: Any, path: Path, fmt: str) -> dict[int, tuple[Any, ...]]:
+    _, fed_text = load_federation(str(THREE))
+    numbered, _ = read_numbered(
+        spark,
+        [str(path)],
+        fmt,
+        what="workload",
+        required=("t", "op", "client", "lat", "lon", "id", "topic"),
+        optional=("geofence", "payload_size"),
+    )
+    parsed = workload_records(numbered, fmt).mapInArrow(parse_workload(fed_text), PARSED_DDL)
+    cols = ("op", "t", "client", "lat", "lon", "id", "topic", "payload", "err")
+    return {int(r["line"]): tuple(r[c] for c in cols) for r in parsed.collect()}
+
+
+def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    # -0.0 == 0.0 in Python; compare floats by their bits so a sign flip shows.
+    return [repr(x) for x in a] == [repr(x) for x in b]
+
+
+def test_json_lines_parse_as_the_core_does(spark: Any, tmp_path: Path) -> None:
+    rng = random.Random(18)
+    lines = [*(json.dumps(r) for r in THREE_TRACE), *ODD_LINES, *_records(rng, 600)]
+    path = write_jsonl(tmp_path / "odd.jsonl", lines)
+    records: list[tuple[int, Any]] = []
+    errors: dict[int, str] = {}
+    for n, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue
+        try:
+            records.append((n, json.loads(text)))
+        except json.JSONDecodeError as exc:
+            errors[n] = f"line {n}: not JSON: {exc.msg}"
+    want = _expected(records) | {n: (None,) * 8 + (e,) for n, e in errors.items()}
+    # The one deliberate difference: text Spark cannot hold is an error, not a crash.
+    lone = lines.index('{"t": 1, "op": "move", "client": "c\\ud800", "lat": 1, "lon": 2}') + 1
+    assert want[lone][-1] is None
+    want[lone] = (None,) * 8 + (f"line {lone}: client: not valid Unicode (a lone surrogate)",)
+    got = _actual(spark, path, "json")
+    assert sorted(got) == sorted(want)  # blank lines skipped, every other line a row
+    differ = {n: (got[n], want[n]) for n in want if not _same(got[n], want[n])}
+    assert not differ, "\n".join(
+        f"line {n}: {lines[n - 1]!r}: {g} != {w}" for n, (g, w) in differ.items()
+    )
+    # The mix exercised both paths: good rows and errors of many fields.
+    assert sum(1 for v in want.values() if v[-1] is None) > 50
+    assert len({v[-1].split(":")[1] for v in want.values() if v[-1]}) > 8
+
+
+def test_parquet_rows_parse_as_the_core_does(spark: Any, tmp_path: Path) -> None:
+    # Typed columns: NaN and out-of-range numbers, nulls, whole-number float
+    # payloads (pandas' integers with nulls), int32 times, float32 positions.
+    rows = [dict(r) for r in THREE_TRACE]
+    rows[0]["lat"] = float("nan")
+    rows[1]["topic"] = "a/#/b"
+    rows[2]["payload_size"] = 1.5
+    rows[3]["client"] = ""
+    rows[4]["geofence"] = "POLYGON((0 0"
+    rows.append({**THREE_TRACE[2], "id": "e9", "payload_size": None})
+    rows.append({**THREE_TRACE[2], "id": "e10", "lon": 181.0})
+    cols = {c: [r.get(c) for r in rows] for c in FIELDS}
+    cols["payload_size"] = [None if v is None else float(v) for v in cols["payload_size"]]
+    table = pa.table(
+        {
+            **{c: pa.array(v) for c, v in cols.items() if c not in ("t", "lat", "lon")},
+            "t": pa.array([int(v) for v in cols["t"]], pa.int32()),
+            "lat": pa.array(cols["lat"], pa.float32()),
+            "lon": pa.array(cols["lon"], pa.float64()),
+        }
+    )
+    path = tmp_path / "w.parquet"
+    pq.write_table(table, path)
+    records = []
+    for n, row in enumerate(table.to_pylist(), start=1):
+        size = row.get("payload_size")
+        if isinstance(size, float) and size.is_integer():
+            row["payload_size"] = int(size)
+        records.append((n, row))
+    want = _expected(records)
+    got = _actual(spark, path, "parquet")
+    differ = {n: (got[n], want[n]) for n in want if not _same(got[n], want[n])}
+    assert not differ, differ
+    assert sum(1 for v in want.values() if v[-1]) == 6
