@@ -197,7 +197,7 @@ def _numbered_parquet(
 # Spark's NaN/Infinity spellings; anything else sets _corrupt.
 WORKLOAD_JSON_SCHEMA = (
     "t double, op string, client string, lat double, lon double, id string, topic string,"
-    " geofence string, payload_size long, _corrupt string"
+    " geofence string, payload_size long, roaming string, _corrupt string"
 )
 _JSON_OPTIONS = {
     "mode": "PERMISSIVE",
@@ -214,6 +214,7 @@ _NOT_A_STRING = (
     r"^(-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?|true|false|null|-?Infinity|NaN|[\[\"].*)$"
 )
 _NUMERIC_TYPES = ("tinyint", "smallint", "int", "bigint", "float", "double")
+_OPTIONAL_TYPES = {"geofence": "string", "payload_size": "bigint", "roaming": "string"}
 _STRING_FIELDS = ("op", "client", "id", "topic", "geofence")
 _NUMBER_FIELDS = ("t", "lat", "lon", "payload_size")
 
@@ -239,6 +240,7 @@ def workload_records(numbered: DataFrame, fmt: str) -> DataFrame:
         fast = (
             F.col("value").rlike(_FLAT_OBJECT)
             & F.col("_corrupt").isNull()
+            & F.col("roaming").isNull()  # a roaming geofence: parse_op refuses it by name
             & _valid(F.col, json=True)
         )
         return typed.select(
@@ -270,9 +272,15 @@ def workload_records(numbered: DataFrame, fmt: str) -> DataFrame:
         return kind == "string" if name in _STRING_FIELDS else kind in _NUMERIC_TYPES
 
     fast = _valid(typed_col, json=False)
+    if "roaming" in types:  # a roaming geofence: parse_op refuses it by name
+        fast = fast & F.col("roaming").isNull()
     for name in (*_STRING_FIELDS, *_NUMBER_FIELDS):
         if not usable(name):
             fast = F.lit(False)
+    # An optional column the file lacks reads as null, as a record without the field.
+    for name, kind in _OPTIONAL_TYPES.items():
+        if name not in types:
+            numbered = numbered.withColumn(name, F.lit(None).cast(kind))
     return numbered.withColumn("_fast", fast)
 
 

@@ -303,3 +303,17 @@ def test_inputs_are_told_apart_by_content(spark: Any, tmp_path: Path) -> None:
     with pytest.raises(InvalidInput) as err:
         run(spark, THREE, mixed)
     assert err.value.field == "workload" and "mixes Parquet" in str(err.value)
+
+
+def test_parquet_without_the_optional_columns_reads_them_as_absent(
+    spark: Any, tmp_path: Path
+) -> None:
+    """geofence, payload_size and roaming are optional columns: a file without them is
+    analysed as the same records in JSON Lines without those fields."""
+    rows = [
+        {k: v for k, v in r.items() if k not in ("geofence", "payload_size")} for r in THREE_TRACE
+    ]
+    cols = ("t", "op", "client", "lat", "lon", "id", "topic")
+    parquet = _parquet(tmp_path / "w.parquet", {c: [r.get(c) for r in rows] for c in cols})
+    jsonl = write_jsonl(tmp_path / "w.jsonl", rows)
+    assert spark_counts(run(spark, THREE, parquet)) == spark_counts(run(spark, THREE, jsonl))
