@@ -62,6 +62,7 @@ from ._http_openapi import openapi_document
 from ._mqtt import _default_location
 from ._server import _END, _Stream
 from ._tls import broker_dns_name
+from ._web_site import start_site
 
 if TYPE_CHECKING:
     from ._server import BrokerServer
@@ -287,22 +288,9 @@ class HttpBridge:
             handler_cancellation=True,  # a client that goes away ends its handler
             max_line_size=cfg.http_max_url_bytes + _URL_SLACK,
         )
-        await self._runner.setup()
-        host, _, port = listen.rpartition(":")
-        site = web.TCPSite(
-            self._runner,
-            host or None,
-            int(port),
-            ssl_context=self.node.security.server_ssl_context(),
+        self.port = await start_site(
+            self._runner, listen, "http_listen", self.node.security.server_ssl_context()
         )
-        try:
-            await site.start()
-        except OSError as exc:
-            await self._runner.cleanup()
-            raise InvalidInput(
-                "http_listen", f"cannot listen on {listen}: {exc.strerror}"
-            ) from None
-        self.port = int(self._runner.addresses[0][1])
         return self.port
 
     async def stop(self) -> None:

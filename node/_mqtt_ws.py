@@ -20,9 +20,8 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from geofed.routing import InvalidInput
-
 from . import _mqtt_codec as mq
+from ._web_site import start_site
 
 log = logging.getLogger("geofed.node.mqtt")
 
@@ -139,17 +138,7 @@ class WebSocketServer:
         app = web.Application()
         app.router.add_get(PATH, self._handle)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-        await self._runner.setup()
-        host, _, port = listen.rpartition(":")
-        site = web.TCPSite(self._runner, host or None, int(port), ssl_context=ssl_context)
-        try:
-            await site.start()
-        except OSError as exc:
-            await self._runner.cleanup()
-            raise InvalidInput(
-                "mqtt_ws_listen", f"cannot listen on {listen}: {exc.strerror}"
-            ) from None
-        return int(self._runner.addresses[0][1])
+        return await start_site(self._runner, listen, "mqtt_ws_listen", ssl_context)
 
     async def stop(self) -> None:
         if self._runner is not None:
