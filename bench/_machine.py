@@ -34,9 +34,17 @@ def describe() -> str:
     return f"{os.cpu_count()} cores, {cpu_model()}, {mem} RAM, {system}"
 
 
-def record(path: Path, module: str, argv: list[str] | None, body: str) -> None:
-    """Append a dated section to a results file: the command, the machine, then `body`."""
+def record(path: Path, module: str, argv: list[str] | None, body: str, *, title: str = "") -> None:
+    """Append a dated section to a results file: the command, the machine, then `body`.
+
+    `title` (the file's heading and introduction) is written first when the
+    file is new or empty.
+    """
     cmd = f"python -m {module} " + " ".join(argv if argv is not None else sys.argv[1:])
+    new = not path.exists() or not path.read_text(encoding="utf-8").strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", encoding="utf-8") as f:
+        if new and title:
+            f.write(title)
         f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n")
         f.write(f"Command: `{cmd.strip()}`  \nMachine: {describe()}  \n{body}\n")

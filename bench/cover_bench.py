@@ -19,10 +19,9 @@ import argparse
 import math
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
-from geofed.bench._machine import describe
+from geofed.bench._machine import record
 from geofed.routing import DecimalLayout, Geofence, H3Layout, circle, cover, latlon, parse_geofence
 
 RESULTS = Path(__file__).resolve().parent / "results" / "cover.md"
@@ -82,20 +81,17 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 print(rows[-1], flush=True)
     if not args.no_record:
-        command = "python -m geofed.bench.cover_bench " + " ".join(argv or sys.argv[1:])
-        stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-        new = not RESULTS.exists()
-        with RESULTS.open("a", encoding="utf-8") as out:
-            if new:
-                out.write(
-                    "# Geofence covers: filters vs coverage, decimal and H3 layouts\n\n"
-                    "Written by `bench/cover_bench.py` (see its docstring). Coverage is the"
-                    " geofence's area over the cover's (planar square degrees): 1 - coverage"
-                    " is the over-delivery share for evenly spread publishers. Target 0.99"
-                    " in every row.\n"
-                )
-            out.write(f"\n## {stamp}\n\nCommand: `{command.strip()}`  \n")
-            out.write(f"Machine: {describe()}\n\n" + "\n".join(rows) + "\n")
+        record(
+            RESULTS,
+            "geofed.bench.cover_bench",
+            argv,
+            "\n" + "\n".join(rows),
+            title="# Geofence covers: filters vs coverage, decimal and H3 layouts\n\n"
+            "Written by `bench/cover_bench.py` (see its docstring). Coverage is the"
+            " geofence's area over the cover's (planar square degrees): 1 - coverage"
+            " is the over-delivery share for evenly spread publishers. Target 0.99"
+            " in every row.\n",
+        )
         print(f"appended to {RESULTS}")
     return 0
 

@@ -27,13 +27,12 @@ import sys
 import tempfile
 import time
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from shapely.geometry import box
 
-from geofed.bench._machine import describe
+from geofed.bench._machine import record
 from geofed.node import HistoryBackend, HistoryLog, PostgisHistory, SqliteHistory
 from geofed.routing import HistoryQuery, HistoryRecord, LatLon, circle
 
@@ -143,16 +142,16 @@ def main(argv: list[str] | None = None) -> int:
     table = "\n".join([header, *lines])
     print(table)
     if not args.no_record:
-        command = "python -m geofed.bench.history_bench " + " ".join(
-            a if not a.startswith("postgresql://") else "postgresql://..." for a in sys.argv[1:]
+        record(
+            RESULTS,
+            "geofed.bench.history_bench",
+            # A DSN may hold a password: the command is recorded without it.
+            [
+                a if not a.startswith("postgresql://") else "postgresql://..."
+                for a in (argv if argv is not None else sys.argv[1:])
+            ],
+            f"Load average before / after: {load_before[0]:.1f} / {load_after[0]:.1f}\n\n{table}",
         )
-        with RESULTS.open("a", encoding="utf-8") as f:
-            f.write(
-                f"\n## {datetime.now(UTC):%Y-%m-%d %H:%M} UTC\n\n"
-                f"Command: `{command.strip()}`  \nMachine: {describe()}  \n"
-                f"Load average before / after: {load_before[0]:.1f} / {load_after[0]:.1f}\n\n"
-                f"{table}\n"
-            )
     return 0
 
 

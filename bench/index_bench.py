@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from geofed.bench._machine import describe
+from geofed.bench._machine import record
 from geofed.routing import (
     LatLon,
     Subscription,
@@ -274,21 +274,16 @@ def main(argv: list[str] | None = None) -> int:
     text = table(rows)
     print(text)
     if not args.no_record:
-        cmd = "python -m geofed.bench.index_bench " + " ".join(
-            argv if argv is not None else sys.argv[1:]
+        record(
+            RESULTS,
+            "geofed.bench.index_bench",
+            argv,
+            f"\n{text}",
+            title="# SubscriptionIndex micro-benchmark\n\n"
+            "Written by `bench/index_bench.py` (see its docstring for the workload).\n"
+            "*subs MiB*: RSS growth while the subscriptions (with their geofences) "
+            "were made; *index MiB*: RSS growth while they were indexed.\n",
         )
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        new = not RESULTS.exists()
-        with RESULTS.open("a", encoding="utf-8") as f:
-            if new:
-                f.write(
-                    "# SubscriptionIndex micro-benchmark\n\n"
-                    "Written by `bench/index_bench.py` (see its docstring for the workload).\n"
-                    "*subs MiB*: RSS growth while the subscriptions (with their geofences) "
-                    "were made; *index MiB*: RSS growth while they were indexed.\n"
-                )
-            f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n")
-            f.write(f"Command: `{cmd.strip()}`  \nMachine: {describe()}\n\n{text}\n")
     return 0
 
 

@@ -56,7 +56,7 @@ from geofed.client import connect
 from geofed.node import DELIVERIES, SUBSCRIPTIONS
 from geofed.routing import GeofedError, LatLon, great_circle_m
 
-from ._machine import describe
+from ._machine import record
 from .brokers import Mosquitto
 from .local import LocalFederation
 from .scrape import metric
@@ -386,23 +386,18 @@ def main(argv: list[str] | None = None) -> int:
     result = table(runs)
     print(result)
     if not args.no_record:
-        cmd = "python -m geofed.bench.mqtt_bench " + " ".join(
-            argv if argv is not None else sys.argv[1:]
+        record(
+            args.out,
+            "geofed.bench.mqtt_bench",
+            argv,
+            f"Broker: {facts['mosquitto_version']}  \n"
+            f"Load average (1 / 5 min): {load_before[0]:.2f} / {load_before[1]:.2f} before,"
+            f" {load_after[0]:.2f} / {load_after[1]:.2f} after  \n"
+            f"geofed: {facts['subscriptions']:,.0f} geofenced subscriptions held, "
+            f"{facts['geofed_deliveries']:,.0f} deliveries, all to the measured subscriber"
+            f" ({facts['expected_deliveries']:,} events and probes it received)\n\n{result}",
+            title="# MQTT throughput: one geofed node next to Mosquitto\n",
         )
-        new = not args.out.exists() or not args.out.read_text(encoding="utf-8").strip()
-        with args.out.open("a", encoding="utf-8") as f:
-            if new:
-                f.write("# MQTT throughput: one geofed node next to Mosquitto\n")
-            f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n")
-            f.write(
-                f"Command: `{cmd.strip()}`  \nMachine: {describe()}  \n"
-                f"Broker: {facts['mosquitto_version']}  \n"
-                f"Load average (1 / 5 min): {load_before[0]:.2f} / {load_before[1]:.2f} before,"
-                f" {load_after[0]:.2f} / {load_after[1]:.2f} after  \n"
-                f"geofed: {facts['subscriptions']:,.0f} geofenced subscriptions held, "
-                f"{facts['geofed_deliveries']:,.0f} deliveries, all to the measured subscriber"
-                f" ({facts['expected_deliveries']:,} events and probes it received)\n\n{result}\n"
-            )
     return 0
 
 
