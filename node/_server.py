@@ -713,17 +713,18 @@ class BrokerServer(Guarded):
                     continue
                 self._remember(_LOCAL, Kind.EVENT, event.id)
                 fresh.append(event.id)
-                logged.append(
-                    HistoryRecord(
-                        event.id,
-                        event.topic,
-                        event.payload,
-                        event.t,
-                        self.broker_id,
-                        event.location,
-                        event.geofence,
+                if self.history is not None:
+                    logged.append(
+                        HistoryRecord(
+                            event.id,
+                            event.topic,
+                            event.payload,
+                            event.t,
+                            self.broker_id,
+                            event.location,
+                            event.geofence,
+                        )
                     )
-                )
                 with self.metrics.match_seconds.time():
                     out = self.core.publish(event)
                 self._stage_deliveries(out.deliveries, self.broker_id, staged)
