@@ -555,7 +555,10 @@ def build_geofence(
             # can put one just outside although the boundary is inside: put the
             # vertices back where they were given.
             given = shapely.multipoints([xy for ring in checked for xy in ring])
-            snapped = shapely.snap(cut, given, _SNAP_DEG)
+            # Near-degenerate slivers (subnormal coordinates) make GEOS signal
+            # an invalid operation; such a result fails the validity check below.
+            with np.errstate(invalid="ignore"):
+                snapped = shapely.snap(cut, given, _SNAP_DEG)
             if snapped.is_valid and not snapped.is_empty:
                 cut = snapped
         parts.append(cut)

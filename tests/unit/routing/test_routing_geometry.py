@@ -353,6 +353,23 @@ def test_geofence_text_is_canonical_and_repr_is_short() -> None:
     assert fence.vertex_count == 65
 
 
+def test_a_sliver_across_the_antimeridian_with_a_subnormal_latitude_builds() -> None:
+    # Snapping the cut back onto the given vertices made GEOS signal an
+    # invalid operation (a RuntimeWarning, an error under pytest); the snapped
+    # shape is invalid and the cut is kept as it is.
+    ring = [
+        (-179.99998, 0.0),
+        (-179.99998, 5.348839960520485e-261),
+        (-179.99998919395387, 1.682941969615793e-05),
+        (179.99999167706326, 1.8185948536513636e-05),
+        (-179.99998, 0.0),
+    ]
+    fence = build_geofence([[ring]])
+    assert isinstance(fence.geometry, MultiPolygon)
+    assert fence.geometry.is_valid
+    assert parse_wkt(fence.wkt).wkt == fence.wkt
+
+
 def test_every_given_vertex_is_still_covered_after_the_antimeridian_cut() -> None:
     # Unwrapping this ring shifts 121.22924977699323 by -360 and the cut shifts
     # it back, one ulp off: the vertex ended just outside its own geofence.
