@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from geofed import routing
 from geofed import wire as gw
-from geofed.node import ByteBudget, NodeConfig, NodeMetrics, PeerLink, _links
+from geofed.node import PEER_LINK_FAILURES, ByteBudget, NodeConfig, NodeMetrics, PeerLink, _links
 from geofed.routing import (
     BrokerInfo,
     EventMsg,
@@ -469,6 +469,36 @@ def test_dialling_side_redials_and_resends(monkeypatch: pytest.MonkeyPatch) -> N
             assert ids(await wire.peer_end.frame_with_events()) == ["e1"]
             wire.cut()  # not acknowledged: sent again after the redial
         assert host.states[:3] == [True, False, True]
+        await link.stop()
+
+    run(test)
+
+
+@pytest.mark.parametrize(
+    "error", [asyncio.InvalidStateError("write on a dying call"), RuntimeError("a bug")]
+)
+def test_the_dialler_survives_any_error_in_a_session_counts_it_and_redials(
+    monkeypatch: pytest.MonkeyPatch, error: Exception
+) -> None:
+    """Any exception that ends a session (grpc's ``call.write`` raises InvalidStateError when
+    the peer dies mid-write) is logged and counted, and the link dials again and resends."""
+    dialled = dial_into_wires(monkeypatch)
+
+    async def test() -> None:
+        host, link = dialler()
+        wire = await dialled.get()
+        await answer(wire)
+        await host.until(lambda: link.connected)
+
+        async def broken_write(frame: fpb.Frame) -> None:
+            raise error
+
+        wire.link_end.write = broken_write  # type: ignore[method-assign]
+        link.enqueue(event("e1"))
+        await answer(again := await dialled.get())
+        assert ids(await again.peer_end.frame_with_events()) == ["e1"]
+        assert host.metric(PEER_LINK_FAILURES) == 1
+        assert link._dialer is not None and not link._dialer.done()
         await link.stop()
 
     run(test)
