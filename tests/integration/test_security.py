@@ -20,6 +20,9 @@ import grpc
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+    ProtoReflectionDescriptorDatabase,
+)
 from prometheus_client import CollectorRegistry
 
 import geofed
@@ -359,19 +362,25 @@ def test_a_broker_with_a_certificate_from_another_ca_is_refused_in_the_handshake
     fed.wait_ready(HANG_S)
 
 
-def test_a_plaintext_health_port_answers_the_probes_of_a_tls_node(tmp_path: Path) -> None:
-    """health_listen: a TLS broker answers plaintext health checks there (a kubelet's
-    probes), and nothing else; its client port answers only over TLS."""
-    issue_federation("three", tmp_path / "certs")
-    config = NodeConfig(
+def lone_eu(**settings: Any) -> NodeConfig:
+    """Broker eu of `three` on free loopback ports, in-process, without its peers."""
+    return NodeConfig(
         broker_id="eu",
         federation="three",
         client_listen="127.0.0.1:0",
         peer_listen="127.0.0.1:0",
         metrics_listen="127.0.0.1:0",
-        tls_dir=str(tmp_path / "certs" / "brokers" / "eu"),
-        health_listen="127.0.0.1:0",
         peer_timeout_s=0,
+        **settings,
+    )
+
+
+def test_a_plaintext_health_port_answers_the_probes_of_a_tls_node(tmp_path: Path) -> None:
+    """health_listen: a TLS broker answers plaintext health checks there (a kubelet's
+    probes), and nothing else; its client port answers only over TLS."""
+    issue_federation("three", tmp_path / "certs")
+    config = lone_eu(
+        tls_dir=str(tmp_path / "certs" / "brokers" / "eu"), health_listen="127.0.0.1:0"
     )
 
     async def run() -> None:
@@ -383,6 +392,32 @@ def test_a_plaintext_health_port_answers_the_probes_of_a_tls_node(tmp_path: Path
             assert await asyncio.to_thread(health_status, probe, "", HANG_S) == "SERVING"
             assert await asyncio.to_thread(health_status, client) == "UNREACHABLE"
             assert await asyncio.to_thread(health_status, client, "", HANG_S, tls) == "SERVING"
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("reflection", ["on", "off"])
+def test_reflection_can_be_turned_off(reflection: str) -> None:
+    """``reflection off`` hides the API description on both ports (UNIMPLEMENTED); with
+    ``on`` a client lists the services."""
+    config = lone_eu(reflection=reflection)
+
+    def services(endpoint: str) -> list[str] | grpc.StatusCode:
+        with grpc.insecure_channel(endpoint) as channel:
+            try:
+                return sorted(ProtoReflectionDescriptorDatabase(channel).get_services())
+            except grpc.RpcError as exc:
+                return exc.code()  # type: ignore[no-any-return]
+
+    async def run() -> None:
+        async with BrokerServer(config, CollectorRegistry()) as node:
+            client = await asyncio.to_thread(services, f"127.0.0.1:{node.client_port}")
+            peer = await asyncio.to_thread(services, f"127.0.0.1:{node.peer_port}")
+            if reflection == "off":
+                assert client == peer == grpc.StatusCode.UNIMPLEMENTED
+            else:
+                assert isinstance(client, list) and "geofed.v1.ClientService" in client
+                assert isinstance(peer, list) and "geofed.v1.FederationService" in peer
 
     asyncio.run(run())
 
