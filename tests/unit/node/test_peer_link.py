@@ -354,6 +354,27 @@ def test_the_node_budget_bounds_a_link_queue_too() -> None:
     assert host.budget.used == host.budget.limit
 
 
+def test_peer_queue_bytes_bounds_a_link_queue_in_bytes() -> None:
+    """peer_queue_bytes: beyond the link's byte budget new events are dropped and counted
+    (without a store), however few messages are queued; what is sent frees its bytes."""
+
+    async def test() -> None:
+        size = _links._size(event("e0"))
+        host = FakeHost(peer_queue_bytes=2 * size + size // 2, batch_max_messages=10)
+        link = host.make_link()
+        for i in range(4):
+            link.enqueue(event(f"e{i}"))
+        assert link.queued == 2 and host.metric("geofed_peer_queue_dropped_total") == 2
+        wire, _, _ = await accept(link)
+        assert ids(await wire.peer_end.frame_with_events()) == ["e0", "e1"]
+        link.enqueue(event("e4"))  # the sent ones' bytes are free again
+        assert ids(await wire.peer_end.frame_with_events()) == ["e4"]
+        assert host.metric("geofed_peer_queue_dropped_total") == 2
+        await link.stop()
+
+    run(test)
+
+
 def test_full_queue_drops_new_events_and_counts_them() -> None:
     """Beyond peer_queue_size, new events are dropped and counted; the queued ones still go
     out. A subscription change dropped so restarts the session (the next one resyncs)."""
