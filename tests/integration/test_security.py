@@ -12,14 +12,19 @@ import asyncio
 import datetime as dt
 import socket
 import ssl
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
+import jwt
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
@@ -220,6 +225,35 @@ def test_clients_must_prove_who_they_are_and_cannot_take_over_another_id(
     assert metric(url, AUTH_REFUSED, reason="identity") >= 2
 
 
+def geofed_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "geofed.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
+        check=False,
+    )
+
+
+def test_the_cli_takes_a_client_certificate(fed: LocalFederation) -> None:
+    """geofed publish --ca --cert --key: alice publishes in her tree; mallory's certificate
+    does not grant it (exit 2, the rule named); without a certificate the handshake fails."""
+    common = ["--federation", str(fed.federation_path), "--location", "48.85,2.35"]
+    common += ["--topic", "sensors/alice/cli", "--payload", "1"]
+
+    def cert(identity: str) -> list[str]:
+        files = fed.client_tls(identity)
+        assert files is not None
+        return ["--ca", files.ca_file, "--cert", files.cert_file, "--key", files.key_file]
+
+    ok = geofed_cli("publish", *common, "--client", "alice-cli", *cert("alice"))
+    assert ok.returncode == 0, ok.stderr
+    denied = geofed_cli("publish", *common, "--client", "mallory-cli", *cert("mallory"))
+    assert denied.returncode == 2 and "publish" in denied.stderr, denied.stderr
+    anonymous = geofed_cli("publish", *common, "--client", "anon-cli", "--ca", cert("x")[1])
+    assert anonymous.returncode == 3, anonymous.stderr
+
+
 def test_the_policy_grants_topics_with_substitutions_and_areas(fed: LocalFederation) -> None:
     async def run() -> None:
         alice = await connect(fed, "alice", "alice-2", PARIS)
@@ -309,9 +343,10 @@ def test_token_authentication(tmp_path: Path, token_signer: TokenSigner) -> None
     with LocalFederation(
         THREE, "event-geofence", tmp_path, tls=True, client_auth="token", extra_env=env
     ) as fed:
+        tls = fed.client_tls()
+        assert tls is not None
 
         async def run() -> None:
-            tls = fed.client_tls()
             ok = await geofed.connect(
                 client_id="t1",
                 location=PARIS,
@@ -336,6 +371,54 @@ def test_token_authentication(tmp_path: Path, token_signer: TokenSigner) -> None
         asyncio.run(run())
         url = fed.nodes["eu"].metrics_url
         assert metric(url, AUTH_REFUSED, reason="unauthenticated") == 3
+        # The CLI sends a token from a file.
+        token_file = tmp_path / "carol.jwt"
+        token_file.write_text(token("carol") + "\n")
+        out = geofed_cli(
+            "publish",
+            *("--federation", str(fed.federation_path), "--ca", tls.ca_file),
+            *("--token-file", str(token_file), "--client", "t-cli", "--location", "48.85,2.35"),
+            *("--topic", "any/cli", "--payload", "1"),
+        )
+        assert out.returncode == 0, out.stderr
+
+        # The identity provider rotates its key: the brokers take the new public key
+        # without a restart, and tokens of the old key no longer pass.
+        new_key = ec.generate_private_key(ec.SECP256R1())
+        staged = tmp_path / "token.pub.new"
+        staged.write_bytes(
+            new_key.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )
+        staged.replace(token_signer.public)
+        rotated = jwt.encode(
+            {"sub": "carol", "exp": int(time.time()) + 600}, new_key, algorithm="ES256"
+        )
+
+        async def accepted(tok: str) -> bool:
+            try:
+                c = await geofed.connect(
+                    client_id="t3",
+                    location=PARIS,
+                    federation=fed.federation_path,
+                    tls=tls,
+                    token=tok,
+                    retry=geofed.RetryConfig(attempts=1),
+                )
+            except geofed.Unauthenticated:
+                return False
+            await c.close()
+            return True
+
+        async def rotation() -> None:
+            deadline = time.monotonic() + HANG_S
+            while not await accepted(rotated):  # the key file is looked at once a second
+                assert time.monotonic() < deadline, "the rotated token key was never taken"
+                await asyncio.sleep(0.1)
+            assert not await accepted(token("carol"))
+
+        asyncio.run(rotation())
 
 
 def test_a_bad_security_setting_stops_the_node_naming_it(tmp_path: Path) -> None:
