@@ -339,6 +339,7 @@ def _run(args: argparse.Namespace) -> int:
             "wan_latency": wan_env.get("GEOFED_WAN_LATENCY", "off"),
             "speed": speed,
             "barrier": args.barrier,
+            "tls": args.tls,
         },
         "strategies": rows,
         "analysis": analysis,

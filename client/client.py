@@ -69,7 +69,7 @@ from geofed.errors import (
     Unavailable,
     from_rpc_error,
 )
-from geofed.routing import Federation, HistoryAnswer, LatLon, latlon, validate_id
+from geofed.routing import Federation, HistoryAnswer, LatLon, latlon, read_input_file, validate_id
 from geofed.v1 import client_pb2_grpc as cpb_grpc
 from geofed.wire import (
     BATCH_METADATA,
@@ -163,7 +163,7 @@ class TLSConfig:
             InvalidInput: naming the file that cannot be read.
         """
         ca, cert, key = (
-            _read_pem(path, f"tls.{name}") if path else None
+            read_input_file(path, f"tls.{name}") if path else None
             for name, path in (
                 ("ca_file", self.ca_file),
                 ("cert_file", self.cert_file),
@@ -997,13 +997,6 @@ def open_channel(endpoint: str, tls: TLSConfig | None = None, token: str = "") -
     return grpc.aio.secure_channel(
         endpoint, tls.credentials(token), options=[*_CHANNEL_OPTIONS, *tls.options()]
     )
-
-
-def _read_pem(path: str, field: str) -> bytes:
-    try:
-        return Path(path).read_bytes()
-    except OSError as exc:
-        raise InvalidInput(field, f"cannot read {path}: {exc.strerror}") from None
 
 
 def health_status(

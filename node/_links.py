@@ -383,6 +383,7 @@ class PeerLink:
             except Exception:
                 # Whatever broke this session (a write on a dying call, a frame
                 # that does not parse), the dialler must live on: redial.
+                self.node.metrics.peer_link_failures.labels(peer=self.peer.id).inc()
                 log.exception("link %s failed; redialling", self.peer.id)
             finally:
                 await channel.close(grace=None)
@@ -419,6 +420,10 @@ class PeerLink:
             await self._run_session(transport)
         except ConnectionError as exc:  # the dialling side reconnects
             log.warning("link %s down: %s", self.peer.id, exc)
+        except Exception:
+            # As on the dialling side: the session ends, counted, and the peer redials.
+            self.node.metrics.peer_link_failures.labels(peer=self.peer.id).inc()
+            log.exception("link %s failed; the peer redials", self.peer.id)
 
     # -- a connected session ---------------------------------------------
 

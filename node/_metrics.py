@@ -32,6 +32,7 @@ SESSIONS_EXPIRED = "geofed_sessions_expired_total"
 AUTH_REFUSED = "geofed_auth_refused_total"
 QUEUED_BYTES = "geofed_queued_bytes"
 PEER_REFUSED = "geofed_peer_refused_total"
+PEER_LINK_FAILURES = "geofed_peer_link_failures_total"
 MQTT_CONNECTIONS = "geofed_mqtt_connections"
 MQTT_CONNECTS = "geofed_mqtt_connects_total"
 HISTORY_BROKERS_ASKED = "geofed_history_brokers_asked_total"
@@ -157,6 +158,13 @@ class NodeMetrics:
             " certificate; identity: its certificate names another broker; tls: this broker's"
             " dial failed the TLS handshake).",
             ["reason"],
+            registry=registry,
+        )
+        self.peer_link_failures = Counter(
+            PEER_LINK_FAILURES,
+            "Peer link sessions ended by an unexpected error (not a closed or refused"
+            " connection), by peer; the link is redialled.",
+            ["peer"],
             registry=registry,
         )
 

@@ -41,6 +41,7 @@ from ._errors import (
     TooLarge,
     Unauthenticated,
     WrongBroker,
+    read_input_file,
 )
 from ._federation import BrokerInfo, Federation, bundled_federations, federation_path
 from ._geometry import (
@@ -172,6 +173,7 @@ __all__ = [
     "parse_roaming",
     "parse_wkt",
     "predict",
+    "read_input_file",
     "read_sites",
     "read_trace",
     "reference_deliveries",

@@ -7,6 +7,8 @@ maps them onto gRPC status codes in one place.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class GeofedError(Exception):
     """Root of every error geofed raises on purpose."""
@@ -27,6 +29,18 @@ class InvalidInput(GeofedError, ValueError):
     def within(self, prefix: str) -> InvalidInput:
         """The same error with its field qualified by `prefix` (``prefix.field``)."""
         return InvalidInput(f"{prefix}.{self.field}" if self.field else prefix, self.reason)
+
+
+def read_input_file(path: str | Path, field: str) -> bytes:
+    """The bytes of a file a setting or option names (a certificate, a key, a policy).
+
+    Raises:
+        InvalidInput: naming `field` and the file when it cannot be read.
+    """
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise InvalidInput(field, f"cannot read {path}: {exc.strerror}") from None
 
 
 class TooLarge(GeofedError):
