@@ -386,16 +386,16 @@ def hello_frame(
     )
 
 
-def table_to_pb(table: StrategyTable) -> fpb.StrategyTable:
+def table_to_pb(table: StrategyTable) -> gpb.StrategyTable:
     """Wire form of a per-topic strategy table."""
-    return fpb.StrategyTable(
+    return gpb.StrategyTable(
         epoch=table.epoch,
         default_strategy=table.default,
-        entries=[fpb.StrategyEntry(topic_filter=f, strategy=s) for f, s in table.entries],
+        entries=[gpb.StrategyEntry(topic_filter=f, strategy=s) for f, s in table.entries],
     )
 
 
-def table_from_pb(pb: fpb.StrategyTable, field: str = "table") -> StrategyTable:
+def table_from_pb(pb: gpb.StrategyTable, field: str = "table") -> StrategyTable:
     """A strategy table from the wire (validated; an error names `field`'s part)."""
     try:
         return StrategyTable.build(
@@ -403,6 +403,45 @@ def table_from_pb(pb: fpb.StrategyTable, field: str = "table") -> StrategyTable:
         )
     except InvalidInput as exc:
         raise exc.within(field) from None
+
+
+def strategy_state_response(
+    broker_id: str,
+    table: StrategyTable,
+    newest: StrategyTable,
+    in_transition: bool,
+    sequencer: str,
+) -> cpb.StrategyState:
+    """Answer to SetStrategy and GetStrategy: one broker's view of the table."""
+    return cpb.StrategyState(
+        broker_id=broker_id,
+        table=table_to_pb(table),
+        newest=table_to_pb(newest),
+        in_transition=in_transition,
+        sequencer=sequencer,
+    )
+
+
+def set_strategy_request(topic_filter: str, strategy: str | None) -> cpb.SetStrategyRequest:
+    """A SetStrategy request, checked here as the broker will (errors name the field)."""
+    StrategyTable(strategy or "event-geofence").with_entry(topic_filter, strategy)
+    return cpb.SetStrategyRequest(topic_filter=topic_filter, strategy=strategy or "")
+
+
+def get_strategy_request() -> cpb.GetStrategyRequest:
+    """A GetStrategy request (it has no fields)."""
+    return cpb.GetStrategyRequest()
+
+
+def strategy_state_from_pb(pb: cpb.StrategyState) -> dict[str, Any]:
+    """A broker's StrategyState as JSON-ready data (what ``geofed strategy show`` prints)."""
+    return {
+        "broker": pb.broker_id,
+        "sequencer": pb.sequencer,
+        "in_transition": pb.in_transition,
+        "table": table_from_pb(pb.table, "table").to_dict(),
+        "newest": table_from_pb(pb.newest, "newest").to_dict(),
+    }
 
 
 def _table_msg(pb: fpb.TableState) -> TableMsg:

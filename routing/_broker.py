@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
+from typing import Any
 
-from ._errors import NotFound, WrongBroker
+from ._errors import InvalidInput, NotFound, WrongBroker
 from ._federation import Federation
 from ._geometry import LatLon, covers
 from ._index import SubscriptionIndex
@@ -443,6 +444,29 @@ class BrokerState:
         self.placing = (table,)
         self._future.clear()
         return self._replace_placement(old, self.placing)
+
+    def transition_state(self) -> dict[str, Any]:
+        """What a durable node keeps of its tables (JSON-ready; peers' progress is re-sent)."""
+        return {
+            "placing": [t.to_dict() for t in self.placing],
+            "switched": self.table is self.placing[-1],
+            "future": [t.to_dict() for _, t in sorted(self._future.items())],
+        }
+
+    def restore_transition_state(self, data: dict[str, Any]) -> None:
+        """Take back `transition_state` after a restart, before any subscription is restored.
+
+        Raises:
+            InvalidInput: naming the part of `data` that is wrong.
+        """
+        placing = data.get("placing")
+        if not isinstance(placing, list) or len(placing) not in (1, 2):
+            raise InvalidInput("strategy_state.placing", "must list one or two tables")
+        tables = tuple(StrategyTable.from_dict(t) for t in placing)
+        future = [StrategyTable.from_dict(t) for t in data.get("future", [])]
+        self.placing = tables
+        self.table = tables[-1] if data.get("switched", True) else tables[0]
+        self._future = {t.epoch: t for t in future}
 
     def _on_table(self, src: str, msg: TableMsg) -> list[Send]:
         table = msg.table

@@ -48,34 +48,16 @@ class Hello(_message.Message):
     federation_digest: str
     protocol_version: int
     epoch: int
-    finished_table: StrategyTable
-    def __init__(self, broker_id: _Optional[str] = ..., strategy: _Optional[str] = ..., federation_digest: _Optional[str] = ..., protocol_version: _Optional[int] = ..., epoch: _Optional[int] = ..., finished_table: _Optional[_Union[StrategyTable, _Mapping]] = ...) -> None: ...
-
-class StrategyEntry(_message.Message):
-    __slots__ = ("topic_filter", "strategy")
-    TOPIC_FILTER_FIELD_NUMBER: _ClassVar[int]
-    STRATEGY_FIELD_NUMBER: _ClassVar[int]
-    topic_filter: str
-    strategy: str
-    def __init__(self, topic_filter: _Optional[str] = ..., strategy: _Optional[str] = ...) -> None: ...
-
-class StrategyTable(_message.Message):
-    __slots__ = ("epoch", "default_strategy", "entries")
-    EPOCH_FIELD_NUMBER: _ClassVar[int]
-    DEFAULT_STRATEGY_FIELD_NUMBER: _ClassVar[int]
-    ENTRIES_FIELD_NUMBER: _ClassVar[int]
-    epoch: int
-    default_strategy: str
-    entries: _containers.RepeatedCompositeFieldContainer[StrategyEntry]
-    def __init__(self, epoch: _Optional[int] = ..., default_strategy: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[StrategyEntry, _Mapping]]] = ...) -> None: ...
+    finished_table: _geo_pb2.StrategyTable
+    def __init__(self, broker_id: _Optional[str] = ..., strategy: _Optional[str] = ..., federation_digest: _Optional[str] = ..., protocol_version: _Optional[int] = ..., epoch: _Optional[int] = ..., finished_table: _Optional[_Union[_geo_pb2.StrategyTable, _Mapping]] = ...) -> None: ...
 
 class TableState(_message.Message):
     __slots__ = ("table", "phase")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
-    table: StrategyTable
+    table: _geo_pb2.StrategyTable
     phase: int
-    def __init__(self, table: _Optional[_Union[StrategyTable, _Mapping]] = ..., phase: _Optional[int] = ...) -> None: ...
+    def __init__(self, table: _Optional[_Union[_geo_pb2.StrategyTable, _Mapping]] = ..., phase: _Optional[int] = ...) -> None: ...
 
 class StrategyProposal(_message.Message):
     __slots__ = ("topic_filter", "strategy")
