@@ -629,27 +629,25 @@ class BrokerServer(Guarded):
                     "strategy", f"{who.identity or 'anonymous'} is not in strategy_admins"
                 )
         self.core.newest_table.with_entry(topic_filter, strategy)  # validates here
-        self._check_sequencer_links()
+        self._check_links()
         self._transition(self.core.propose(topic_filter, strategy))
         if self.store.dirty:
             await self.store.commit()
 
-    def _check_sequencer_links(self) -> None:
-        """A change is numbered only with every link of the sequencer up.
+    def _check_links(self) -> None:
+        """A change is asked for, and numbered, only with every link of this broker up.
 
-        The sequencer then knows the newest table (a sequencer restarted
-        without a data dir learns it from its peers' hellos first); another
-        broker needs its link to the sequencer, or the proposal would be lost.
+        The sequencer then knows the newest table (one restarted without a
+        data dir learns it from its peers' hellos first), the proposer's
+        message to it is not lost on a link that is down, and a broker that
+        is down — which would hold the transition up — makes the request fail
+        at once instead (docs/design.md §3).
         """
-        seq = self.core.sequencer
-        needed = [p for p, link in self.links.items() if not link.connected]
-        if seq != self.broker_id:
-            needed = [seq] if seq in needed else []
-        if needed:
+        down = sorted(p for p, link in self.links.items() if not link.connected)
+        if down:
             raise Unavailable(
                 self.broker_id,
-                f"a strategy change needs the sequencer {seq} and its links: "
-                f"link to {', '.join(sorted(needed))} down",
+                f"a strategy change needs every broker: link to {', '.join(down)} down",
             )
 
     def strategy_state(self) -> cpb.StrategyState:
@@ -765,7 +763,7 @@ class BrokerServer(Guarded):
                     staged.seen.append((peer, *key))
                 elif isinstance(msg, TableMsg | ProposeMsg):
                     if isinstance(msg, ProposeMsg):
-                        self._check_sequencer_links()
+                        self._check_links()
                     self._transition(self.core.on_message(peer, msg).sends)
                 else:
                     changed = True

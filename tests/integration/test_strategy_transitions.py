@@ -194,3 +194,135 @@ def test_barrier_synchronised_transitions_match_oracle_and_cost_model(
     predicted = predict(federation.federation, table, ops, transitions)
     assert predicted.by_kind()["transition"] > 0
     assert sent == +predicted.messages
+
+
+# Visits every ordered pair of the four strategies once (an Euler circuit).
+_TOUR = [0, 1, 2, 3, 0, 2, 1, 3, 2, 0, 3, 1, 0]
+
+
+def test_events_flowing_through_transitions_are_delivered_exactly(
+    federation: LocalFederation,
+) -> None:
+    # Subscriptions are placed (barrier), then publishers at every broker
+    # publish without any barrier while 'a/#' is moved along every ordered
+    # pair of strategies, each change asked for while the previous ones may
+    # still be under way: every broker is in some phase of some transition
+    # when events arrive. The deliveries must be the oracle's all the same.
+    names = list(STRATEGIES)
+    tour = [names[i] for i in _TOUR]
+    assert len({(a, b) for a, b in itertools.pairwise(tour)}) == len(PAIRS)
+    run = next(_run)
+    segments = _workload(run, ["a/b", "a/c"])
+    subs = segments[0]
+    publishes = [
+        TraceOp(0, "publish", op.client, op.location, f"{op.id}x{i}", op.topic, op.geofence, 8)
+        for i in range(3)
+        for seg in segments[1:]
+        for op in seg
+    ]
+    where = str(federation.federation_path)
+    urls = federation.metrics_urls()
+
+    async def scenario() -> tuple[list[tuple[str, str]], int]:
+        r = Replayer(federation.federation, barrier=lambda: wait_quiescent(urls, timeout=WAIT_S))
+        pub = Replayer(federation.federation)
+        admin = await geofed.connect(
+            client_id=f"r{run}admin", location=HOMES["eu"], federation=where
+        )
+        first = await _change(federation, admin, "a/#", tour[0])
+        made_before = await asyncio.to_thread(_total, federation, DELIVERIES)
+        try:
+            await r.run(subs)
+
+            async def changes() -> None:
+                for strategy in tour[1:]:
+                    await admin.set_strategy("a/#", strategy)
+                    await asyncio.sleep(0)  # let publishes interleave
+
+            await asyncio.gather(pub.run(publishes), changes())
+            last = await _change(federation, admin, "a/#", tour[-1])  # every change finished
+            assert last == first + len(PAIRS)  # one epoch each, none lost
+            made = await asyncio.to_thread(_total, federation, DELIVERIES) - made_before
+            await _until(lambda: r.received >= made, f"{made:g} deliveries reach the clients")
+        finally:
+            await pub.close()
+            await r.close()
+            await admin.close()
+            await _until(lambda: _total(federation, SUBSCRIPTIONS) == 0, "subscriptions withdrawn")
+            await federation.quiescent(WAIT_S)
+        assert not r.errors and not pub.errors, (r.errors, pub.errors)
+        return r.deliveries, int(made)
+
+    deliveries, made = asyncio.run(scenario())
+    expected = reference_deliveries([*subs, *publishes])
+    assert len(expected) > 50
+    assert Counter(deliveries) == Counter(expected)  # recall 1, precision 1, no duplicates
+    assert made == len(expected)  # no duplicate even among those the client would drop
+
+
+def test_a_down_broker_holds_a_transition_up_and_a_restart_keeps_the_table(
+    tmp_path: Path,
+) -> None:
+    # us is frozen (its links look up, it answers nothing) while 'a/#' moves
+    # from event forwarding to subscription forwarding: eu and ap prepare and
+    # wait for it, and the federation stays exact meanwhile. Once us runs
+    # again the transition completes. While us is stopped, a change is
+    # refused (the sequencer needs all its links); us restarts from its data
+    # dir with the table it had.
+    with LocalFederation(THREE, "event-geofence", tmp_path, durable=True) as fed:
+        where = str(fed.federation_path)
+        urls = fed.metrics_urls()
+
+        async def scenario() -> None:
+            admin = await geofed.connect(client_id="admin", location=HOMES["eu"], federation=where)
+            subscriber = await geofed.connect(
+                client_id="sub-ap", location=HOMES["ap"], federation=where
+            )
+            sub = await subscriber.subscribe("a/#")
+            await fed.quiescent(WAIT_S)
+            fed.pause_node("us")
+            try:
+                await admin.set_strategy("a/#", "flooding-subscriptions")
+                await _until(
+                    lambda: (
+                        metric(urls["eu"], "geofed_strategy_transition_phase") == 1
+                        and metric(urls["ap"], "geofed_strategy_transition_phase") == 1
+                    ),
+                    "eu and ap prepared, waiting for us",
+                )
+                assert metric(urls["ap"], "geofed_strategy_epoch") == 1
+                async with await geofed.connect(
+                    client_id="pub-eu", location=HOMES["eu"], federation=where
+                ) as pub:
+                    await pub.publish("a/b", b"while us is frozen", event_id="frozen")
+                msg = await sub.next(timeout=WAIT_S)
+                assert (msg.event_id, msg.payload) == ("frozen", b"while us is frozen")
+            finally:
+                fed.resume_node("us")
+            await _until(lambda: _finished(fed, 1), "the transition completes with us back")
+            await fed.quiescent(WAIT_S)
+            async with await geofed.connect(
+                client_id="pub-us", location=HOMES["us"], federation=where
+            ) as pub:
+                await pub.publish("a/b", b"after", event_id="after")
+            msg = await sub.next(timeout=WAIT_S)
+            assert msg.event_id == "after"
+            await asyncio.to_thread(fed.stop_node, "us")
+            await _until(
+                lambda: metric(urls["eu"], "geofed_peer_connected", peer="us") == 0,
+                "eu saw its link to us go down",
+            )
+            with pytest.raises(geofed.GeofedError, match="link to us down"):
+                await admin.set_strategy("a/#", "event-geofence")
+            await asyncio.to_thread(fed.start_node, "us")
+            await asyncio.to_thread(fed.wait_ready, WAIT_S, ["us"])
+            await _until(lambda: _finished(fed, 1), "us restarted at epoch 1")
+            state = await admin.strategy_table()
+            assert state["table"]["entries"] == [
+                {"topic_filter": "a/#", "strategy": "flooding-subscriptions"}
+            ]
+            await sub.unsubscribe()
+            await subscriber.close()
+            await admin.close()
+
+        asyncio.run(scenario())
