@@ -424,7 +424,7 @@ def strategy_state_response(
 
 def set_strategy_request(topic_filter: str, strategy: str | None) -> cpb.SetStrategyRequest:
     """A SetStrategy request, checked here as the broker will (errors name the field)."""
-    StrategyTable(strategy or "event-geofence").with_entry(topic_filter, strategy)
+    StrategyTable("event-geofence").with_entry(topic_filter, strategy)
     return cpb.SetStrategyRequest(topic_filter=topic_filter, strategy=strategy or "")
 
 

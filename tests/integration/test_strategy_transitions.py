@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -326,3 +329,55 @@ def test_a_down_broker_holds_a_transition_up_and_a_restart_keeps_the_table(
             await admin.close()
 
         asyncio.run(scenario())
+
+
+def test_the_cli_pins_a_topic_and_a_broker_restarted_without_data_learns_the_table(
+    tmp_path: Path,
+) -> None:
+    # `geofed strategy set/show/unset` through a broker that is not the
+    # sequencer; eu then restarts without a data dir (it lost its table)
+    # and takes the federation's table from its peers' hellos.
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        where = ["--federation", str(fed.federation_path), "--client", "admin"]
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "geofed.cli",
+                "strategy",
+                *args,
+                *where,
+                "--location",
+                "50.1,8.7",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=WAIT_S,
+            check=False,
+        )
+
+    with LocalFederation(THREE, "flooding-events", tmp_path) as fed:
+        done = cli("set", "t/#", "subscription-geofence", "--wait", str(WAIT_S))
+        assert done.returncode == 0, done.stderr
+        state = json.loads(done.stdout)
+        assert (state["broker"], state["sequencer"], state["in_transition"]) == ("eu", "ap", False)
+        assert state["table"] == {
+            "epoch": 1,
+            "default": "flooding-events",
+            "entries": [{"topic_filter": "t/#", "strategy": "subscription-geofence"}],
+        }
+        asyncio.run(_until(lambda: _finished(fed, 1), "every broker at epoch 1"))
+        fed.stop_node("eu")
+        fed.start_node("eu")
+        fed.wait_ready(WAIT_S, ["eu"])
+        asyncio.run(_until(lambda: _finished(fed, 1), "eu learned epoch 1"))
+        shown = cli("show")
+        assert shown.returncode == 0, shown.stderr
+        assert json.loads(shown.stdout)["table"] == state["table"]
+        done = cli("unset", "t/#", "--wait", str(WAIT_S))
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["table"]["entries"] == []
+        bad = cli("set", "t/#/x", "event-geofence")
+        assert bad.returncode == 2 and "topic_filter" in bad.stderr, bad.stderr
+        bad = cli("set", "t/#")
+        assert bad.returncode == 2 and "strategy" in bad.stderr, bad.stderr
