@@ -625,6 +625,7 @@ class BrokerServer(Guarded):
         if self.config.client_auth != "none":
             admins = self.config.strategy_admin_names()
             if not admins & {who.identity, *who.groups}:
+                self.metrics.auth_refused.labels(reason="strategy").inc()
                 raise PermissionDenied(
                     "strategy", f"{who.identity or 'anonymous'} is not in strategy_admins"
                 )
