@@ -570,6 +570,7 @@ class BrokerServer(Guarded):
                 f"{hello.federation_digest[:12]}, broker {self.broker_id} has "
                 f"{self.federation.digest[:12]}"
             )
+        self.core.forget_progress(hello.broker_id)  # restated behind its snapshot
         if not hello.HasField("finished_table"):
             return ""  # a peer that tells no table (a test double) starts from ours
         try:

@@ -468,6 +468,14 @@ class BrokerState:
         self.table = tables[-1] if data.get("switched", True) else tables[0]
         self._future = {t.epoch: t for t in future}
 
+    def forget_progress(self, peer: str) -> None:
+        """A new session with `peer` starts: it states its progress again after its snapshot.
+
+        It may have gone back (a restart without a data dir); until then no
+        transition counts on what it said before.
+        """
+        self._progress.pop(peer, None)
+
     def _on_table(self, src: str, msg: TableMsg) -> list[Send]:
         table = msg.table
         if table.epoch > self.placing[-1].epoch:
