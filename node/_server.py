@@ -1008,6 +1008,8 @@ class BrokerServer(Guarded):
             # Before the subscriptions: they are placed for the tables in force.
             self.core.restore_transition_state(json.loads(loaded.strategy_state))
             self._transition([])
+            epoch, phase = self.core.progress
+            log.info("strategy table restored: epoch %d, %s", epoch, phase.name.lower())
         for client, lat, lon, expiry_s, owner in loaded.sessions:
             self.core.sessions[client] = LatLon(lat, lon)
             self._sessions[client] = _Session(expiry_s, owner)

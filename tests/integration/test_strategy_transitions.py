@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -91,6 +92,15 @@ def _finished(fed: LocalFederation, epoch: int, ids: list[str] | None = None) ->
         and metric(urls[b], "geofed_strategy_transition_phase") == 0
         for b in (ids or list(urls))
     )
+
+
+def _serving(fed: LocalFederation, broker: str) -> bool:
+    """Whether the broker's metrics endpoint answers (it started)."""
+    try:
+        metric(fed.metrics_urls()[broker], "geofed_sessions")
+    except OSError:
+        return False
+    return True
 
 
 async def _change(
@@ -381,3 +391,54 @@ def test_the_cli_pins_a_topic_and_a_broker_restarted_without_data_learns_the_tab
         assert bad.returncode == 2 and "topic_filter" in bad.stderr, bad.stderr
         bad = cli("set", "t/#")
         assert bad.returncode == 2 and "strategy" in bad.stderr, bad.stderr
+
+
+def test_a_broker_killed_in_the_middle_of_a_transition_resumes_it_from_its_store(
+    tmp_path: Path,
+) -> None:
+    # eu is frozen, so us and ap prepare and wait. us is then killed (no
+    # shutdown at all) and restarts from its data dir: it is still prepared
+    # (both placements), and once eu runs again the transition completes
+    # and events go by the new table, to a subscriber that never resubscribed.
+    with LocalFederation(THREE, "event-geofence", tmp_path, durable=True) as fed:
+        where = str(fed.federation_path)
+
+        def phase(b: str) -> float:
+            return metric(fed.metrics_urls()[b], "geofed_strategy_transition_phase")
+
+        async def scenario() -> None:
+            admin = await geofed.connect(client_id="admin", location=HOMES["ap"], federation=where)
+            subscriber = await geofed.connect(
+                client_id="sub-eu", location=HOMES["eu"], federation=where
+            )
+            sub = await subscriber.subscribe("a/#")
+            await fed.quiescent(WAIT_S)
+            fed.pause_node("eu")
+            try:
+                await admin.set_strategy("a/#", "subscription-geofence")
+                await _until(lambda: phase("us") == 1 and phase("ap") == 1, "us, ap prepared")
+                await asyncio.to_thread(fed.stop_node, "us", signal.SIGKILL)
+                await asyncio.to_thread(fed.start_node, "us")
+                # Not ready (its link to eu cannot come up): its metrics tell, once served.
+                await _until(lambda: _serving(fed, "us"), "us serves its metrics again")
+                # Restored from the store (not learned again): still prepared.
+                log = fed.nodes["us"].log_path.read_text(errors="replace")
+                assert "strategy table restored: epoch 1, prepared" in log
+                assert phase("us") == 1
+                assert metric(fed.metrics_urls()["us"], "geofed_strategy_epoch") == 1
+            finally:
+                fed.resume_node("eu")
+            await _until(lambda: _finished(fed, 1), "the transition completes")
+            async with await geofed.connect(
+                client_id="pub-us", location=HOMES["us"], federation=where
+            ) as pub:
+                await pub.publish("a/x", b"by the new table", event_id="new")
+            msg = await sub.next(timeout=WAIT_S)
+            assert (msg.event_id, msg.payload) == ("new", b"by the new table")
+            # Subscription forwarding now: us holds eu's subscription and sent a delivery.
+            assert metric(fed.metrics_urls()["us"], "geofed_subscriptions", scope="remote") == 1
+            await sub.unsubscribe()
+            await subscriber.close()
+            await admin.close()
+
+        asyncio.run(scenario())
