@@ -4,14 +4,17 @@ Real nodes, the client library and the central oracle: while subscriptions
 stay in place (no client resubscribes), `Client.set_strategy` moves a topic
 filter from one strategy to another, for every ordered pair of strategies.
 
-* With the quiescence barrier after every action and every transition, the
+* With the quiescence barrier after every action and every transition (fixed
+  points for every pair, and hypothesis-drawn random points and entries), the
   deliveries equal the oracle's (recall 1, precision 1, no duplicates) and
   the inter-broker messages counted by the nodes equal the cost model with
   the same transition points, message for message.
 * With publishers publishing while the transitions run (no barrier), the
   deliveries still equal the oracle's.
 * A broker that is down holds a transition up; the federation stays exact
-  meanwhile, and the transition completes once it is back.
+  meanwhile, and the transition completes once it is back. A durable broker
+  killed in the middle resumes from its store; one restarted without a data
+  dir learns the table from its peers. `geofed strategy` drives it all.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import geofed
 from geofed.bench import LocalFederation, Replayer, metric, peer_message_counts, wait_quiescent
@@ -442,3 +447,76 @@ def test_a_broker_killed_in_the_middle_of_a_transition_resumes_it_from_its_store
             await admin.close()
 
         asyncio.run(scenario())
+
+
+@st.composite
+def _live_runs(draw: st.DrawFn) -> tuple[list[TraceOp], list[Transition]]:
+    """Random subscriptions, then publishes with random transition points among them."""
+    run = next(_run)
+    homes = list(HOMES.values())
+    ops: list[TraceOp] = []
+    for i in range(draw(st.integers(2, 6))):
+        where = draw(st.sampled_from(homes))
+        fence = parse_geofence(draw(st.sampled_from(FENCES)))
+        topic_filter = draw(st.sampled_from(["a/#", "a/b", "+/b", "#", "a/+"]))
+        ops.append(
+            TraceOp(0, "subscribe", f"r{run}sub{i}", where, f"r{run}s{i}", topic_filter, fence)
+        )
+    transitions: list[Transition] = []
+    for i in range(draw(st.integers(4, 12))):
+        if draw(st.integers(0, 2)) == 0:
+            topic_filter = draw(st.sampled_from(["a/#", "a/b", "+/b", "#"]))
+            strategy = draw(st.one_of(st.none(), st.sampled_from(list(STRATEGIES))))
+            transitions.append(Transition(len(ops), topic_filter, strategy, via="eu"))
+        b, where = draw(st.sampled_from(list(HOMES.items())))
+        fence = parse_geofence(draw(st.sampled_from(FENCES)))
+        topic = draw(st.sampled_from(["a/b", "a/c", "b/b", "a"]))
+        ops.append(TraceOp(0, "publish", f"r{run}p-{b}", where, f"r{run}e{i}", topic, fence, 8))
+    return ops, transitions
+
+
+@settings(
+    max_examples=8,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(case=_live_runs())
+def test_random_transition_points_match_oracle_and_cost_model(
+    federation: LocalFederation, case: tuple[list[TraceOp], list[Transition]]
+) -> None:
+    # Changes of random entries (any strategy, or the entry removed) at
+    # random points between publishes, each finished before the next action.
+    ops, transitions = case
+    where = str(federation.federation_path)
+    urls = federation.metrics_urls()
+
+    async def scenario() -> tuple[list[tuple[str, str]], Counter[tuple[str, str, str]], dict]:
+        r = Replayer(federation.federation, barrier=lambda: wait_quiescent(urls, timeout=WAIT_S))
+        admin = await geofed.connect(
+            client_id="admin-random", location=HOMES["eu"], federation=where
+        )
+        start = await admin.strategy_table()
+        before = await asyncio.to_thread(_sent, federation)
+        made_before = await asyncio.to_thread(_total, federation, DELIVERIES)
+        try:
+            for i, op in enumerate(ops):
+                for t in transitions:
+                    if t.before == i:
+                        await _change(federation, admin, t.topic_filter, t.strategy)
+                await r.run([op])
+            made = await asyncio.to_thread(_total, federation, DELIVERIES) - made_before
+            await _until(lambda: r.received >= made, f"{made:g} deliveries reach the clients")
+            after = await asyncio.to_thread(_sent, federation)
+        finally:
+            await r.close()
+            await admin.close()
+            await _until(lambda: _total(federation, SUBSCRIPTIONS) == 0, "subscriptions withdrawn")
+            await federation.quiescent(WAIT_S)
+        assert not r.errors, r.errors
+        assert r.received == made
+        return r.deliveries, after - before, start
+
+    deliveries, sent, start = asyncio.run(scenario())
+    assert Counter(deliveries) == Counter(reference_deliveries(ops))
+    table = StrategyTable.from_dict(start["table"])
+    assert sent == +predict(federation.federation, table, ops, transitions).messages
