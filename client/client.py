@@ -81,12 +81,15 @@ from geofed.wire import (
     ack_request,
     connect_request,
     deliveries_in,
+    get_strategy_request,
     health_check_request,
     history_record_from_pb,
     history_request,
     message_from_pb,
     publish_batch,
     publish_request,
+    set_strategy_request,
+    strategy_state_from_pb,
     subscribe_request,
     unsubscribe_request,
     update_location_request,
@@ -662,6 +665,40 @@ class Client:
             await self._reattach(sub)
 
     # -- calls -------------------------------------------------------------------
+
+    async def set_strategy(self, topic_filter: str, strategy: str | None) -> dict[str, Any]:
+        """Route the topics of `topic_filter` by `strategy`, federation-wide (None: unpin).
+
+        The client's broker proposes the change; the sequencer numbers it and
+        every broker carries it out with state transfer — no subscriber
+        resubscribes, and no event is lost or delivered twice meanwhile
+        (docs/design.md §3). Answers at once, before the transition is done:
+        `strategy_table` tells when (``in_transition`` false, ``table`` with
+        the entry). Needs `strategy_admins` membership when the broker
+        authenticates clients.
+
+        Returns:
+            The broker's view: ``broker``, ``sequencer``, ``in_transition``,
+            ``table`` (what it routes by) and ``newest`` (the newest it knows),
+            tables as ``{"epoch", "default", "entries": [{"topic_filter", "strategy"}]}``.
+
+        Raises:
+            InvalidInput: naming ``topic_filter`` or ``strategy``.
+            Unavailable: the sequencer (or one of its links) is down.
+        """
+        request = set_strategy_request(topic_filter, strategy)
+        resp = await self._call(
+            "set_strategy", lambda stub, timeout: stub.SetStrategy(request, timeout=timeout)
+        )
+        return strategy_state_from_pb(resp)
+
+    async def strategy_table(self) -> dict[str, Any]:
+        """The client's broker's strategy table and transition state (as `set_strategy`)."""
+        request = get_strategy_request()
+        resp = await self._call(
+            "strategy_table", lambda stub, timeout: stub.GetStrategy(request, timeout=timeout)
+        )
+        return strategy_state_from_pb(resp)
 
     def _check_open(self) -> None:
         if self._closed:

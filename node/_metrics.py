@@ -126,6 +126,17 @@ class NodeMetrics:
             registry=registry,
         )
         self.sessions = Gauge(SESSIONS, "Connected client sessions.", registry=registry)
+        self.strategy_epoch = Gauge(
+            "geofed_strategy_epoch",
+            "Epoch of the strategy table this broker reached (docs/design.md §3).",
+            registry=registry,
+        )
+        self.strategy_phase = Gauge(
+            "geofed_strategy_transition_phase",
+            "Transition under way here: 0 none, 1 prepared, 2 switched (old copies not yet"
+            " withdrawn).",
+            registry=registry,
+        )
         self.redirects = Counter(REDIRECTS, "Clients sent to another broker.", registry=registry)
         self.rejected = Counter(
             REQUESTS_REJECTED,

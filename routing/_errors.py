@@ -91,7 +91,8 @@ class PermissionDenied(GeofedError):
     `rule` is one of `PERMISSION_RULES`: ``publish`` or ``subscribe`` (no
     granted topic pattern covers the topic or filter), ``location`` (a claimed
     location outside the identity's area) or ``identity`` (the authenticated
-    identity does not back the id it claims: a peer's broker id, a client id).
+    identity does not back the id it claims: a peer's broker id, a client id) or
+    ``strategy`` (not in ``strategy_admins``, so it may not change the strategy table).
     """
 
     def __init__(self, rule: str, detail: str) -> None:
@@ -103,7 +104,7 @@ class PermissionDenied(GeofedError):
         return (type(self), (self.rule, self.detail))
 
 
-PERMISSION_RULES = ("publish", "subscribe", "location", "identity")
+PERMISSION_RULES = ("publish", "subscribe", "location", "identity", "strategy")
 """The kinds of rule a `PermissionDenied` names (its ``rule``)."""
 
 

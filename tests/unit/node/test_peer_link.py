@@ -111,6 +111,7 @@ class FakeHost:
         self.peer_geofences = gw.PeerGeofenceCache()
         self.durable = False
         self.subs: list[SubscribeMsg] = []  # what snapshot_for answers
+        self.tables: list[routing.PeerMessage] = []  # what tables_for answers
         self.applied: list[str] = []  # event ids received, duplicates dropped
         self.snapshots: list[tuple[list[str], bool]] = []  # (subscription ids, replace)
         self.frames = 0  # frames received
@@ -145,6 +146,9 @@ class FakeHost:
 
     def snapshot_for(self, peer: str) -> list[SubscribeMsg]:
         return list(self.subs)
+
+    def tables_for(self, peer: str) -> list[routing.PeerMessage]:
+        return list(self.tables)
 
     def apply_snapshot(self, peer: str, subs: list[SubscribeMsg], *, replace: bool) -> None:
         self.snapshots.append(([m.sub.id for m in subs], replace))
@@ -323,13 +327,18 @@ def test_snapshots_start_every_session_span_frames_and_replace(
         await close(link, wire, task)
 
         host.subs = [sub("s2"), sub("s4")]
+        table = routing.StrategyTable("event-geofence").with_entry("t/#", "flooding-events")
+        host.tables = [routing.TableMsg(table, routing.Phase.PREPARED)]
         link.enqueue(sub("s4"))
         link.enqueue(RelocateMsg(("c", "s2"), "eu", LatLon(1.0, 2.0)))  # a roaming move
-        assert link.queued == 0  # not queued: the next snapshot carries them
+        link.enqueue(routing.TableMsg(table, routing.Phase.SWITCHED))
+        assert link.queued == 0  # not queued: the next snapshot (and table state) carries them
         link.enqueue(event("marker"))
         wire, task, first = await accept(link)
         assert await snapshot(wire, first, 2) == [(["s2"], False), (["s4"], True)]
-        frame = await wire.peer_end.read()  # the first frame after the snapshot
+        frame = await wire.peer_end.read()  # behind the snapshot: where transitions stand
+        assert frame is not None and [(t.table.epoch, t.phase) for t in frame.tables] == [(1, 1)]
+        frame = await wire.peer_end.read()  # then the queue
         assert frame is not None and ids(frame) == ["marker"] and not frame.subscribes
 
         # The other way: the peer's snapshot replaces (first frame) then extends what we held.
