@@ -5,6 +5,14 @@ index, the four routing strategies with their cost model, the broker state
 machine and an in-memory federation simulator. No network, no clocks.
 """
 
+from ._adaptive import (
+    AdaptiveConfig,
+    AdaptiveController,
+    KeyWindow,
+    Switch,
+    state_transfer_cost,
+    topic_key,
+)
 from ._areagen import Site, generate_areas, read_sites
 from ._broker import (
     BrokerState,
@@ -90,6 +98,12 @@ from ._topics import MAX_TOPIC_BYTES, topic_matches, validate_filter, validate_t
 from ._trace import TraceOp, op_to_record, parse_op, parse_ops, read_trace
 
 __all__ = [
+    "AdaptiveConfig",
+    "AdaptiveController",
+    "KeyWindow",
+    "Switch",
+    "state_transfer_cost",
+    "topic_key",
     "DEFAULT_COVERAGE",
     "DEFAULT_MAX_FILTERS",
     "DEFAULT_MAX_BYTES",
