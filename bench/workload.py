@@ -392,15 +392,7 @@ def _client_ops(
     topic_radius = {topic: radius() for topic in topics}
 
     # Three time-ordered sources, merged lazily: (t, rank, op, local subscription).
-    subs: list[tuple[float, int, str, int]] = []
-    if not publisher:
-        for k in range(cfg.subscriptions_per_subscriber):
-            start = rng.random() * duration * _SUBSCRIBE_WINDOW
-            subs.append((start, _OP_RANK["subscribe"], "subscribe", k))
-            if rng.random() < cfg.unsubscribe_share:
-                end = start + (duration - start) * (1.0 - rng.random())  # in (start, duration]
-                subs.append((end, _OP_RANK["unsubscribe"], "unsubscribe", k))
-        subs.sort()
+    subs = [] if publisher else _subscription_times(rng, cfg)
     rate = cfg.publish_rate_hz if publisher else 0.0
     publishes = _poisson(random.Random(rng.getrandbits(64)), rate, duration)
     # Fix times are staggered across clients so moves do not arrive in bursts.
@@ -408,19 +400,13 @@ def _client_ops(
     moves = _ticks(first_fix, cfg.move_interval_s, duration)
     timeline = heapq.merge(subs, publishes, moves)
 
-    speed = rng.uniform(cfg.speed_min_mps, cfg.speed_max_mps)
-    heading = rng.uniform(0.0, 2 * math.pi)
-    last_fix = 0.0
+    walker = _Walker(rng, cfg, lat, lon)
     loc = LatLon(lat, lon)
     fences: dict[str, Geofence] = {}
     for seq, (t, _rank, op, local) in enumerate(timeline):
         tr = round(t, 6)
         if op == "move":
-            # The client travels from its last fix along the heading, then turns.
-            lat, lon = _destination(lat, lon, heading, speed * (t - last_fix))
-            heading += rng.gauss(0.0, _TURN_SIGMA_RAD)
-            last_fix = t
-            loc = LatLon(lat, lon)
+            loc = walker.step(t)
             fences.clear()
             yield (tr, idx, seq, "move", loc, 0, "", None, 0)
         elif op == "publish":
@@ -432,9 +418,7 @@ def _client_ops(
                 fence = fences.get(topic)
                 if fence is None:
                     fence = fences[topic] = circle(loc, topic_radius[topic])
-            size = round(rng.lognormvariate(math.log(cfg.payload_bytes), cfg.payload_sigma))
-            size = max(1, min(cfg.payload_max_bytes, size))
-            yield (tr, idx, seq, "publish", loc, 0, topic, fence, size)
+            yield (tr, idx, seq, "publish", loc, 0, topic, fence, _payload_size(rng, cfg))
         elif op == "subscribe":
             topic_filter = _filter(rng, city, cfg)
             sub_fence: Geofence | Roaming | None = None
@@ -503,10 +487,6 @@ def _mixed_ops(
     def log_uniform(low: float, high: float) -> float:
         return min(high, max(low, math.exp(rng.uniform(math.log(low), math.log(high)))))
 
-    def size() -> int:
-        drawn = round(rng.lognormvariate(math.log(cfg.payload_bytes), cfg.payload_sigma))
-        return max(1, min(cfg.payload_max_bytes, drawn))
-
     if role in ("sensor", "issuer"):
         kinds = rng.sample(cfg.kinds, min(cfg.topics_per_publisher, len(cfg.kinds)))
         fences: dict[str, Geofence | None]
@@ -522,18 +502,20 @@ def _mixed_ops(
             }
         for seq, (t, *_rest) in enumerate(_poisson(draws, rate, duration)):
             topic = rng.choice(topics)
-            yield (round(t, 6), idx, seq, "publish", loc, 0, topic, fences[topic], size())
+            yield (
+                round(t, 6),
+                idx,
+                seq,
+                "publish",
+                loc,
+                0,
+                topic,
+                fences[topic],
+                _payload_size(rng, cfg),
+            )
         return
     if role == "consumer":
-        subs: list[tuple[float, int, str, int]] = []
-        for k in range(cfg.subscriptions_per_subscriber):
-            start = draws.random() * duration * _SUBSCRIBE_WINDOW
-            subs.append((start, _OP_RANK["subscribe"], "subscribe", k))
-            if draws.random() < cfg.unsubscribe_share:
-                end = start + (duration - start) * (1.0 - draws.random())
-                subs.append((end, _OP_RANK["unsubscribe"], "unsubscribe", k))
-        subs.sort()
-        for seq, (t, _rank, op, local) in enumerate(subs):
+        for seq, (t, _rank, op, local) in enumerate(_subscription_times(draws, cfg)):
             if op == "unsubscribe":
                 yield (round(t, 6), idx, seq, op, None, local, "", None, 0)
                 continue
@@ -565,22 +547,57 @@ def _mixed_ops(
         else:
             break
     first_fix = draws.uniform(0.0, cfg.move_interval_s)
-    speed = rng.uniform(cfg.speed_min_mps, cfg.speed_max_mps)
-    heading = rng.uniform(0.0, 2 * math.pi)
-    last_fix = 0.0
+    walker = _Walker(rng, cfg, lat, lon)
     timeline = heapq.merge(sessions, _ticks(first_fix, cfg.move_interval_s, duration))
     for seq, (t, _rank, op, local) in enumerate(timeline):
         tr = round(t, 6)
         if op == "move":
-            lat, lon = _destination(lat, lon, heading, speed * (t - last_fix))
-            heading += rng.gauss(0.0, _TURN_SIGMA_RAD)
-            last_fix = t
-            loc = LatLon(lat, lon)
+            loc = walker.step(t)
             yield (tr, idx, seq, "move", loc, 0, "", None, 0)
         elif op == "subscribe":
             yield (tr, idx, seq, "subscribe", loc, local, "alerts/#", None, 0)
         else:
             yield (tr, idx, seq, "unsubscribe", None, local, "", None, 0)
+
+
+def _subscription_times(
+    rng: random.Random, cfg: WorkloadConfig
+) -> list[tuple[float, int, str, int]]:
+    """A subscriber's subscribe (and, for some, unsubscribe) times, sorted."""
+    duration = cfg.duration_s
+    subs: list[tuple[float, int, str, int]] = []
+    for k in range(cfg.subscriptions_per_subscriber):
+        start = rng.random() * duration * _SUBSCRIBE_WINDOW
+        subs.append((start, _OP_RANK["subscribe"], "subscribe", k))
+        if rng.random() < cfg.unsubscribe_share:
+            end = start + (duration - start) * (1.0 - rng.random())  # in (start, duration]
+            subs.append((end, _OP_RANK["unsubscribe"], "unsubscribe", k))
+    subs.sort()
+    return subs
+
+
+def _payload_size(rng: random.Random, cfg: WorkloadConfig) -> int:
+    size = round(rng.lognormvariate(math.log(cfg.payload_bytes), cfg.payload_sigma))
+    return max(1, min(cfg.payload_max_bytes, size))
+
+
+class _Walker:
+    """A moving client: a speed, and a heading that turns a little at every fix."""
+
+    def __init__(self, rng: random.Random, cfg: WorkloadConfig, lat: float, lon: float) -> None:
+        self.rng, self.lat, self.lon = rng, lat, lon
+        self.speed = rng.uniform(cfg.speed_min_mps, cfg.speed_max_mps)
+        self.heading = rng.uniform(0.0, 2 * math.pi)
+        self.last_fix = 0.0
+
+    def step(self, t: float) -> LatLon:
+        """The position at fix time `t`: travelled from the last fix along the heading."""
+        self.lat, self.lon = _destination(
+            self.lat, self.lon, self.heading, self.speed * (t - self.last_fix)
+        )
+        self.heading += self.rng.gauss(0.0, _TURN_SIGMA_RAD)
+        self.last_fix = t
+        return LatLon(self.lat, self.lon)
 
 
 def _poisson(

@@ -6,9 +6,15 @@ workload's actions (`observe`) and asked at the end of each measurement window
 it measures the window's rates (events, subscriptions, unsubscriptions) and the
 geofence reach, and predicts with the cost model (`predict`) what the window
 would have cost under each candidate strategy; the window just seen is the
-forecast for the next one. A key switches when the predicted saving, less what
-the transition itself costs, exceeds a hysteresis threshold and the key has kept
-its strategy for a minimum dwell time.
+forecast for the next ones. A key switches to the cheapest candidate when
+
+    (cost now - cost of the candidate) * horizon_windows - transition cost
+        > max(min_saving, hysteresis * cost now * horizon_windows)
+
+and it has kept its strategy for `AdaptiveConfig.dwell_windows` windows: the
+saving must pay for the transition within the horizon with a margin, so a
+stationary workload switches a key at most once, and noise between windows
+does not make it flap.
 
 Keys. A topic's key is the filter of its first `AdaptiveConfig.key_levels`
 levels (``telemetry/#`` for ``telemetry/de/berlin/noise`` with one level).
@@ -65,9 +71,11 @@ class AdaptiveConfig:
     hysteresis: float = 0.1
     """A switch must save more than this share of the key's current predicted cost."""
     min_saving: int = 20
-    """... and more than this many messages per window (after the transition's cost)."""
+    """... and more than this many messages (over the horizon, after the transition's cost)."""
     dwell_windows: int = 3
     """Windows a key keeps a strategy after switching before it may switch again."""
+    horizon_windows: int = 6
+    """Windows a switch's per-window saving is counted over against its one-off cost."""
     key_levels: int = 1
     """Topic levels that make a key."""
     max_keys: int = 256
@@ -90,6 +98,7 @@ class AdaptiveConfig:
         for name, low in (
             ("min_saving", 0),
             ("dwell_windows", 0),
+            ("horizon_windows", 1),
             ("key_levels", 1),
             ("max_keys", 1),
             ("idle_windows", 1),
@@ -139,7 +148,7 @@ class Switch:
     new: str
     window_end: float
     saving: int
-    """Predicted messages saved per window, the transition's cost already deducted."""
+    """Predicted messages saved over the horizon, the transition's cost already deducted."""
     transition_cost: int
 
 
@@ -418,7 +427,7 @@ class AdaptiveController:
         cost = self._transition_cost(
             self.federation, k.strategy, best, self.state(key, at_start=False)
         )
-        saving = current - report.predicted[best] - cost
-        if saving <= max(cfg.min_saving, cfg.hysteresis * current):
+        saving = (current - report.predicted[best]) * cfg.horizon_windows - cost
+        if saving <= max(cfg.min_saving, cfg.hysteresis * current * cfg.horizon_windows):
             return None
         return Switch(key, k.strategy, best, now, saving, cost)

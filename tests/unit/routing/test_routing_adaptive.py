@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from routing_testkit import tiling_federation, workloads
@@ -13,9 +14,13 @@ from geofed.routing import (
     STRATEGIES,
     AdaptiveConfig,
     AdaptiveController,
+    InvalidInput,
     LatLon,
     TraceOp,
+    circle,
     predict,
+    state_transfer_cost,
+    topic_key,
 )
 
 FED = tiling_federation()
@@ -77,3 +82,195 @@ def test_window_predictions_add_up_to_predict_of_each_key(ops: list[TraceOp], wi
             whole = predict(FED, name, mine)
             assert totals[f"{key}/#", name] == whole.total_messages, (key, name)
         assert lower[f"{key}/#"] == predict(FED, "event-geofence", mine).lower_bound_total
+
+
+def closed_window(ops: list[TraceOp], width: float, repeats: int) -> list[TraceOp]:
+    """`ops` on one key, made to end where they started, repeated `repeats` windows.
+
+    Each window starts by moving every client to its first location and ends by
+    withdrawing every subscription still held, so every window starts from the
+    same state and costs every strategy the same.
+    """
+    first: dict[str, LatLon] = {}
+    for op in ops:
+        if op.location is not None:
+            first.setdefault(op.client, op.location)
+    span = max((op.t for op in ops), default=0.0) + 2.0
+    out: list[TraceOp] = []
+    for r in range(repeats):
+        base = r * max(width, span)
+        out += [TraceOp(base, "move", c, loc) for c, loc in sorted(first.items())]
+        owner: dict[str, str] = {}
+        for op in ops:
+            t = base + 0.5 + op.t
+            if op.op == "publish":
+                out.append(dataclasses.replace(op, t=t, id=f"e{r}x{op.id}", topic=f"k/{op.topic}"))
+            elif op.op == "subscribe":
+                owner.setdefault(op.id, op.client)
+                out.append(dataclasses.replace(op, t=t, topic=f"k/{op.topic}"))
+            elif op.op == "unsubscribe":
+                if owner.get(op.id) == op.client:
+                    del owner[op.id]
+                out.append(dataclasses.replace(op, t=t))
+            else:
+                out.append(dataclasses.replace(op, t=t))
+        out += [TraceOp(base + span - 1.0, "unsubscribe", c, id=s) for s, c in owner.items()]
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    ops=workloads(max_ops=20),
+    hysteresis=st.sampled_from([0.0, 0.1, 0.5]),
+    dwell=st.integers(0, 3),
+    default=st.sampled_from(list(STRATEGIES)),
+)
+def test_a_stationary_workload_switches_each_key_at_most_once(
+    ops: list[TraceOp], hysteresis: float, dwell: int, default: str
+) -> None:
+    span = max(op.t for op in ops) + 2.0
+    trace = closed_window(ops, span, repeats=5)
+    config = AdaptiveConfig(window_s=span, hysteresis=hysteresis, min_saving=0, dwell_windows=dwell)
+    ctl = AdaptiveController(FED, config, default=default)
+    switches = [s for _end, _r, found in ctl.run(trace) for s in found]
+    assert len(switches) <= 1
+    costs = [
+        r.predicted
+        for _end, reports, _s in AdaptiveController(FED, config, default=default).run(trace)
+        for r in reports
+    ]
+    assert all(c == costs[0] for c in costs[:5])  # the windows do cost the same
+    if switches:
+        assert costs[0][switches[0].new] == min(costs[0].values())
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    ops=workloads(max_ops=30),
+    width=st.sampled_from([2.0, 4.0]),
+    dwell=st.integers(0, 3),
+    horizon=st.integers(1, 6),
+)
+def test_switches_keep_the_dwell_time_and_pay_for_their_transition(
+    ops: list[TraceOp], width: float, dwell: int, horizon: int
+) -> None:
+    config = AdaptiveConfig(
+        window_s=width,
+        hysteresis=0.0,
+        min_saving=0,
+        dwell_windows=dwell,
+        horizon_windows=horizon,
+    )
+    ctl = AdaptiveController(FED, config, pinned={"y/#": "flooding-events"})
+    last: dict[str, int] = {}
+    for i, (_end, reports, switches) in enumerate(ctl.run(keyed(ops))):
+        by_key = {r.key: r for r in reports}
+        for s in switches:
+            assert s.key != "y/#"  # pinned
+            # It ran its strategy for `dwell` whole windows since the last switch.
+            assert s.key not in last or i - last[s.key] >= max(dwell, 1)
+            r = by_key[s.key]
+            assert r.strategy == s.old
+            gain = (r.predicted[s.old] - r.predicted[s.new]) * horizon - s.transition_cost
+            assert gain == s.saving > 0
+            last[s.key] = i
+    assert ctl.strategy("y/#") == "flooding-events"
+
+
+def test_world_wide_telemetry_moves_to_subscription_forwarding_in_one_window() -> None:
+    # 10 world-wide events per window published at a, one subscriber at b that
+    # wants only what is published within 100 km of the publisher.
+    near_a = circle(A, 100_000)
+    ops = [TraceOp(0.0, "subscribe", "sub", B, "s1", "t/x", near_a)]
+    ops += [TraceOp(0.1 * i + 0.1, "publish", "pub", A, f"e{i}", "t/x") for i in range(30)]
+    config = AdaptiveConfig(window_s=1.0, min_saving=0)
+    ctl = AdaptiveController(FED, config, default="event-geofence")
+    windows = list(ctl.run(ops))
+    first = windows[0][1][0]
+    assert (first.events, first.subscribes, first.unsubscribes) == (9, 1, 0)
+    assert first.event_reach == 9 * 3  # world-wide: every broker
+    assert first.subscription_reach == 1  # the circle stays in a's area
+    assert first.predicted["event-geofence"] == 18  # 2 remote brokers per event
+    assert first.predicted["subscription-geofence"] == 1 + 9  # the subscription, 9 deliveries
+    assert first.lower_bound == 9
+    assert [s.new for s in windows[0][2]] == ["subscription-geofence"]
+    assert ctl.strategy("t/#") == "subscription-geofence"
+    assert all(not found for _end, _r, found in windows[1:])
+
+
+def test_keys_past_the_cap_are_not_measured_and_keep_the_default() -> None:
+    ops = [
+        TraceOp(0.0, "publish", "p", A, "e1", "a/1"),
+        TraceOp(0.1, "publish", "p", A, "e2", "b/1"),
+        TraceOp(0.2, "subscribe", "s", B, "s1", "+/1"),  # spans keys: counted under a/#
+    ]
+    ctl = AdaptiveController(FED, AdaptiveConfig(max_keys=1), default="flooding-events")
+    for op in ops:
+        ctl.observe(op)
+    reports, _ = ctl.close_window(10.0)
+    assert [(r.key, r.events, r.subscribes) for r in reports] == [("a/#", 1, 1)]
+    assert ctl.keys == {"a/#": "flooding-events"}
+    assert ctl.strategy("b/#") == "flooding-events"
+
+
+def test_an_idle_key_without_subscriptions_is_forgotten() -> None:
+    ctl = AdaptiveController(FED, AdaptiveConfig(window_s=1.0, idle_windows=2))
+    ops = [TraceOp(0.5, "publish", "p", A, "e1", "a/1"), TraceOp(5.5, "move", "p", A)]
+    ends = [(end, {r.key for r in reports}) for end, reports, _ in ctl.run(ops)]
+    assert ends[0] == (1.0, {"a/#"})
+    assert ends[2] == (3.0, {"a/#"}) and ends[3] == (4.0, set())
+    assert ctl.keys == {}
+
+
+@pytest.mark.parametrize(
+    ("topic", "levels", "key"),
+    [
+        ("telemetry/de/berlin/noise", 1, "telemetry/#"),
+        ("telemetry/de/berlin/noise", 2, "telemetry/de/#"),
+        ("a", 3, "a/#"),
+        ("alerts/#", 1, "alerts/#"),
+        ("+/x", 1, None),
+        ("a/+/x", 2, None),
+        ("a/+/x", 1, "a/#"),
+        ("#", 1, None),
+    ],
+)
+def test_topic_keys(topic: str, levels: int, key: str | None) -> None:
+    assert topic_key(topic, levels) == key
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("window_s", 0.0),
+        ("window_s", float("nan")),
+        ("hysteresis", 1.0),
+        ("hysteresis", -0.1),
+        ("min_saving", -1),
+        ("dwell_windows", 1.5),
+        ("horizon_windows", 0),
+        ("key_levels", 0),
+        ("max_keys", True),
+        ("idle_windows", 0),
+        ("candidates", ()),
+        ("candidates", ("event-geofence", "nearest")),
+    ],
+)
+def test_bad_settings_are_refused_naming_the_field(field: str, value: object) -> None:
+    with pytest.raises(InvalidInput, match=rf"^{field}: "):
+        AdaptiveConfig(**{field: value})  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match=r"^pinned\['k/#'\]: "):
+        AdaptiveController(FED, pinned={"k/#": "nearest"})
+
+
+def test_state_transfer_moves_the_live_subscriptions_between_paths() -> None:
+    state = [
+        TraceOp(0.0, "move", "c", A),
+        TraceOp(0.0, "subscribe", "c", None, "s1", "k/x", None),
+        TraceOp(0.0, "subscribe", "c", None, "s2", "k/x", circle(A, 1000)),
+    ]
+    # The world-wide one goes to b and c, the small circle nowhere.
+    assert state_transfer_cost(FED, "event-geofence", "subscription-geofence", state) == 2
+    assert state_transfer_cost(FED, "subscription-geofence", "flooding-subscriptions", state) == 2
+    assert state_transfer_cost(FED, "flooding-subscriptions", "flooding-events", state) == 4
+    assert state_transfer_cost(FED, "event-geofence", "flooding-events", state) == 0
