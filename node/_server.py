@@ -42,12 +42,14 @@ from geofed.routing import (
     NotFound,
     PeerMessage,
     PermissionDenied,
+    ProposeMsg,
     RelocateMsg,
     Send,
     StorageFailed,
     SubKey,
     SubscribeMsg,
     Subscription,
+    TableMsg,
     TooLarge,
     UnsubscribeMsg,
     great_circle_m,
@@ -1412,6 +1414,10 @@ def _trace_fields(msg: PeerMessage) -> tuple[list[str], str | None]:
         return [msg.event.id], msg.event.topic
     if isinstance(msg, SubscribeMsg):
         return [msg.sub.id], msg.sub.topic_filter
+    if isinstance(msg, TableMsg):
+        return [str(msg.table.epoch)], None
+    if isinstance(msg, ProposeMsg):
+        return [], msg.topic_filter
     return [msg.key[1]], None
 
 

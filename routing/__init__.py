@@ -23,9 +23,12 @@ from ._broker import (
     Moved,
     Outcome,
     PeerMessage,
+    Phase,
+    ProposeMsg,
     RelocateMsg,
     Send,
     SubscribeMsg,
+    TableMsg,
     UnsubscribeMsg,
 )
 from ._cost import CostReport, history_targets, predict
@@ -93,8 +96,17 @@ from ._model import (
 from ._oracle import reference_deliveries, reference_topic_match
 from ._roaming import ROAM_PREFIX, Roaming, is_roaming, parse_roaming
 from ._simulate import SimResult, Simulator, simulate
-from ._strategies import STRATEGIES, Strategy, route_summary, strategy_for
-from ._topics import MAX_TOPIC_BYTES, topic_matches, validate_filter, validate_topic
+from ._strategies import STRATEGIES, Strategy, all_strategies, route_summary, strategy_for
+from ._table import MAX_TABLE_ENTRIES, StrategyTable, Transition, placement
+from ._topics import (
+    MAX_TOPIC_BYTES,
+    filter_covers,
+    filter_specificity,
+    filters_overlap,
+    topic_matches,
+    validate_filter,
+    validate_topic,
+)
 from ._trace import TraceOp, op_to_record, parse_op, parse_ops, read_trace
 
 __all__ = [
@@ -104,6 +116,17 @@ __all__ = [
     "Switch",
     "state_transfer_cost",
     "topic_key",
+    "MAX_TABLE_ENTRIES",
+    "Phase",
+    "ProposeMsg",
+    "StrategyTable",
+    "TableMsg",
+    "Transition",
+    "all_strategies",
+    "filter_covers",
+    "filter_specificity",
+    "filters_overlap",
+    "placement",
     "DEFAULT_COVERAGE",
     "DEFAULT_MAX_FILTERS",
     "DEFAULT_MAX_BYTES",
