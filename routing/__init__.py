@@ -8,10 +8,12 @@ machine and an in-memory federation simulator. No network, no clocks.
 from ._adaptive import (
     AdaptiveConfig,
     AdaptiveController,
+    AdaptiveRun,
     KeyWindow,
     Switch,
-    state_transfer_cost,
+    simulate_adaptive,
     topic_key,
+    transition_cost,
 )
 from ._areagen import Site, generate_areas, read_sites
 from ._broker import (
@@ -112,10 +114,12 @@ from ._trace import TraceOp, op_to_record, parse_op, parse_ops, read_trace
 __all__ = [
     "AdaptiveConfig",
     "AdaptiveController",
+    "AdaptiveRun",
     "KeyWindow",
     "Switch",
-    "state_transfer_cost",
+    "simulate_adaptive",
     "topic_key",
+    "transition_cost",
     "MAX_TABLE_ENTRIES",
     "Phase",
     "ProposeMsg",

@@ -35,6 +35,7 @@ have cost (the unit tests hold the two equal).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -42,7 +43,9 @@ from ._cost import predict
 from ._errors import InvalidInput
 from ._federation import Federation
 from ._geometry import LatLon
+from ._simulate import SimResult, Simulator
 from ._strategies import STRATEGIES, strategy_for
+from ._table import StrategyTable, Transition
 from ._trace import TraceOp
 
 
@@ -152,38 +155,18 @@ class Switch:
     transition_cost: int
 
 
-TransitionCost = Callable[[Federation, str, str, list[TraceOp]], int]
-"""Messages a transition of a key from one strategy to another costs, given the
-actions that rebuild the key's live state (moves to the clients' locations and
-the live subscriptions)."""
+def transition_cost(
+    federation: Federation, table: StrategyTable, key: str, new: str, state: list[TraceOp]
+) -> int:
+    """What switching `key` to `new` costs, by the cost model's own account of a transition.
 
-
-def state_transfer_cost(federation: Federation, old: str, new: str, state: list[TraceOp]) -> int:
-    """Messages to move a key's live subscriptions from `old`'s paths to `new`'s.
-
-    Each broker on a subscription's new path that was not on its old one gets
-    it, each one on the old path only gets an unsubscription: what the
-    subscription-forwarding strategies keep, the event-forwarding ones keep
-    nowhere (their path is empty).
+    `state` rebuilds the live subscriptions concerned (`AdaptiveController.state`):
+    ``predict`` with the transition after them, less without it — the copies
+    moved between placements and the transition's PREPARED / SWITCHED messages
+    between every pair of brokers.
     """
-    if old == new:
-        return 0
-    a, b = strategy_for(old, federation), strategy_for(new, federation)
-    where: dict[str, LatLon] = {}
-    total = 0
-    for op in state:
-        if op.location is not None:
-            where[op.client] = op.location
-        if op.op != "subscribe":
-            continue
-        home = federation.responsible(where[op.client])
-        fence = op.geofence
-        if op.roaming is not None:
-            fence = op.roaming.place(where[op.client])
-        before = a.subscription_targets(home, fence)
-        after = b.subscription_targets(home, fence)
-        total += len(after - before) + len(before - after)
-    return total
+    after = predict(federation, table, state, [Transition(len(state), key, new)])
+    return after.total_messages - predict(federation, table, state).total_messages
 
 
 @dataclass
@@ -203,9 +186,10 @@ class AdaptiveController:
     Args:
         federation: the federation the predictions are for.
         config: thresholds and bounds.
-        default: the strategy of a key the controller has not switched.
-        pinned: keys whose strategy is fixed (never switched), by key.
-        transition_cost: what a switch costs (default `state_transfer_cost`).
+        default: the strategy of a key the controller has not switched (the
+            table's default).
+        pinned: topic filters whose strategy is fixed (never switched): the
+            table's entries an operator set; a key equal to one is not switched.
     """
 
     def __init__(
@@ -215,7 +199,6 @@ class AdaptiveController:
         *,
         default: str = "event-geofence",
         pinned: Mapping[str, str] | None = None,
-        transition_cost: TransitionCost = state_transfer_cost,
     ) -> None:
         self.federation = federation
         self.config = config or AdaptiveConfig()
@@ -224,7 +207,8 @@ class AdaptiveController:
             strategy_for(name, federation, field=f"pinned[{key!r}]")
         self.default = default
         self.pinned = dict(pinned or {})
-        self._transition_cost = transition_cost
+        self.table = StrategyTable.build(default, self.pinned)
+        """The table the controller's switches make (epochs are the federation's)."""
         self._keys: dict[str, _Key] = {}
         self._where: dict[str, LatLon] = {}
         self._live: dict[str, TraceOp] = {}  # subscription id -> its subscribe action
@@ -305,34 +289,38 @@ class AdaptiveController:
         return out
 
     def run(
-        self, ops: Iterable[TraceOp], on_switch: Callable[[Switch], None] | None = None
+        self,
+        ops: Iterable[TraceOp],
+        on_switch: Callable[[Switch, int], None] | None = None,
+        on_op: Callable[[TraceOp], None] | None = None,
     ) -> Iterator[tuple[float, list[KeyWindow], list[Switch]]]:
         """Feed a trace, closing a window at every multiple of `AdaptiveConfig.window_s`.
 
         Yields each window's end, figures and switches, the last window closed
-        at the multiple after the last action. `on_switch` is called for each
-        switch before the next action is observed (the simulator executes the
-        transition there).
+        at the multiple after the last action. `on_op` sees each action before
+        the controller does; `on_switch` each switch with the index of the
+        action it comes before (the simulator executes the transition there).
         """
         width = self.config.window_s
         end = width
-        seen = False
-        for op in ops:
+        i = -1
+        for i, op in enumerate(ops):
             while op.t >= end:
-                yield self._closed(end, on_switch)
+                yield self._closed(end, i, on_switch)
                 end += width
+            if on_op is not None:
+                on_op(op)
             self.observe(op)
-            seen = True
-        if seen:
-            yield self._closed(end, on_switch)
+        if i >= 0:
+            yield self._closed(end, i + 1, on_switch)
 
     def _closed(
-        self, end: float, on_switch: Callable[[Switch], None] | None
+        self, end: float, before: int, on_switch: Callable[[Switch, int], None] | None
     ) -> tuple[float, list[KeyWindow], list[Switch]]:
         reports, switches = self.close_window(end)
         if on_switch is not None:
             for switch in switches:
-                on_switch(switch)
+                on_switch(switch, before)
         return end, reports, switches
 
     # ------------------------------------------------------------ the window
@@ -346,7 +334,7 @@ class AdaptiveController:
         reports: list[KeyWindow] = []
         switches: list[Switch] = []
         for key, k in list(self._keys.items()):
-            report = self.measure(key, k.strategy, self.state(key, at_start=True), k.window)
+            report = self.measure(key, self.state(key, at_start=True), k.window)
             reports.append(report)
             k.since_switch += 1
             k.idle = 0 if k.window else k.idle + 1
@@ -356,6 +344,7 @@ class AdaptiveController:
                 if switch is not None:
                     switches.append(switch)
                     k.strategy, k.since_switch = switch.new, 0
+                    self.table = self.table.with_entry(key, switch.new)
             if k.idle >= self.config.idle_windows and not self.state(key, at_start=False):
                 del self._keys[key]
         self._start_where = dict(self._where)
@@ -380,17 +369,16 @@ class AdaptiveController:
             for op in subs
         ]
 
-    def measure(
-        self, key: str, strategy: str, state: list[TraceOp], window: list[TraceOp]
-    ) -> KeyWindow:
+    def measure(self, key: str, state: list[TraceOp], window: list[TraceOp]) -> KeyWindow:
         """A window's figures for `key`: rates, reach and each candidate's predicted messages.
 
-        The prediction of strategy S is ``predict(S, state + window)`` less
-        ``predict(S, state)``: what the window's actions cost S starting from the
-        key's live subscriptions.
+        The prediction of strategy S is ``predict(T, state + window)`` less
+        ``predict(T, state)``, T the controller's table with `key` routed by S:
+        what the window's actions cost starting from the key's live
+        subscriptions.
         """
         fed = self.federation
-        report = KeyWindow(key, strategy)
+        report = KeyWindow(key, self.strategy(key))
         for op in window:
             if op.op == "publish":
                 report.events += 1
@@ -407,8 +395,9 @@ class AdaptiveController:
             report.predicted = dict.fromkeys(self.config.candidates, 0)
             return report
         for name in self.config.candidates:
-            base = predict(fed, name, state).total_messages
-            after = predict(fed, name, [*state, *window])
+            table = self.table.with_entry(key, name)
+            base = predict(fed, table, state).total_messages
+            after = predict(fed, table, [*state, *window])
             report.predicted[name] = after.total_messages - base
             report.lower_bound = after.lower_bound_total
         return report
@@ -424,10 +413,73 @@ class AdaptiveController:
         )
         if best == k.strategy:
             return None
-        cost = self._transition_cost(
-            self.federation, k.strategy, best, self.state(key, at_start=False)
+        cost = transition_cost(
+            self.federation, self.table, key, best, self.state(key, at_start=False)
         )
         saving = (current - report.predicted[best]) * cfg.horizon_windows - cost
         if saving <= max(cfg.min_saving, cfg.hysteresis * current * cfg.horizon_windows):
             return None
         return Switch(key, k.strategy, best, now, saving, cost)
+
+
+@dataclass
+class AdaptiveRun:
+    """A trace run through the in-memory federation with the controller switching keys.
+
+    Attributes:
+        result: what the simulator measured (messages, deliveries), transitions included.
+        transitions: the switches as executed, each before the action it names.
+        windows: each window's end, per-key figures and switches.
+        per_bin: messages sent per `bin_s` of trace time (a transition's at its window's end).
+    """
+
+    result: SimResult
+    transitions: list[Transition] = field(default_factory=list)
+    windows: list[tuple[float, list[KeyWindow], list[Switch]]] = field(default_factory=list)
+    per_bin: Counter[int] = field(default_factory=Counter)
+
+
+def simulate_adaptive(
+    federation: Federation,
+    ops: Iterable[TraceOp],
+    default: str,
+    config: AdaptiveConfig | None = None,
+    *,
+    pinned: Mapping[str, str] | None = None,
+    adapt: bool = True,
+    bin_s: float = 1.0,
+) -> AdaptiveRun:
+    """Run `ops` through the `Simulator`, the controller proposing a transition at window ends.
+
+    The simulator executes each switch as a transition of its table (asked at
+    the sequencer, run to its end before the next action), so its messages
+    and deliveries are those of the transition protocol itself; ``predict``
+    with the same transitions gives the same count. `adapt` False runs the
+    static table (the baseline, binned alike).
+    """
+    ctl = AdaptiveController(federation, config, default=default, pinned=pinned)
+    sim = Simulator(federation, ctl.table)
+    run = AdaptiveRun(sim.result)
+    sent = 0
+
+    def count(t: float) -> None:
+        nonlocal sent
+        now = sim.result.total_messages
+        run.per_bin[int(t // bin_s)] += now - sent
+        sent = now
+
+    def on_op(op: TraceOp) -> None:
+        sim.apply(op)
+        count(op.t)
+
+    def on_switch(switch: Switch, before: int) -> None:
+        run.transitions.append(Transition(before, switch.key, switch.new))
+        sim.set_strategy(switch.key, switch.new)
+        count(switch.window_end)
+
+    if not adapt:
+        for op in ops:
+            on_op(op)
+        return run
+    run.windows = list(ctl.run(ops, on_switch, on_op))
+    return run

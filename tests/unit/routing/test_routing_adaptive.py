@@ -6,7 +6,7 @@ import dataclasses
 from collections import Counter
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from routing_testkit import tiling_federation, workloads
 
@@ -16,11 +16,14 @@ from geofed.routing import (
     AdaptiveController,
     InvalidInput,
     LatLon,
+    StrategyTable,
     TraceOp,
     circle,
     predict,
-    state_transfer_cost,
+    reference_deliveries,
+    simulate_adaptive,
     topic_key,
+    transition_cost,
 )
 
 FED = tiling_federation()
@@ -263,14 +266,66 @@ def test_bad_settings_are_refused_naming_the_field(field: str, value: object) ->
         AdaptiveController(FED, pinned={"k/#": "nearest"})
 
 
-def test_state_transfer_moves_the_live_subscriptions_between_paths() -> None:
+def test_a_transition_costs_the_moved_copies_and_its_protocol_messages() -> None:
     state = [
         TraceOp(0.0, "move", "c", A),
         TraceOp(0.0, "subscribe", "c", None, "s1", "k/x", None),
         TraceOp(0.0, "subscribe", "c", None, "s2", "k/x", circle(A, 1000)),
     ]
-    # The world-wide one goes to b and c, the small circle nowhere.
-    assert state_transfer_cost(FED, "event-geofence", "subscription-geofence", state) == 2
-    assert state_transfer_cost(FED, "subscription-geofence", "flooding-subscriptions", state) == 2
-    assert state_transfer_cost(FED, "flooding-subscriptions", "flooding-events", state) == 4
-    assert state_transfer_cost(FED, "event-geofence", "flooding-events", state) == 0
+    protocol = 2 * 3 * 2  # PREPARED and SWITCHED from each broker to each other one
+
+    def cost(old: str, new: str) -> int:
+        return transition_cost(
+            FED, StrategyTable.build("event-geofence", {"k/#": old}), "k/#", new, state
+        )
+
+    # The world-wide copy goes to b and c, the small circle nowhere.
+    assert cost("event-geofence", "subscription-geofence") == 2 + protocol
+    assert cost("subscription-geofence", "flooding-subscriptions") == 2 + protocol
+    assert cost("flooding-subscriptions", "flooding-events") == 4 + protocol
+    assert cost("event-geofence", "flooding-events") == protocol
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    ops=workloads(max_ops=30),
+    width=st.sampled_from([1.0, 2.0, 5.0]),
+    default=st.sampled_from(list(STRATEGIES)),
+)
+def test_adaptive_runs_deliver_exactly_and_cost_what_the_model_says(
+    ops: list[TraceOp], width: float, default: str
+) -> None:
+    # Eager settings, so that keys switch often, between every pair of strategies.
+    config = AdaptiveConfig(
+        window_s=width, hysteresis=0.0, min_saving=0, dwell_windows=0, horizon_windows=1000
+    )
+    ops = keyed(ops)
+    run = simulate_adaptive(FED, ops, default, config)
+    assert sorted(run.result.deliveries) == sorted(reference_deliveries(ops))
+    assert max(Counter(run.result.deliveries).values(), default=1) == 1
+    model = predict(FED, StrategyTable(default), ops, run.transitions)
+    assert model.messages == +run.result.messages
+    assert sum(run.per_bin.values()) == run.result.total_messages
+    switched = [s for _end, _r, found in run.windows for s in found]
+    assert [(t.topic_filter, t.strategy) for t in run.transitions] == [
+        (s.key, s.new) for s in switched
+    ]
+    event(f"transitions: {min(len(switched), 3)}")
+
+
+def test_adaptive_run_switches_world_wide_telemetry_and_the_static_run_does_not() -> None:
+    near_a = circle(A, 100_000)
+    ops = [TraceOp(0.0, "subscribe", "sub", B, "s1", "t/x", near_a)]
+    ops += [TraceOp(0.1 * i + 0.1, "publish", "pub", A, f"e{i}", "t/x") for i in range(30)]
+    config = AdaptiveConfig(window_s=1.0, min_saving=0)
+    static = simulate_adaptive(FED, ops, "event-geofence", config, adapt=False)
+    adaptive = simulate_adaptive(FED, ops, "event-geofence", config)
+    assert static.transitions == [] and static.result.total_messages == 2 * 30
+    assert [(t.before, t.topic_filter, t.strategy) for t in adaptive.transitions] == [
+        (10, "t/#", "subscription-geofence")
+    ]
+    # 9 events by event forwarding, the transition (the copy, 12 protocol
+    # messages), then one delivery per event.
+    assert adaptive.result.total_messages == 18 + 1 + 12 + 21
+    assert adaptive.per_bin[0] == 18 and adaptive.per_bin[1] == 13 + 10  # the switch at 1.0
+    assert sorted(adaptive.result.deliveries) == sorted(reference_deliveries(ops))
