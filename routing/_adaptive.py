@@ -6,7 +6,9 @@ workload's actions (`observe`) and asked at the end of each measurement window
 it measures the window's rates (events, subscriptions, unsubscriptions) and the
 geofence reach, and predicts with the cost model (`predict`) what the window
 would have cost under each candidate strategy; the window just seen is the
-forecast for the next ones. A key switches to the cheapest candidate when
+forecast for the next ones. With `cost` the mean per window over the last
+`AdaptiveConfig.average_windows` windows, a key switches to the cheapest
+candidate when
 
     (cost now - cost of the candidate) * horizon_windows - transition cost
         > max(min_saving, hysteresis * cost now * horizon_windows)
@@ -35,7 +37,7 @@ have cost (the unit tests hold the two equal).
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -79,6 +81,10 @@ class AdaptiveConfig:
     """Windows a key keeps a strategy after switching before it may switch again."""
     horizon_windows: int = 6
     """Windows a switch's per-window saving is counted over against its one-off cost."""
+    average_windows: int = 2
+    """Decisions use the mean of the last this many windows, and a key needs as many
+    windows of history first: a burst of subscriptions as a topic starts is a one-off,
+    not its steady rate."""
     key_levels: int = 1
     """Topic levels that make a key."""
     max_keys: int = 256
@@ -102,6 +108,7 @@ class AdaptiveConfig:
             ("min_saving", 0),
             ("dwell_windows", 0),
             ("horizon_windows", 1),
+            ("average_windows", 1),
             ("key_levels", 1),
             ("max_keys", 1),
             ("idle_windows", 1),
@@ -174,6 +181,7 @@ class _Key:
     strategy: str
     window: list[TraceOp] = field(default_factory=list)
     since_switch: int = 0
+    recent: deque[dict[str, int]] = field(default_factory=deque)
     idle: int = 0
 
 
@@ -234,7 +242,9 @@ class AdaptiveController:
         if k is None and len(self._keys) < self.config.max_keys:
             # A new key may switch at its first window's end: it has not switched yet.
             k = self._keys[key] = _Key(
-                self.pinned.get(key, self.default), since_switch=self.config.dwell_windows
+                self.pinned.get(key, self.default),
+                since_switch=self.config.dwell_windows,
+                recent=deque(maxlen=self.config.average_windows),
             )
         return k
 
@@ -404,19 +414,20 @@ class AdaptiveController:
 
     def _decide(self, key: str, k: _Key, report: KeyWindow, now: float) -> Switch | None:
         cfg = self.config
-        if k.since_switch < cfg.dwell_windows or k.strategy not in report.predicted:
+        k.recent.append(report.predicted)
+        if len(k.recent) < cfg.average_windows or k.since_switch < cfg.dwell_windows:
             return None
-        current = report.predicted[k.strategy]
-        best = min(
-            report.predicted,
-            key=lambda s: (report.predicted[s], s != k.strategy, cfg.candidates.index(s)),
-        )
+        # Per-window means over the last `average_windows` windows, in messages.
+        n = len(k.recent)
+        mean = {s: sum(w[s] for w in k.recent) / n for s in cfg.candidates}
+        current = mean[k.strategy]
+        best = min(mean, key=lambda s: (mean[s], s != k.strategy, cfg.candidates.index(s)))
         if best == k.strategy:
             return None
         cost = transition_cost(
             self.federation, self.table, key, best, self.state(key, at_start=False)
         )
-        saving = (current - report.predicted[best]) * cfg.horizon_windows - cost
+        saving = round((current - mean[best]) * cfg.horizon_windows) - cost
         if saving <= max(cfg.min_saving, cfg.hysteresis * current * cfg.horizon_windows):
             return None
         return Switch(key, k.strategy, best, now, saving, cost)

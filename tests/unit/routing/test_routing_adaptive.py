@@ -163,6 +163,7 @@ def test_switches_keep_the_dwell_time_and_pay_for_their_transition(
         min_saving=0,
         dwell_windows=dwell,
         horizon_windows=horizon,
+        average_windows=1,
     )
     ctl = AdaptiveController(FED, config, pinned={"y/#": "flooding-events"})
     last: dict[str, int] = {}
@@ -186,7 +187,7 @@ def test_world_wide_telemetry_moves_to_subscription_forwarding_in_one_window() -
     near_a = circle(A, 100_000)
     ops = [TraceOp(0.0, "subscribe", "sub", B, "s1", "t/x", near_a)]
     ops += [TraceOp(0.1 * i + 0.1, "publish", "pub", A, f"e{i}", "t/x") for i in range(30)]
-    config = AdaptiveConfig(window_s=1.0, min_saving=0)
+    config = AdaptiveConfig(window_s=1.0, min_saving=0, average_windows=1)
     ctl = AdaptiveController(FED, config, default="event-geofence")
     windows = list(ctl.run(ops))
     first = windows[0][1][0]
@@ -297,7 +298,12 @@ def test_adaptive_runs_deliver_exactly_and_cost_what_the_model_says(
 ) -> None:
     # Eager settings, so that keys switch often, between every pair of strategies.
     config = AdaptiveConfig(
-        window_s=width, hysteresis=0.0, min_saving=0, dwell_windows=0, horizon_windows=1000
+        window_s=width,
+        hysteresis=0.0,
+        min_saving=0,
+        dwell_windows=0,
+        horizon_windows=1000,
+        average_windows=1,
     )
     ops = keyed(ops)
     run = simulate_adaptive(FED, ops, default, config)
@@ -317,7 +323,7 @@ def test_adaptive_run_switches_world_wide_telemetry_and_the_static_run_does_not(
     near_a = circle(A, 100_000)
     ops = [TraceOp(0.0, "subscribe", "sub", B, "s1", "t/x", near_a)]
     ops += [TraceOp(0.1 * i + 0.1, "publish", "pub", A, f"e{i}", "t/x") for i in range(30)]
-    config = AdaptiveConfig(window_s=1.0, min_saving=0)
+    config = AdaptiveConfig(window_s=1.0, min_saving=0, average_windows=1)
     static = simulate_adaptive(FED, ops, "event-geofence", config, adapt=False)
     adaptive = simulate_adaptive(FED, ops, "event-geofence", config)
     assert static.transitions == [] and static.result.total_messages == 2 * 30
@@ -329,3 +335,19 @@ def test_adaptive_run_switches_world_wide_telemetry_and_the_static_run_does_not(
     assert adaptive.result.total_messages == 18 + 1 + 12 + 21
     assert adaptive.per_bin[0] == 18 and adaptive.per_bin[1] == 13 + 10  # the switch at 1.0
     assert sorted(adaptive.result.deliveries) == sorted(reference_deliveries(ops))
+
+
+@pytest.mark.parametrize(("average", "switched"), [(1, ["event-geofence"]), (2, [])])
+def test_averaging_keeps_a_start_burst_of_subscriptions_from_switching(
+    average: int, switched: list[str]
+) -> None:
+    # Ten world-wide subscriptions at b in the first window, then 5 world-wide
+    # events per window at a: subscription forwarding pays 20 copies once,
+    # event forwarding 2 messages per event for ever.
+    ops = [TraceOp(0.01 * i, "subscribe", f"s{i}", B, f"s{i}", "t/x") for i in range(10)]
+    ops += [TraceOp(0.2 * i + 0.1, "publish", "pub", A, f"e{i}", "t/x") for i in range(30)]
+    config = AdaptiveConfig(window_s=1.0, min_saving=0, average_windows=average)
+    run = simulate_adaptive(FED, ops, "subscription-geofence", config)
+    first = run.windows[0][1][0].predicted
+    assert (first["subscription-geofence"], first["event-geofence"]) == (20 + 5, 10)
+    assert [t.strategy for t in run.transitions] == switched
