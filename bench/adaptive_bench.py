@@ -22,6 +22,7 @@ Usage: ``python -m geofed.bench.adaptive_bench [--clients 100] [--duration 60]
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections import Counter
@@ -79,7 +80,7 @@ def run_scenario(
                 "duplicates": sum(n - 1 for n in got.values() if n > 1),
                 "exact_model": model.messages == +run.result.messages,
                 "transitions": [
-                    (_time_of(ops, t.before), t.topic_filter, t.strategy) for t in run.transitions
+                    (s.window_end, s.key, s.new) for _end, _r, found in run.windows for s in found
                 ],
                 "seconds": took,
             }
@@ -90,11 +91,6 @@ def run_scenario(
         r["vs_best"] = r["messages"] / best - 1.0 if best else 0.0
         r["x_lower"] = r["messages"] / lower if lower else None
     return {"rows": rows, "lower_bound": lower, "best_static": best, "runs": runs}
-
-
-def _time_of(ops: list[TraceOp], before: int) -> float:
-    """The trace time of a transition made before action `before` (its window's end)."""
-    return ops[before].t if before < len(ops) else ops[-1].t
 
 
 def table(result: dict[str, Any]) -> str:
@@ -118,19 +114,24 @@ def table(result: dict[str, Any]) -> str:
 def plot_series(
     result: dict[str, Any], ops: list[TraceOp], duration: float, path: Path, title: str
 ) -> None:
-    """Messages per second over time per run, transitions marked (T1, T2, ...)."""
+    """Messages per second over time per run, each adaptive run's transitions marked.
+
+    In the style of the paper's time series: (a) what drives the change (live
+    alert subscriptions and the app activity profile), (b) messages per second
+    of every run, log scale, with dotted lines at the transitions (T1, T2, ...
+    in the colour of the run that made them).
+    """
     require("analysis", "the adaptive benchmark's plot", "matplotlib")
     import matplotlib
 
     matplotlib.use("Agg")  # files only; benchmark machines have no display
     import matplotlib.pyplot as plt
 
-    bins = int(duration // _BIN_S) + 1
+    bins = max(1, math.ceil(duration / _BIN_S))
     xs = [(i + 0.5) * _BIN_S for i in range(bins)]
     fig, (top, bottom) = plt.subplots(
-        2, 1, figsize=(9, 6.5), sharex=True, gridspec_kw={"height_ratios": [1, 2.2]}
+        2, 1, figsize=(9, 7.5), sharex=True, gridspec_kw={"height_ratios": [1, 2.2]}
     )
-    # (a) the driver: live alert subscriptions and the app activity profile.
     live: set[str] = set()
     counts = [0] * bins
     for op in ops:
@@ -145,50 +146,40 @@ def plot_series(
         [max(counts) * activity(x, duration) for x in xs],
         color="#999999",
         linestyle=":",
-        label="activity profile (scaled)",
+        label="app activity profile (scaled)",
     )
-    top.set_ylabel("subscriptions")
-    top.legend(fontsize=7, loc="upper right")
-    # (b) messages per second, static strategies and the adaptive runs.
-    styles = {"adaptive": {"linewidth": 2.2}, "static": {"linewidth": 1.0, "alpha": 0.8}}
-    marks: list[tuple[float, str]] = []
+    top.set_ylabel("(a) subscriptions")
+    top.legend(fontsize=7, loc="upper left")
     for label, run in result["runs"].items():
         per_s = [run.per_bin.get(i, 0) / _BIN_S for i in range(bins)]
-        kind = "adaptive" if label.startswith("adaptive") else "static"
-        bottom.step(xs, per_s, where="mid", label=label, **styles[kind])
-        if label == f"adaptive from {_PLOT_START}":
-            marks = [(t, f"{k} → {s}") for t, k, s in _transitions(result, label)]
-    for n, (t, what) in enumerate(marks, 1):
-        for ax in (top, bottom):
-            ax.axvline(t, color="black", linestyle=":", linewidth=1)
-        top.annotate(
-            f"T{n}",
-            (t, 1.0),
-            xycoords=("data", "axes fraction"),
-            ha="center",
-            va="bottom",
-            fontsize=8,
+        adaptive = label.startswith("adaptive")
+        (line,) = bottom.step(
+            xs, per_s, where="mid", label=label, linewidth=2.2 if adaptive else 1.0
         )
-        bottom.annotate(
-            f"T{n}: {what}",
-            (t, 0.02),
-            xycoords=("data", "axes fraction"),
-            rotation=90,
-            ha="right",
-            va="bottom",
-            fontsize=7,
-        )
+        if not adaptive:
+            continue
+        for n, (t, key, new) in enumerate(_transitions(result, label), 1):
+            for ax in (top, bottom):
+                ax.axvline(t, color=line.get_color(), linestyle=":", linewidth=1.2)
+            bottom.annotate(
+                f"T{n}: {key} → {new}",
+                (t, 0.02),
+                xycoords=("data", "axes fraction"),
+                rotation=90,
+                ha="right",
+                va="bottom",
+                fontsize=7,
+                color=line.get_color(),
+            )
     bottom.set_yscale("log")
-    bottom.set_ylabel("inter-region messages / s")
+    bottom.set_ylabel("(b) inter-region messages / s")
     bottom.set_xlabel(f"trace time (s), {_BIN_S:g}-s bins")
-    bottom.legend(fontsize=7, loc="upper right", ncol=2)
-    fig.suptitle(title, fontsize=10)
+    bottom.set_xlim(0, bins * _BIN_S)
+    bottom.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-_PLOT_START = "subscription-geofence"
 
 
 def _transitions(result: dict[str, Any], label: str) -> list[tuple[float, str, str]]:
@@ -245,9 +236,9 @@ def main(argv: list[str] | None = None) -> int:
                 ops,
                 duration,
                 png,
-                f"mixed scenario, {args.clients} clients, {duration:g} s, seed {args.seed},"
-                f" {len(federation)} brokers: messages per second, transitions of the"
-                f" adaptive run from {_PLOT_START} marked",
+                f"mixed scenario: {args.clients} clients, {duration:g} s, seed {args.seed},"
+                f" {len(federation)} brokers\nmessages per second of each run; dotted:"
+                " the adaptive runs' transitions",
             )
             text += f"\n![messages per second, mixed]({png.name})\n"
         print(text, flush=True)

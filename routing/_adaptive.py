@@ -1,4 +1,4 @@
-"""The adaptive controller: which strategy each topic key should use next (docs/design.md §3).
+"""The adaptive controller: which strategy each topic key should use next (docs/design.md §13).
 
 Pure and synchronous, like the rest of the routing core: it is fed the
 workload's actions (`observe`) and asked at the end of each measurement window
