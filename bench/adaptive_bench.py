@@ -96,7 +96,8 @@ def run_scenario(
 def table(result: dict[str, Any]) -> str:
     """The Markdown table of one scenario."""
     lines = [
-        "| run | inter-region messages | of them transition | vs best static | × lower bound"
+        "| run | inter-region messages | of them PREPARED / SWITCHED | vs best static"
+        " | × lower bound"
         " | recall | precision | dups | model = measured | transitions (t s: key → strategy) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
