@@ -226,9 +226,8 @@ class AdaptiveController:
         self._start_live: dict[str, TraceOp] = {}
 
     def strategy(self, key: str) -> str:
-        """The strategy the controller holds for `key` now."""
-        k = self._keys.get(key)
-        return k.strategy if k is not None else self.pinned.get(key, self.default)
+        """The strategy the controller's table gives `key` now (its entry, else the default)."""
+        return dict(self.table.entries).get(key, self.default)
 
     @property
     def keys(self) -> dict[str, str]:
@@ -241,8 +240,9 @@ class AdaptiveController:
         k = self._keys.get(key)
         if k is None and len(self._keys) < self.config.max_keys:
             # A new key may switch at its first window's end: it has not switched yet.
+            # A forgotten key comes back with the entry it left in the table.
             k = self._keys[key] = _Key(
-                self.pinned.get(key, self.default),
+                self.strategy(key),
                 since_switch=self.config.dwell_windows,
                 recent=deque(maxlen=self.config.average_windows),
             )
@@ -268,6 +268,8 @@ class AdaptiveController:
                 went = self._append(held.topic, op)
                 del self._live[op.id]
                 self._held[op.client].discard(op.id)
+                if not self._held[op.client]:
+                    del self._held[op.client]
         if op.location is not None:
             # Any action with a location moves its client first: for the keys
             # whose subscriptions it holds, that is a move (re-homing, roaming).

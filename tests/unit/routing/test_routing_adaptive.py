@@ -351,3 +351,16 @@ def test_averaging_keeps_a_start_burst_of_subscriptions_from_switching(
     first = run.windows[0][1][0].predicted
     assert (first["subscription-geofence"], first["event-geofence"]) == (20 + 5, 10)
     assert [t.strategy for t in run.transitions] == switched
+
+
+def test_a_forgotten_key_comes_back_with_the_strategy_it_was_switched_to() -> None:
+    near_a = circle(A, 100_000)
+    ops = [TraceOp(0.0, "subscribe", "sub", B, "s1", "t/x", near_a)]
+    ops += [TraceOp(0.1 * i + 0.1, "publish", "pub", A, f"e{i}", "t/x") for i in range(10)]
+    ops += [TraceOp(1.5, "unsubscribe", "sub", id="s1")]
+    config = AdaptiveConfig(window_s=1.0, min_saving=0, average_windows=1, idle_windows=1)
+    ctl = AdaptiveController(FED, config, default="event-geofence")
+    list(ctl.run([*ops, TraceOp(5.5, "move", "pub", A)]))
+    assert ctl.keys == {} and ctl.strategy("t/#") == "subscription-geofence"
+    ctl.observe(TraceOp(6.0, "publish", "pub", A, "e99", "t/y"))
+    assert ctl.keys == {"t/#": "subscription-geofence"}
