@@ -90,7 +90,30 @@ def run_scenario(
     for r in rows:
         r["vs_best"] = r["messages"] / best - 1.0 if best else 0.0
         r["x_lower"] = r["messages"] / lower if lower else None
-    return {"rows": rows, "lower_bound": lower, "best_static": best, "runs": runs}
+    return {
+        "rows": rows,
+        "lower_bound": lower,
+        "best_static": best,
+        "runs": runs,
+        "expected": expected,
+    }
+
+
+def per_bin_quality(
+    ops: list[TraceOp], expected: Counter[tuple[str, str]], run: AdaptiveRun, bins: int
+) -> tuple[list[float], list[float]]:
+    """Recall and precision of the deliveries of events published in each bin (1 when none)."""
+    when = {op.id: min(bins - 1, int(op.t // _BIN_S)) for op in ops if op.op == "publish"}
+    got = Counter(run.result.deliveries)
+    hits, want, sent = [0] * bins, [0] * bins, [0] * bins
+    for (event, _sub), n in expected.items():
+        want[when[event]] += n
+    for pair, n in got.items():
+        sent[when[pair[0]]] += n
+        hits[when[pair[0]]] += min(n, expected[pair])
+    recall = [h / w if w else 1.0 for h, w in zip(hits, want, strict=True)]
+    precision = [h / n if n else 1.0 for h, n in zip(hits, sent, strict=True)]
+    return recall, precision
 
 
 def table(result: dict[str, Any]) -> str:
@@ -120,7 +143,8 @@ def plot_series(
     In the style of the paper's time series: (a) what drives the change (live
     alert subscriptions and the app activity profile), (b) messages per second
     of every run, log scale, with dotted lines at the transitions (T1, T2, ...
-    in the colour of the run that made them).
+    in the colour of the run that made them), (c) recall and precision of the
+    adaptive runs' deliveries per bin, through the transitions.
     """
     require("analysis", "the adaptive benchmark's plot", "matplotlib")
     import matplotlib
@@ -130,8 +154,8 @@ def plot_series(
 
     bins = max(1, math.ceil(duration / _BIN_S))
     xs = [(i + 0.5) * _BIN_S for i in range(bins)]
-    fig, (top, bottom) = plt.subplots(
-        2, 1, figsize=(9, 7.5), sharex=True, gridspec_kw={"height_ratios": [1, 2.2]}
+    fig, (top, bottom, quality) = plt.subplots(
+        3, 1, figsize=(9, 9.5), sharex=True, gridspec_kw={"height_ratios": [1, 2.2, 1]}
     )
     live: set[str] = set()
     counts = [0] * bins
@@ -159,8 +183,18 @@ def plot_series(
         )
         if not adaptive:
             continue
+        recall, precision = per_bin_quality(ops, result["expected"], run, bins)
+        quality.step(xs, recall, where="mid", color=line.get_color(), label=f"recall, {label}")
+        quality.step(
+            xs,
+            precision,
+            where="mid",
+            color=line.get_color(),
+            linestyle="--",
+            label=f"precision, {label}",
+        )
         for n, (t, key, new) in enumerate(_transitions(result, label), 1):
-            for ax in (top, bottom):
+            for ax in (top, bottom, quality):
                 ax.axvline(t, color=line.get_color(), linestyle=":", linewidth=1.2)
             bottom.annotate(
                 f"T{n}: {key} → {new}",
@@ -173,10 +207,15 @@ def plot_series(
                 color=line.get_color(),
             )
     bottom.set_yscale("log")
+    low, high = bottom.get_ylim()
+    bottom.set_ylim(low, high * 8)  # room for the legend above the busiest run
     bottom.set_ylabel("(b) inter-region messages / s")
-    bottom.set_xlabel(f"trace time (s), {_BIN_S:g}-s bins")
-    bottom.set_xlim(0, bins * _BIN_S)
-    bottom.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
+    bottom.legend(fontsize=7, loc="upper right", ncol=2, framealpha=0.9)
+    quality.set_ylim(0.0, 1.05)
+    quality.set_ylabel("(c) recall, precision")
+    quality.set_xlabel(f"trace time (s), {_BIN_S:g}-s bins of the events' publication")
+    quality.set_xlim(0, bins * _BIN_S)
+    quality.legend(fontsize=7, loc="lower right", ncol=2)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
