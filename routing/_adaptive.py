@@ -47,7 +47,7 @@ from ._federation import Federation
 from ._geometry import LatLon
 from ._simulate import SimResult, Simulator
 from ._strategies import STRATEGIES, strategy_for
-from ._table import StrategyTable, Transition
+from ._table import MAX_TABLE_ENTRIES, StrategyTable, Transition
 from ._trace import TraceOp
 
 
@@ -133,7 +133,8 @@ class KeyWindow:
         event_reach: brokers the window's event geofences meet, summed (the
             publisher's included; a world-wide event meets all).
         subscription_reach: the same for the subscriptions made in the window.
-        predicted: inter-broker messages of the window per candidate strategy.
+        predicted: inter-broker messages of the window per candidate strategy
+            (empty when the table is full and has no entry for the key).
         lower_bound: the window's lower bound (`CostReport.lower_bound_total`).
         strategy: the key's strategy during the window.
     """
@@ -403,6 +404,8 @@ class AdaptiveController:
                 report.subscription_reach += len(fed.brokers_meeting(fence))
             elif op.op == "unsubscribe":
                 report.unsubscribes += 1
+        if not self._may_set(key):
+            return report  # the table is full: no entry for the key, nothing to predict
         if not window:
             report.predicted = dict.fromkeys(self.config.candidates, 0)
             return report
@@ -414,8 +417,14 @@ class AdaptiveController:
             report.lower_bound = after.lower_bound_total
         return report
 
+    def _may_set(self, key: str) -> bool:
+        """Whether the table can route `key` by an entry (it has one, or room for one)."""
+        return key in dict(self.table.entries) or len(self.table.entries) < MAX_TABLE_ENTRIES
+
     def _decide(self, key: str, k: _Key, report: KeyWindow, now: float) -> Switch | None:
         cfg = self.config
+        if not report.predicted:
+            return None
         k.recent.append(report.predicted)
         if len(k.recent) < cfg.average_windows or k.since_switch < cfg.dwell_windows:
             return None

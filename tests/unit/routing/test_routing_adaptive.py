@@ -364,3 +364,15 @@ def test_a_forgotten_key_comes_back_with_the_strategy_it_was_switched_to() -> No
     assert ctl.keys == {} and ctl.strategy("t/#") == "subscription-geofence"
     ctl.observe(TraceOp(6.0, "publish", "pub", A, "e99", "t/y"))
     assert ctl.keys == {"t/#": "subscription-geofence"}
+
+
+def test_a_full_table_switches_no_new_key() -> None:
+    from geofed.routing import MAX_TABLE_ENTRIES
+
+    pins = {f"p{i}/#": "event-geofence" for i in range(MAX_TABLE_ENTRIES)}
+    near_a = circle(A, 100_000)
+    ops = [TraceOp(0.0, "subscribe", "sub", B, "s1", "t/x", near_a)]
+    ops += [TraceOp(0.1 * i + 0.1, "publish", "pub", A, f"e{i}", "t/x") for i in range(30)]
+    config = AdaptiveConfig(window_s=1.0, min_saving=0, average_windows=1)
+    run = simulate_adaptive(FED, ops, "event-geofence", config, pinned=pins)
+    assert run.transitions == [] and run.result.total_messages == 2 * 30
