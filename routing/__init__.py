@@ -5,6 +5,16 @@ index, the four routing strategies with their cost model, the broker state
 machine and an in-memory federation simulator. No network, no clocks.
 """
 
+from ._adaptive import (
+    AdaptiveConfig,
+    AdaptiveController,
+    AdaptiveRun,
+    KeyWindow,
+    Switch,
+    simulate_adaptive,
+    topic_key,
+    transition_cost,
+)
 from ._areagen import Site, generate_areas, read_sites
 from ._broker import (
     BrokerState,
@@ -103,6 +113,14 @@ from ._topics import (
 from ._trace import TraceOp, op_to_record, parse_op, parse_ops, read_trace
 
 __all__ = [
+    "AdaptiveConfig",
+    "AdaptiveController",
+    "AdaptiveRun",
+    "KeyWindow",
+    "Switch",
+    "simulate_adaptive",
+    "topic_key",
+    "transition_cost",
     "MAX_TABLE_ENTRIES",
     "Phase",
     "ProposeMsg",
