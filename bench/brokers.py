@@ -26,9 +26,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Self
 
+from geofed.routing import InvalidInput
+
 from .local import free_ports
 
-__all__ = ["BrokerUnavailable", "Mosquitto", "NatsServer"]
+__all__ = ["BrokerUnavailable", "Mosquitto", "NatsServer", "nats_subject"]
 
 _POLL_S = 0.02  # between connection attempts while a broker starts
 
@@ -221,3 +223,25 @@ class NatsServer(_Broker):
 
     def answers(self, sock: socket.socket) -> bool:
         return sock.recv(5) == b"INFO "
+
+
+def nats_subject(mqtt: str, field: str = "topic") -> str:
+    """The NATS subject (or wildcard subject) of an MQTT topic (or filter).
+
+    Levels become tokens, ``+`` becomes ``*`` and ``#`` ``>``. (On a filter
+    ``a/#`` NATS's ``a.>`` does not match ``a`` itself: traffic with a fixed
+    number of levels, as the benchmarks', is unaffected.)
+
+    Raises:
+        InvalidInput: naming `field` when a level is empty or holds what a NATS
+            token cannot (``.``, ``*``, ``>``, white space).
+    """
+    out = []
+    for level in mqtt.split("/"):
+        if level in ("+", "#"):
+            out.append("*" if level == "+" else ">")
+        elif not level or any(c in level for c in ".*> \t\r\n"):
+            raise InvalidInput(field, f"level {level!r} cannot be a NATS subject token")
+        else:
+            out.append(level)
+    return ".".join(out)

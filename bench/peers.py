@@ -103,8 +103,9 @@ from geofed.routing import (
 )
 
 from . import _compare_report as rep
+from . import brokers_bench
 from ._machine import describe, record
-from .brokers import Mosquitto, NatsServer
+from .brokers import Mosquitto, NatsServer, nats_subject
 from .faultproxy import ProxyHost
 from .trace import read_trace_file, write_trace
 from .workload import SCENARIOS, WorkloadConfig, generate
@@ -211,17 +212,7 @@ def nats_frame(buf: bytearray, at: int) -> tuple[int, str] | None:
 
 def _tokens(levels: Sequence[str], field_name: str) -> list[str]:
     """MQTT levels as NATS tokens (``+`` -> ``*``, ``#`` -> ``>``)."""
-    out = []
-    for level in levels:
-        if level == "+":
-            out.append("*")
-        elif level == "#":
-            out.append(">")
-        elif not level or any(c in level for c in ". *>\t\r\n"):
-            raise InvalidInput(field_name, f"level {level!r} cannot be a NATS subject token")
-        else:
-            out.append(level)
-    return out
+    return nats_subject("/".join(levels), field_name).split(".")
 
 
 def subject_matches(pattern: Sequence[str], subject: Sequence[str]) -> bool:
@@ -987,6 +978,14 @@ def markdown(result: dict[str, Any]) -> str:
         errs = [f"- {r['system']}: {e}" for r in sc["rows"] for e in r.get("errors", [])[:5]]
         if errs:
             parts.append("Errors:\n\n" + "\n".join(errs))
+    single = result.get("single_node")
+    if single is not None:
+        parts.append(
+            "### Single node: one geofed node, one mosquitto, one nats-server\n\n"
+            "`geofed.bench.brokers_bench` in this run (topic-only traffic, and geofenced"
+            " traffic where the peers carry geo-encoded topics and check each delivery"
+            " themselves).\n\n" + single["table"]
+        )
     return "\n\n".join(parts)
 
 
@@ -1088,6 +1087,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--settle-timeout", type=float, default=60.0, help="seconds to wait for a delivery"
     )
+    p.add_argument(
+        "--part",
+        action="append",
+        choices=("scenarios", "single-node"),
+        help="what to run (repeatable; default: both)",
+    )
+    n = p.add_argument_group("single node (geofed.bench.brokers_bench, both traffics)")
+    n.add_argument("--node-events", type=int, default=5000, help="events per throughput test")
+    n.add_argument("--node-repeat", type=int, default=1, help="repetitions (order rotated)")
+    n.add_argument("--node-rate", type=float, default=200.0, help="events/s of the latency test")
+    n.add_argument("--node-seconds", type=float, default=3.0, help="length of the latency test")
+    n.add_argument(
+        "--node-traffic",
+        action="append",
+        choices=brokers_bench.TRAFFIC,
+        help="repeatable (default: topic and geo)",
+    )
     p.add_argument("--workdir", type=Path, help="logs and traces (default: a temporary folder)")
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
     p.add_argument("--results", type=Path, default=RESULTS, help="Markdown file appended to")
@@ -1099,7 +1115,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.clients < 1 or args.duration <= 0:
         raise InvalidInput("clients", "--clients and --duration must be positive")
+    parts = set(args.part or ("scenarios", "single-node"))
     scenarios = list(dict.fromkeys(args.scenario or ("context", "global")))
+    if "scenarios" not in parts:
+        scenarios = []
     if args.workload and len(scenarios) > 1:
         raise InvalidInput("workload", "one trace file is one scenario: give one --scenario")
     fed = Federation.load(federation_path(args.federation))
@@ -1108,6 +1127,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.workdir is None:
             args.workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="peers-")))
         results = [run_scenario(s, fed, args, args.workdir / s) for s in scenarios]
+    single: dict[str, Any] | None = None
+    if "single-node" in parts:
+        node_args = argparse.Namespace(
+            events=args.node_events,
+            repeat=args.node_repeat,
+            rate=args.node_rate,
+            seconds=args.node_seconds,
+            traffic=args.node_traffic or list(brokers_bench.TRAFFIC),
+        )
+        reps, summary, table = brokers_bench.run(node_args)
+        single = {"repetitions": reps, **summary, "table": table}
     result = {
         "federation": args.federation,
         "regions": len(fed),
@@ -1115,6 +1145,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_before": load,
         "load_after": os.getloadavg(),
         "scenarios": results,
+        "single_node": single,
     }
     text = markdown(result)
     print(text)

@@ -70,6 +70,10 @@ def test_peers_report_has_every_system_and_agrees_with_the_oracle(tmp_path: Path
     cmd = [sys.executable, "-m", "geofed.bench.peers", "--federation", str(THREE)]
     cmd += ["--scenario", "global", "--workload", str(trace), "--workdir", str(tmp_path / "w")]
     cmd += ["--results", str(results), "--json", str(out_json), "--settle-timeout", "60"]
+    # The single-node section at a tiny size, geofenced traffic only (topic-only
+    # traffic: tests/integration/test_perf_bench_smoke.py's brokers_bench run).
+    cmd += ["--node-events", "200", "--node-rate", "100", "--node-seconds", "1"]
+    cmd += ["--node-traffic", "geo"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
     report = json.loads(out_json.read_text(encoding="utf-8"))
@@ -97,3 +101,17 @@ def test_peers_report_has_every_system_and_agrees_with_the_oracle(tmp_path: Path
     for geo in ("nats-geo-decimal", "nats-geo-h3"):
         assert rows[geo]["before_check"]["received"] <= plain["before_check"]["received"]
         assert rows[geo]["interest"]["messages"] > plain["interest"]["messages"]
+
+    # Single node: every broker delivered every geofenced event inside the fence
+    # (the peers after their exact check), and the ratios are in the report.
+    single = report["single_node"]
+    (rep,) = single["repetitions"]
+    for kind, tests in rep["results"].items():
+        assert set(tests) == {"geo 1->1", "geo 1->10", "geo latency"}, kind
+        for test, row in tests.items():
+            assert "error" not in row, (kind, test, row)
+            assert row["expected"] == row["delivered"] > 0, (kind, test)
+            if kind != "geofed":  # half the events are published outside: turned down
+                assert row["filtered"] == row["delivered"], (kind, test)
+    assert all(v is not None and v > 0 for v in single["median_ratios"].values())
+    assert "geo 1->10 vs nats" in text
