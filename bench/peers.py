@@ -105,7 +105,7 @@ from geofed.routing import (
 from . import _compare_report as rep
 from . import brokers_bench
 from ._machine import describe, record
-from .brokers import Mosquitto, NatsServer, nats_subject
+from .brokers import BrokerUnavailable, Mosquitto, NatsServer, nats_subject
 from .faultproxy import ProxyHost
 from .trace import read_trace_file, write_trace
 from .workload import SCENARIOS, WorkloadConfig, generate
@@ -114,6 +114,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "peers.md"
 PEERS = ("mosquitto-star", "nats", "nats-geo-decimal", "nats-geo-h3")
 """The peer systems, in report order."""
 _HANG_S = 120.0  # a start-up or barrier that takes longer is a failure
+_START_ATTEMPTS = 3
 _POLL_S = 0.02
 _GEO = "g"  # first subject token of the geo-encoded subjects
 _FREE = "x"  # an event cell's free level
@@ -1034,10 +1035,18 @@ def run_scenario(
         print(f"[peers] {scenario}: geofed done", file=sys.stderr, flush=True)
     for name in args.system or PEERS:
         t0 = time.monotonic()
-        try:
-            row = asyncio.run(run_peer(name, fed, ops, workdir / name, args))
-        except Exception as exc:
-            raise RuntimeError(f"{name} ({scenario}): {type(exc).__name__}: {exc}") from exc
+        for attempt in range(1, _START_ATTEMPTS + 1):
+            try:
+                row = asyncio.run(run_peer(name, fed, ops, workdir / name, args))
+                break
+            except BrokerUnavailable as exc:
+                # A port picked free was taken before the broker bound it (other
+                # processes on the machine): a fresh set of servers and ports.
+                if attempt == _START_ATTEMPTS:
+                    raise RuntimeError(f"{name} ({scenario}): {exc}") from exc
+                print(f"[peers] {name}: {exc}; starting afresh", file=sys.stderr, flush=True)
+            except Exception as exc:
+                raise RuntimeError(f"{name} ({scenario}): {type(exc).__name__}: {exc}") from exc
         row["after_check"] = rep.accuracy(row.pop("_checked"), expected)
         row["before_check"] = rep.accuracy(row.pop("_raw"), expected)
         rows.append(row)
