@@ -60,6 +60,7 @@ TRACE = [
 ]
 
 
+@pytest.mark.timeout(900)
 def test_peers_report_has_every_system_and_agrees_with_the_oracle(tmp_path: Path) -> None:
     trace = tmp_path / "trace.jsonl"
     trace.write_text("\n".join(TRACE) + "\n", encoding="utf-8")
