@@ -1182,10 +1182,32 @@ def main(argv: list[str] | None = None) -> int:
 
 _TITLE = """# geofed beside Mosquitto and NATS federations (bench/peers)
 
-Set-ups, what is measured and how: the docstring of `bench/peers.py`
-(`python -m geofed.bench.peers --help`). Inter-region messages and bytes are
-counted on the wire of every bridge / gateway connection; geofed's rows are
-its own `geofed bench --barrier --wan off` run of the same trace.
+The same workload trace through geofed's four strategies and through the
+federations an operator would build from topic-only brokers, one Debian
+broker per region on loopback, clients on their region's broker:
+
+* **mosquitto-star**: the leaves bridged to a hub region (`topic # both 0`):
+  Mosquitto bridges carry no subscription interest, so `#` is the one
+  pattern that serves subscriptions made later without per-region
+  configuration (and a mesh of `both` bridges would loop);
+* **nats**: a super-cluster, every pair of nats-servers joined by a gateway,
+  interest-only mode (a server forwards a subject only to servers that
+  announced interest in it), plain subjects;
+* **nats-geo-decimal / nats-geo-h3**: the same with the publisher's location
+  and the event geofence's cover cells in the subject and subscriptions on
+  the covers of their geofences (`geofed.cover`), plus the consumers' exact
+  check.
+
+Inter-region messages and bytes are counted on the wire of every bridge /
+gateway connection (and checked against Mosquitto's `$SYS` and NATS's
+`/gatewayz`); "interest" is subscription traffic between servers (geofed:
+subscribe, unsubscribe and relocate messages; MQTT SUBSCRIBE/UNSUBSCRIBE and
+acks; NATS RS+/RS-/A+/A-); "other" is what keeps links alive (it grows with
+the run's length, not the workload). Deliveries are counted before and after
+the consumers' exact check (geofed delivers exactly: no check); recall and
+precision are those after the check, against the central matcher. geofed's
+rows are its own `geofed bench --barrier --wan off` run of the same trace.
+Details: `bench/peers.py`, docs/design.md §12.
 """
 
 
