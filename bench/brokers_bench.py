@@ -535,17 +535,31 @@ def _markdown(reps: list[dict[str, Any]], summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of the tests."""
-    p.add_argument("--events", type=int, default=20_000, help="events per throughput test")
-    p.add_argument("--repeat", type=int, default=3, help="repetitions (order rotated)")
-    p.add_argument("--rate", type=float, default=200.0, help="events/s of the latency test")
-    p.add_argument("--seconds", type=float, default=5.0, help="length of the latency test")
+def add_arguments(
+    p: Any,
+    prefix: str = "",
+    events: int = 20_000,
+    repeat: int = 3,
+    seconds: float = 5.0,
+    traffic: str = "topic",
+) -> None:
+    """The options of the tests, named ``--{prefix}events`` ... (an argparse parser or
+    group; the defaults given)."""
+    p.add_argument(f"--{prefix}events", type=int, default=events, help="events per throughput test")
     p.add_argument(
-        "--traffic",
+        f"--{prefix}repeat", type=int, default=repeat, help="repetitions (order rotated)"
+    )
+    p.add_argument(
+        f"--{prefix}rate", type=float, default=200.0, help="events/s of the latency test"
+    )
+    p.add_argument(
+        f"--{prefix}seconds", type=float, default=seconds, help="length of the latency test"
+    )
+    p.add_argument(
+        f"--{prefix}traffic",
         action="append",
         choices=TRAFFIC,
-        help="topic-only and/or geofenced (repeatable; default: topic)",
+        help=f"topic-only and/or geofenced (repeatable; default: {traffic})",
     )
 
 

@@ -1110,16 +1110,9 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("scenarios", "single-node"),
         help="what to run (repeatable; default: both)",
     )
-    n = p.add_argument_group("single node (geofed.bench.brokers_bench, both traffics)")
-    n.add_argument("--node-events", type=int, default=5000, help="events per throughput test")
-    n.add_argument("--node-repeat", type=int, default=1, help="repetitions (order rotated)")
-    n.add_argument("--node-rate", type=float, default=200.0, help="events/s of the latency test")
-    n.add_argument("--node-seconds", type=float, default=3.0, help="length of the latency test")
-    n.add_argument(
-        "--node-traffic",
-        action="append",
-        choices=brokers_bench.TRAFFIC,
-        help="repeatable (default: topic and geo)",
+    n = p.add_argument_group("single node (geofed.bench.brokers_bench)")
+    brokers_bench.add_arguments(
+        n, "node-", events=5000, repeat=1, seconds=3.0, traffic="topic and geo"
     )
     p.add_argument("--workdir", type=Path, help="logs and traces (default: a temporary folder)")
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
@@ -1130,8 +1123,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.clients < 1 or args.duration <= 0:
-        raise InvalidInput("clients", "--clients and --duration must be positive")
+    for name in ("clients", "duration", "node_events", "node_repeat", "node_rate", "node_seconds"):
+        if getattr(args, name) <= 0:
+            raise InvalidInput(name, f"must be positive, got {getattr(args, name)!r}")
     parts = set(args.part or ("scenarios", "single-node"))
     scenarios = list(dict.fromkeys(args.scenario or ("context", "global")))
     if "scenarios" not in parts:
