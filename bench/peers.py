@@ -1122,6 +1122,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run it; bad input is one line naming the option (exit status 2)."""
+    try:
+        return _main(argv)
+    except InvalidInput as exc:
+        print(f"python -m geofed.bench.peers: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     for name in ("clients", "duration", "node_events", "node_repeat", "node_rate", "node_seconds"):
         if getattr(args, name) <= 0:
