@@ -7,7 +7,10 @@ what a geofenced event reaches): geofed under every strategy (its own exact
 super-cluster with plain and geo-encoded subjects) on Debian's brokers on
 loopback. The report has every system's row; after the client-side exact
 check every system delivers exactly the oracle's pairs; and the messages the
-counting proxies saw cross the links equal the brokers' own statistics.
+counting proxies saw cross the links equal the brokers' own statistics. The
+single-node section runs too, geofenced traffic at a tiny size: every broker
+delivers the events inside the fence, the peers after turning down the ones
+just outside it.
 """
 
 from __future__ import annotations
