@@ -14,6 +14,9 @@
 * `geofed.bench.brokers` starts Debian's Mosquitto and nats-server on
   loopback (``Mosquitto``, ``NatsServer``) for side-by-side runs
   (``python -m geofed.bench.brokers_bench``) and bridges;
+  ``python -m geofed.bench.peers`` runs a workload through geofed's
+  strategies and through a Mosquitto bridge star and NATS super-clusters
+  (plain and geo-encoded subjects), one server per region;
 * ``geofed bench`` / ``geofed demo`` (`geofed.bench.compare`) and the node
   and index benchmarks build on them; the Spark analysis is its own
   subpackage, `geofed.bench.analysis` (``geofed analyze``; the ``analysis``

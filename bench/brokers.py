@@ -16,17 +16,21 @@ needs (anonymous access, no persistence). A missing binary is a
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
+
+from geofed.routing import InvalidInput
 
 from .local import free_ports
 
-__all__ = ["BrokerUnavailable", "Mosquitto", "NatsServer"]
+__all__ = ["BrokerUnavailable", "Mosquitto", "NatsServer", "nats_subject"]
 
 _POLL_S = 0.02  # between connection attempts while a broker starts
 
@@ -42,10 +46,12 @@ class _Broker:
     binary = ""
     package = ""
 
-    def __init__(self, extra: list[str] | None = None, start_timeout: float = 30.0) -> None:
+    def __init__(
+        self, extra: list[str] | None = None, start_timeout: float = 30.0, port: int = 0
+    ) -> None:
         self.extra = list(extra or [])  # more lines for the configuration file
         self.host = "127.0.0.1"
-        self.port = 0
+        self.port = port  # 0: a free one is picked at start
         self.start_timeout = start_timeout
         self.process: subprocess.Popen[bytes] | None = None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
@@ -79,7 +85,8 @@ class _Broker:
         exe = self.executable()
         self._tmp = tempfile.TemporaryDirectory(prefix=f"geofed-{self.name}-")
         self.workdir = Path(self._tmp.name)
-        self.port = free_ports(1)[0]
+        if not self.port:
+            self.port = free_ports(1)[0]
         cmd = [exe, *self.config(self.workdir)]
         log = (self.workdir / "broker.log").open("wb")
         self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -179,18 +186,62 @@ class NatsServer(_Broker):
     """Debian's ``nats-server`` on a free loopback port (no JetStream, no cluster).
 
     Args:
-        extra: more lines for the configuration file.
+        extra: more lines for the configuration file (a ``gateway`` block, ...).
+        monitor: also serve the HTTP monitoring endpoints (``/varz``, ``/gatewayz``)
+            on a free loopback port, read with `monitor`.
     """
 
     name = "nats-server"
     binary = "nats-server"
     package = "nats-server"
 
+    def __init__(
+        self,
+        extra: list[str] | None = None,
+        start_timeout: float = 30.0,
+        port: int = 0,
+        monitor: bool = False,
+    ) -> None:
+        super().__init__(extra, start_timeout, port)
+        self.monitor_port = free_ports(1)[0] if monitor else 0
+
+    def monitor(self, path: str) -> Any:
+        """The JSON of a monitoring endpoint, e.g. ``gatewayz?accs=1``."""
+        if not self.monitor_port:
+            raise BrokerUnavailable(f"{self.name} runs without monitoring (monitor=True)")
+        url = f"http://{self.host}:{self.monitor_port}/{path}"
+        with urllib.request.urlopen(url, timeout=30.0) as reply:
+            return json.load(reply)
+
     def config(self, workdir: Path) -> list[str]:
         conf = workdir / "nats.conf"
         lines = [f'listen: "{self.host}:{self.port}"', *self.extra]
+        if self.monitor_port:
+            lines.append(f'http: "{self.host}:{self.monitor_port}"')
         conf.write_text("\n".join(lines) + "\n", encoding="utf-8")
         return ["-c", str(conf)]
 
     def answers(self, sock: socket.socket) -> bool:
         return sock.recv(5) == b"INFO "
+
+
+def nats_subject(mqtt: str, field: str = "topic") -> str:
+    """The NATS subject (or wildcard subject) of an MQTT topic (or filter).
+
+    Levels become tokens, ``+`` becomes ``*`` and ``#`` ``>``. (On a filter
+    ``a/#`` NATS's ``a.>`` does not match ``a`` itself: traffic with a fixed
+    number of levels, as the benchmarks', is unaffected.)
+
+    Raises:
+        InvalidInput: naming `field` when a level is empty or holds what a NATS
+            token cannot (``.``, ``*``, ``>``, white space).
+    """
+    out = []
+    for level in mqtt.split("/"):
+        if level in ("+", "#"):
+            out.append("*" if level == "+" else ">")
+        elif not level or any(c in level for c in ".*> \t\r\n"):
+            raise InvalidInput(field, f"level {level!r} cannot be a NATS subject token")
+        else:
+            out.append(level)
+    return ".".join(out)

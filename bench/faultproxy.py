@@ -26,12 +26,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Literal, TypeVar
 
 T = TypeVar("T")
 Mode = Literal["pass", "partition", "blackhole"]
 MODES: tuple[Mode, ...] = ("pass", "partition", "blackhole")
+TapFactory = Callable[[], Callable[[int, bytes], None]]
 _CHUNK = 65536
 _CALL_TIMEOUT_S = 10.0
 
@@ -48,6 +49,7 @@ class _Pipe:
         self.proxy = proxy
         self.writers = (down[1], up[1])
         self.flowed = [False, False]  # bytes forwarded towards the peer, and back
+        self.tap = proxy.tap() if proxy.tap is not None else None
         self.tasks = [
             asyncio.create_task(self._pump(down[0], up[1], 0)),
             asyncio.create_task(self._pump(up[0], down[1], 1)),
@@ -59,6 +61,8 @@ class _Pipe:
                 if self.proxy.mode != "pass":
                     self.proxy.dropped += len(data)  # read and dropped: the sender never blocks
                     continue
+                if self.tap is not None:
+                    self.tap(way, data)
                 dst.write(data)
                 await dst.drain()
                 self.flowed[way] = True
@@ -87,7 +91,9 @@ class FaultProxy:
     Made and started by `ProxyHost.add`; `address` is where it listens.
     """
 
-    def __init__(self, host: ProxyHost, name: str, target: str) -> None:
+    def __init__(
+        self, host: ProxyHost, name: str, target: str, tap: TapFactory | None = None
+    ) -> None:
         self.name = name
         """What it stands for, e.g. ``eu->us``."""
         self.target = target
@@ -103,6 +109,9 @@ class FaultProxy:
         """Times the link was partitioned (one per flap)."""
         self.flaps = 0
         """Flap cycles completed: cut, then back up and carrying traffic."""
+        self.tap = tap
+        """Makes, per connection, a function seeing every chunk forwarded (way 0:
+        towards `target`, 1: back), on the proxies' loop: protocol counters."""
         self._host = host
         self._server: asyncio.Server | None = None
         self._pipes: set[_Pipe] = set()
@@ -197,9 +206,9 @@ class ProxyHost:
         """Run `coro` on the proxies' loop and wait for its result."""
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(_CALL_TIMEOUT_S)
 
-    def add(self, name: str, target: str) -> FaultProxy:
-        """A started proxy named `name` forwarding to `target`."""
-        proxy = FaultProxy(self, name, target)
+    def add(self, name: str, target: str, tap: TapFactory | None = None) -> FaultProxy:
+        """A started proxy named `name` forwarding to `target` (`tap`: see `FaultProxy.tap`)."""
+        proxy = FaultProxy(self, name, target, tap)
         self.call(proxy._start())
         self.proxies[name] = proxy
         return proxy
