@@ -62,7 +62,7 @@ from ._geometry import (
     parse_wkt,
     to_wkt,
 )
-from ._h3cells import H3_MAX_CELLS, KM_PER_DEG, h3_cell, h3_cover
+from ._h3cells import H3_MAX_CELLS, KM_PER_DEG, h3_cell, h3_cover, require_h3
 from ._history import (
     HistoryAnswer,
     HistoryQuery,
@@ -117,6 +117,7 @@ __all__ = [
     "h3_cell",
     "h3_cover",
     "parse_scheme",
+    "require_h3",
     "scheme_for_load",
     "MIN_CIRCLE_RADIUS_M",
     "PERMISSION_RULES",

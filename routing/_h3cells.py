@@ -33,6 +33,11 @@ SAFE_LON = 179.0
 MAX_WIDTH_DEG = 180.0
 
 
+def require_h3(field: str, what: str) -> None:
+    """Raise `InvalidInput` naming `field` unless the h3 package can be imported."""
+    _h3(field, what)
+
+
 def _buffer_deg(res: int, max_abs_lat: float) -> float:
     # H3 cell edges are great-circle arcs; h3's polygon fill compares planar
     # lat/lon polygons. Between two vertices an edge's arc leaves the planar
