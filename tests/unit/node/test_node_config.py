@@ -77,6 +77,10 @@ def test_flags_parse_into_config(monkeypatch: pytest.MonkeyPatch) -> None:
         ({"subscriber_batch_max": 0}, {}, "subscriber_batch_max"),
         ({"subscriber_batch_delay_ms": -1.0}, {}, "subscriber_batch_delay_ms"),
         ({}, {"GEOFED_SUBSCRIBER_BACKPRESSURE_MS": "-5"}, "subscriber_backpressure_ms"),
+        ({"filter_scheme": "lps"}, {}, "filter_scheme"),
+        ({"filter_scheme_rgrid_at": -1}, {}, "filter_scheme_rgrid_at"),
+        ({"filter_scheme_rgrid_at": 10, "filter_scheme_grid_at": 10}, {}, "filter_scheme_grid_at"),
+        ({"filter_scheme_audit_every": 0}, {}, "filter_scheme_audit_every"),
     ],
 )
 def test_bad_values_name_the_field(
