@@ -16,23 +16,36 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from routing_testkit import circles, near, points, rectangles, roamings, stars
+from routing_testkit import (
+    circles,
+    near,
+    points,
+    rectangles,
+    roamings,
+    stars,
+    tiling_federation,
+    workloads,
+)
 from test_cover import sample_points
 
 from geofed.routing import (
+    STRATEGIES,
     Event,
     Geofence,
     InvalidInput,
     LastMile,
     LatLon,
     Scheme,
+    Simulator,
     Subscription,
     SubscriptionIndex,
+    TraceOp,
     h3_cell,
     latlon,
     matches,
     parse_scheme,
     parse_wkt,
+    reference_deliveries,
     scheme_for_load,
 )
 from geofed.routing._schemes import anchor, roi_cells
@@ -294,3 +307,41 @@ def test_scheme_for_load_has_hysteresis() -> None:
     assert path == [e, e, r, r, r, g, g, g, r, r, r, e, e]
     assert scheme_for_load(e, 10**9, e, 0, 0) is e  # off
     assert scheme_for_load(e, 500, e, 0, 200) is g
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    ops=workloads(max_ops=25),
+    switches=st.lists(
+        st.tuples(st.integers(0, 25), st.sampled_from(list(Scheme))), min_size=1, max_size=4
+    ),
+    strategy=st.sampled_from(sorted(STRATEGIES)),
+)
+def test_schemes_in_the_federation(
+    ops: list[TraceOp], switches: list[tuple[int, Scheme]], strategy: str
+) -> None:
+    """The simulated federation under any strategy, every broker switching scheme at
+    random points (state transfer, bootstrap from its own subscriptions): while no
+    broker runs GRID nothing is missed, and under EXACT only the oracle's pairs arrive."""
+    fed = tiling_federation()
+    sim = Simulator(fed, strategy)
+    expected = set(reference_deliveries(ops))
+    at = dict(switches)  # op index -> the scheme every broker switches to there
+    schemes = {Scheme.EXACT}
+    for i, op in enumerate(ops):
+        if i in at:
+            for core in sim.cores.values():
+                core.set_scheme(at[i])
+            schemes.add(at[i])
+        before = len(sim.result.deliveries)
+        sim.apply(op)
+        if op.op != "publish":
+            continue
+        current = next(iter(sim.cores.values())).last_mile.scheme
+        got = set(sim.result.deliveries[before:])
+        want = {d for d in expected if d[0] == op.id}
+        assert len(got) == len(sim.result.deliveries) - before, "a duplicate delivery"
+        if current is Scheme.EXACT:
+            assert got == want
+        elif current is Scheme.RGRID:
+            assert want <= got
