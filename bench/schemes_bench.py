@@ -266,7 +266,8 @@ def plot(runs: dict[str, Run], path: Path) -> None:
 
     main = runs["transfer"]
     fig, axes = plt.subplots(4, 1, figsize=(9, 11), sharex=True)
-    xs = main.bins
+    half = (main.bins[1] - main.bins[0]) / 2 if len(main.bins) > 1 else 0.0
+    xs = [b + half for b in main.bins]  # bin centres
     for ax, series, name in (
         (axes[0], main.precision, "precision"),
         (axes[1], main.recall, "recall"),
@@ -276,8 +277,18 @@ def plot(runs: dict[str, Run], path: Path) -> None:
         ax.fill_between(xs, [a for a, _, _ in q], [b for _, _, b in q], alpha=0.3, label="25-75 %")
         ax.set_ylabel(name)
         ax.set_ylim(-0.02, 1.05)
+    styles = {
+        "broker": {"linewidth": 4, "alpha": 0.4},
+        "transfer": {"linestyle": "--"},
+        "no-transfer": {"linewidth": 1},
+    }
     for variant, r in runs.items():
-        axes[2].plot(r.bins, [_mean(v) for v in r.recall], label=variant)
+        axes[2].plot(
+            [b + half for b in r.bins],
+            [_mean(v) for v in r.recall],
+            label=variant,
+            **styles.get(variant, {}),  # type: ignore[arg-type]
+        )
     axes[2].set_ylabel("mean recall per bin")
     axes[2].set_ylim(-0.02, 1.05)
     axes[3].plot(xs, main.clients, label="clients (subscriptions)")
