@@ -329,6 +329,15 @@ class NodeConfig:
         for name in ("filter_scheme_rgrid_at", "filter_scheme_grid_at"):
             if getattr(self, name) < 0:
                 raise InvalidInput(name, f"must be >= 0 (0 = never), got {getattr(self, name)!r}")
+        # Load moves a broker to cheaper schemes only: exact -> rgrid -> grid.
+        cheaper = {"exact": ("rgrid", "grid"), "rgrid": ("grid",), "grid": ()}[self.filter_scheme]
+        for name in ("filter_scheme_rgrid_at", "filter_scheme_grid_at"):
+            target = name.split("_")[2]
+            if getattr(self, name) and target not in cheaper:
+                raise InvalidInput(
+                    name,
+                    f"switches to {target!r}, not cheaper than {self.filter_scheme!r}",
+                )
         if 0 < self.filter_scheme_grid_at <= self.filter_scheme_rgrid_at:
             raise InvalidInput(
                 "filter_scheme_grid_at",
