@@ -114,6 +114,7 @@ class Run:
     clients: list[int] = field(default_factory=list)  # per bin: at its end
     complexity: list[int] = field(default_factory=list)
     transitions: list[tuple[float, str, str]] = field(default_factory=list)
+    samples: list[tuple[float, float, float]] = field(default_factory=list)  # t, recall, precision
     events: int = 0
     awaited: int = 0
     seconds: float = 0.0
@@ -213,10 +214,13 @@ def run(
                 }
                 got = set(lm.match(e, where.get))
                 hit = len(exact & got)
+                r_e = hit / len(exact) if exact else math.nan
+                p_e = hit / len(got) if got else math.nan
                 if exact:
-                    rec.append(hit / len(exact))
+                    rec.append(r_e)
                 if got:
-                    prec.append(hit / len(got))
+                    prec.append(p_e)
+                out.samples.append((t, r_e, p_e))
         if (step + 1) % per_bin == 0:
             out.bins.append(t + tick - bin_s)
             out.recall.append(rec)
@@ -241,19 +245,31 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
+def _window(r: Run, start: float, stop: float) -> tuple[float, float]:
+    """Mean recall and precision of the events published in [start, stop)."""
+    rec = [x for t, x, _ in r.samples if start <= t < stop and not math.isnan(x)]
+    prec = [y for t, _, y in r.samples if start <= t < stop and not math.isnan(y)]
+    return _mean(rec), _mean(prec)
+
+
 def phases(r: Run) -> list[tuple[str, float, float, float, float, int]]:
-    """Per scheme phase: (scheme, start, end, mean recall, mean precision, mean complexity)."""
+    """Per scheme phase: (scheme, start, end, mean recall, mean precision, mean complexity),
+    over the events published in the phase (complexity: the bins inside it)."""
     edges = [(0.0, "exact")] + [(t, target) for t, _, target in r.transitions]
-    end = r.bins[-1] + (r.bins[1] - r.bins[0] if len(r.bins) > 1 else 0.0)
+    width = r.bins[1] - r.bins[0] if len(r.bins) > 1 else 0.0
+    end = r.bins[-1] + width
     out = []
     for i, (start, scheme) in enumerate(edges):
         stop = edges[i + 1][0] if i + 1 < len(edges) else end
-        idx = [j for j, b in enumerate(r.bins) if start <= b < stop]
-        rec = [v for j in idx for v in r.recall[j]]
-        prec = [v for j in idx for v in r.precision[j]]
-        cx = [r.complexity[j] for j in idx]
-        out.append((scheme, start, stop, _mean(rec), _mean(prec), round(_mean(cx)) if cx else 0))
+        rec, prec = _window(r, start, stop)
+        cx = [r.complexity[j] for j, b in enumerate(r.bins) if start <= b and b + width <= stop]
+        out.append((scheme, start, stop, rec, prec, round(_mean(cx)) if cx else 0))
     return out
+
+
+def dips(r: Run, after: float) -> list[float]:
+    """Mean recall of the events published within `after` seconds of each transition."""
+    return [_window(r, t, t + after)[0] for t, _, _ in r.transitions]
 
 
 def plot(runs: dict[str, Run], path: Path) -> None:
@@ -324,11 +340,20 @@ def markdown(runs: dict[str, Run], args: argparse.Namespace, plot_name: str | No
             lines.append(
                 f"| {variant} | {scheme} | {a:.1f} | {b:.1f} | {rec:.3f} | {prec:.3f} | {cx} |"
             )
-    lines += ["", "| variant | events | subscriptions awaited from clients | lowest bin recall |"]
-    lines += ["|---|---|---|---|"]
+    window = max(args.rtt, 0.5)
+    names = " | ".join(
+        f"T{i + 1} {s}->{t}" for i, (_, s, t) in enumerate(runs["transfer"].transitions)
+    )
+    lines += [
+        "",
+        f"Recall of the events published within {window:g} s after each transition:",
+        "",
+        f"| variant | events | subscriptions awaited from clients | {names} |",
+        "|---|---|---|" + "---|" * len(runs["transfer"].transitions),
+    ]
     for variant, r in runs.items():
-        low = min((_mean(v) for v in r.recall if v), default=math.nan)
-        lines.append(f"| {variant} | {r.events} | {r.awaited} | {low:.3f} |")
+        cells = " | ".join(f"{x:.3f}" for x in dips(r, window))
+        lines.append(f"| {variant} | {r.events} | {r.awaited} | {cells} |")
     if plot_name:
         lines += ["", f"![recall, precision and complexity over time]({plot_name})"]
     return "\n".join(lines) + "\n"

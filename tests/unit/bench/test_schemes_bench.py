@@ -48,6 +48,13 @@ def test_the_four_transitions_and_their_recall() -> None:
     assert phase["no-transfer"][1][3] < 1.0  # resubscriptions take a round trip
     assert runs["no-transfer"].awaited > runs["transfer"].awaited > 0
     assert phase["transfer"][1][4] < 1.0  # RGRID's precision is below 1
+    # The paper's Fig. 10: right after T4 the fenced subscriptions are awaited
+    # from their clients, with or without state transfer; geofed's broker has them.
+    window = SMALL["rtt"]
+    assert sb.dips(runs["transfer"], window)[0] == 1.0
+    assert sb.dips(runs["transfer"], window)[3] < 1.0
+    assert sb.dips(runs["no-transfer"], window)[0] < 1.0
+    assert sb.dips(runs["broker"], window)[3] == 1.0
 
 
 def test_main_writes_the_plot_and_the_table(tmp_path: Path) -> None:
