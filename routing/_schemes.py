@@ -112,10 +112,13 @@ class Entry:
     Attributes:
         key: the subscription's key.
         topic_filter: its topic filter.
-        res: H3 resolution of its channels; -1 for a world channel (no ROI).
-        core: GRID's channel, the anchor's cell (at `res`).
+        res: H3 resolution of the ROI (the area rule); -1 for a world
+            channel (no ROI).
+        core: GRID's channel, the anchor's cell at `res`.
         cells: RGRID's channels, the ROI's cover; None when the scheme does
             not hold them (GRID) or none can be made (RGRID: a world channel).
+        cells_res: the cover's resolution (coarser than `res` when the ROI
+            needs too many cells at `res`).
     """
 
     key: SubKey
@@ -123,6 +126,7 @@ class Entry:
     res: int = -1
     core: int = 0
     cells: frozenset[int] | None = None
+    cells_res: int = -1
 
     @property
     def world(self) -> bool:
@@ -136,7 +140,7 @@ class Entry:
         if scheme is Scheme.GRID:
             return [(self.topic_filter, self.res, self.core)]
         assert self.cells is not None
-        return [(self.topic_filter, self.res, c) for c in self.cells]
+        return [(self.topic_filter, self.cells_res, c) for c in self.cells]
 
 
 def entry_for(sub: Subscription, scheme: Scheme) -> Entry:
@@ -144,11 +148,12 @@ def entry_for(sub: Subscription, scheme: Scheme) -> Entry:
     point = anchor(sub)
     if sub.geofence is None or point is None:
         return Entry(sub.key, sub.topic_filter)
+    res = resolution_for_area(area_km2(sub.geofence.geometry))
+    core = h3_cell(point.lat, point.lon, res)
     if scheme is Scheme.RGRID:
-        res, cells = roi_cells(sub.geofence)
-    else:
-        res, cells = resolution_for_area(area_km2(sub.geofence.geometry)), None
-    return Entry(sub.key, sub.topic_filter, res, h3_cell(point.lat, point.lon, res), cells)
+        cells_res, cells = roi_cells(sub.geofence)
+        return Entry(sub.key, sub.topic_filter, res, core, cells, cells_res)
+    return Entry(sub.key, sub.topic_filter, res, core)
 
 
 @dataclass
@@ -321,9 +326,10 @@ class LastMile:
 
     def _passes(self, e: Entry, event: Event, at: LatLon, cells: dict[int, int]) -> bool:
         if not e.world and not (self.scheme is Scheme.RGRID and e.cells is None):
-            cell = cells.get(e.res)
+            res = e.res if self.scheme is Scheme.GRID else e.cells_res
+            cell = cells.get(res)
             if cell is None:
-                cell = cells[e.res] = h3_cell(event.location.lat, event.location.lon, e.res)
+                cell = cells[res] = h3_cell(event.location.lat, event.location.lon, res)
             if self.scheme is Scheme.GRID:
                 if cell != e.core:
                     return False
@@ -424,7 +430,7 @@ class LastMile:
                 continue
             # Only the client has it: GRID -> RGRID keeps its one cell meanwhile.
             if e is not None and target is Scheme.RGRID:
-                self._put(Entry(k, e.topic_filter, e.res, e.core, frozenset({e.core})))
+                self._put(Entry(k, e.topic_filter, e.res, e.core, frozenset({e.core}), e.res))
             awaiting.append(k)
         self.awaiting = set(awaiting)
         self.stats.recovered += recovered
