@@ -322,11 +322,20 @@ def redirect_response(broker_id: str, target: BrokerInfo) -> cpb.ConnectResponse
 
 
 def delivery_to_pb(
-    subscription_id: str, event: gpb.Event, deliver_time: float, offset: int = 0
+    subscription_id: str,
+    event: gpb.Event,
+    deliver_time: float,
+    offset: int = 0,
+    filter_scheme: str = "",
 ) -> cpb.Delivery:
-    """One delivery on a Subscribe stream (`event` already in wire form, shared)."""
+    """One delivery on a Subscribe stream (`event` already in wire form, shared);
+    `filter_scheme` names an approximate scheme that matched it ("": exact)."""
     return cpb.Delivery(
-        subscription_id=subscription_id, event=event, deliver_time=deliver_time, offset=offset
+        subscription_id=subscription_id,
+        event=event,
+        deliver_time=deliver_time,
+        offset=offset,
+        filter_scheme=filter_scheme,
     )
 
 
@@ -1002,6 +1011,9 @@ class Message:
         origin: id of the publisher's broker ("" when the broker did not say).
         broker: id of the broker that delivered it (the subscriber's).
         offset: its position in a persistent subscription (1, 2, ...); 0 otherwise.
+        filter_scheme: "" when the broker matched it exactly; otherwise its
+            approximate filter scheme ("grid", "rgrid"), and the event may not
+            match the subscription (docs/design.md §14).
     """
 
     subscription_id: str
@@ -1015,6 +1027,7 @@ class Message:
     origin: str
     broker: str
     offset: int = 0
+    filter_scheme: str = ""
 
 
 def message_from_pb(pb: cpb.Delivery, broker: str) -> Message:
@@ -1032,6 +1045,7 @@ def message_from_pb(pb: cpb.Delivery, broker: str) -> Message:
         origin=ev.origin,
         broker=broker,
         offset=pb.offset,
+        filter_scheme=pb.filter_scheme,
     )
 
 

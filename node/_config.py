@@ -22,6 +22,7 @@ from geofed.routing import (
     STRATEGIES,
     InvalidInput,
     StrategyTable,
+    parse_scheme,
 )
 
 ENV_PREFIX = "GEOFED_"
@@ -259,6 +260,27 @@ class NodeConfig:
     history_timeout_s: float = _doc(
         "how long a broker waits for another broker's share of a history query", default=10.0
     )
+    filter_scheme: str = _doc(
+        "how local subscriptions are matched: 'exact' (the match predicate), or the"
+        " approximate 'rgrid' (H3 cells covering the subscription geofence: nothing missed,"
+        " some extra) or 'grid' (one cell: some missed, some extra); docs/design.md §14",
+        default="exact",
+    )
+    filter_scheme_rgrid_at: int = _doc(
+        "local subscriptions from which the broker switches to 'rgrid' (back below nine tenths"
+        " of it); 0 = never",
+        default=0,
+    )
+    filter_scheme_grid_at: int = _doc(
+        "local subscriptions from which the broker switches to 'grid' (back below nine tenths"
+        " of it); 0 = never",
+        default=0,
+    )
+    filter_scheme_audit_every: int = _doc(
+        "under an approximate scheme, run the exact matcher beside it on one event in this"
+        " many, for the recall metric",
+        default=16,
+    )
 
     def __post_init__(self) -> None:
         if not self.broker_id:
@@ -297,6 +319,7 @@ class NodeConfig:
             "history_max_rows",
             "history_max_answer_bytes",
             "subscriber_batch_max",
+            "filter_scheme_audit_every",
         ):
             if getattr(self, name) < 1:
                 raise InvalidInput(name, f"must be >= 1, got {getattr(self, name)!r}")
@@ -317,6 +340,24 @@ class NodeConfig:
         ):
             if getattr(self, name) < 0:
                 raise InvalidInput(name, f"must be >= 0, got {getattr(self, name)!r}")
+        parse_scheme(self.filter_scheme)
+        for name in ("filter_scheme_rgrid_at", "filter_scheme_grid_at"):
+            if getattr(self, name) < 0:
+                raise InvalidInput(name, f"must be >= 0 (0 = never), got {getattr(self, name)!r}")
+        # Load moves a broker to cheaper schemes only: exact -> rgrid -> grid.
+        cheaper = {"exact": ("rgrid", "grid"), "rgrid": ("grid",), "grid": ()}[self.filter_scheme]
+        for name in ("filter_scheme_rgrid_at", "filter_scheme_grid_at"):
+            target = name.split("_")[2]
+            if getattr(self, name) and target not in cheaper:
+                raise InvalidInput(
+                    name,
+                    f"switches to {target!r}, not cheaper than {self.filter_scheme!r}",
+                )
+        if 0 < self.filter_scheme_grid_at <= self.filter_scheme_rgrid_at:
+            raise InvalidInput(
+                "filter_scheme_grid_at",
+                f"must be above filter_scheme_rgrid_at ({self.filter_scheme_rgrid_at})",
+            )
         if self.client_auth not in CLIENT_AUTH:
             raise InvalidInput(
                 "client_auth", f"one of {', '.join(CLIENT_AUTH)}, got {self.client_auth!r}"

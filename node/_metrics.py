@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import logging
+from collections import Counter as Tally
+from dataclasses import replace
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+
+from geofed.routing import LastMile, Scheme, SchemeStats
 
 # Metric names as scrapers see them (a histogram adds _bucket, _sum and _count).
 PEER_MESSAGES_SENT = "geofed_peer_messages_sent_total"
@@ -41,6 +45,15 @@ HISTORY_ENTRIES = "geofed_history_entries"
 HISTORY_BYTES = "geofed_history_bytes"
 HISTORY_REMOVED = "geofed_history_removed_total"
 HISTORY_DROPPED = "geofed_history_dropped_total"
+FILTER_SCHEME = "geofed_filter_scheme"
+FILTER_COMPLEXITY = "geofed_filter_complexity"
+FILTER_MATCH_OPERATIONS = "geofed_filter_match_operations_total"
+FILTER_APPROXIMATE_DELIVERIES = "geofed_filter_approximate_deliveries_total"
+FILTER_FALSE_DELIVERIES = "geofed_filter_false_deliveries_total"
+FILTER_AUDITED_MATCHES = "geofed_filter_audited_matches_total"
+FILTER_AUDITED_DELIVERED = "geofed_filter_audited_delivered_total"
+FILTER_TRANSITIONS = "geofed_filter_transitions_total"
+FILTER_BOOTSTRAPPED = "geofed_filter_bootstrapped_total"
 MQTT_PROTOCOL_VERSIONS = {4: "3.1.1", 5: "5.0"}
 """The `version` label of the MQTT metrics, by CONNECT protocol level."""
 
@@ -194,6 +207,7 @@ class NodeMetrics:
         )
 
         self._history(registry)
+        self._filter_schemes(registry)
 
     def _history(self, registry: CollectorRegistry) -> None:
         self.history_brokers_asked = Counter(
@@ -228,6 +242,79 @@ class NodeMetrics:
             "Published events not logged: the history's write queue was full or its write failed.",
             registry=registry,
         )
+
+    def _filter_schemes(self, registry: CollectorRegistry) -> None:
+        self.filter_scheme = Gauge(
+            FILTER_SCHEME,
+            "1 for the filter scheme this broker matches its local subscriptions with.",
+            ["scheme"],
+            registry=registry,
+        )
+        self.filter_complexity = Gauge(
+            FILTER_COMPLEXITY,
+            "Filter entries an event is matched against: local subscriptions (exact) or"
+            " distinct channels (grid, rgrid).",
+            registry=registry,
+        )
+        self.filter_match_operations = Counter(
+            FILTER_MATCH_OPERATIONS,
+            "Filter entries matched against, summed over the events matched here.",
+            registry=registry,
+        )
+        self.filter_approximate = Counter(
+            FILTER_APPROXIMATE_DELIVERIES,
+            "Deliveries made under an approximate filter scheme (grid, rgrid).",
+            registry=registry,
+        )
+        self.filter_false = Counter(
+            FILTER_FALSE_DELIVERIES,
+            "Of those, deliveries the exact match predicate denies (precision = 1 - false /"
+            " approximate).",
+            registry=registry,
+        )
+        self.filter_audited_matches = Counter(
+            FILTER_AUDITED_MATCHES,
+            "Exact matches of the events audited under an approximate scheme.",
+            registry=registry,
+        )
+        self.filter_audited_delivered = Counter(
+            FILTER_AUDITED_DELIVERED,
+            "Of those, the ones the scheme delivered (recall = delivered / matches).",
+            registry=registry,
+        )
+        self.filter_transitions = Counter(
+            FILTER_TRANSITIONS,
+            "Filter scheme transitions, by source and target scheme.",
+            ["source", "target"],
+            registry=registry,
+        )
+        self.filter_bootstrapped = Counter(
+            FILTER_BOOTSTRAPPED,
+            "Subscriptions whose missing state a transition took from the broker's own copy.",
+            registry=registry,
+        )
+        self._scheme_seen = SchemeStats()
+
+    def sync_filter(self, last_mile: LastMile) -> None:
+        """Bring the filter scheme metrics up to the last mile's counters."""
+        now, seen = last_mile.stats, self._scheme_seen
+        for scheme in Scheme:
+            self.filter_scheme.labels(scheme=scheme.value).set(
+                1 if scheme is last_mile.scheme else 0
+            )
+        self.filter_complexity.set(last_mile.complexity)
+        self.filter_match_operations.inc(now.match_operations - seen.match_operations)
+        self.filter_approximate.inc(now.deliveries - seen.deliveries)
+        self.filter_false.inc(now.false_deliveries - seen.false_deliveries)
+        self.filter_audited_matches.inc(now.audited_matches - seen.audited_matches)
+        self.filter_audited_delivered.inc(now.audited_delivered - seen.audited_delivered)
+        self.filter_bootstrapped.inc(now.recovered - seen.recovered)
+        for (source, target), n in now.transitions.items():
+            if n > seen.transitions[(source, target)]:
+                self.filter_transitions.labels(source=source, target=target).inc(
+                    n - seen.transitions[(source, target)]
+                )
+        self._scheme_seen = replace(now, transitions=Tally(now.transitions))
 
     def _durability(self, registry: CollectorRegistry) -> None:
         self.publish_duplicates = Counter(

@@ -45,6 +45,7 @@ from geofed.routing import (
     Phase,
     ProposeMsg,
     RelocateMsg,
+    Scheme,
     Send,
     StorageFailed,
     SubKey,
@@ -56,6 +57,9 @@ from geofed.routing import (
     great_circle_m,
     history_targets,
     merge_history,
+    parse_scheme,
+    require_h3,
+    scheme_for_load,
     validate_id,
 )
 from geofed.v1 import client_pb2 as cpb
@@ -311,6 +315,7 @@ class BrokerServer(Guarded):
         me = self.federation.broker(config.broker_id)
         self.core = BrokerState(me.id, self.federation, config.initial_table())
         self.metrics = NodeMetrics(registry)
+        self._init_filter_scheme(config)
         self.budget = ByteBudget(config.node_queue_bytes, self.metrics.queued_bytes)
         self.security = Security(config, self.metrics)
         self.geofences = GeofenceCache(
@@ -778,6 +783,7 @@ class BrokerServer(Guarded):
             staged.received.append(msg.kind)
         if changed:
             self._update_sub_gauges()
+        self.metrics.sync_filter(self.core.last_mile)
         await self._commit(staged)
         for kind in staged.received:
             self.metrics.peer_received.labels(peer=peer, kind=kind.value).inc()
@@ -828,6 +834,7 @@ class BrokerServer(Guarded):
                     out = self.core.publish(event)
                 self._stage_deliveries(out.deliveries, self.broker_id, staged)
                 self._stage_sends(out.sends, staged)
+            self.metrics.sync_filter(self.core.last_mile)
             await self._commit(staged)
         except BaseException:
             for event_id in fresh:  # not published: a retry must go through
@@ -899,7 +906,7 @@ class BrokerServer(Guarded):
                 pb = wire[id(d.event)] = event_to_pb(d.event, origin)
             if info is not None:
                 info.last += 1
-                item = delivery_to_pb(d.subscription, pb, now, info.last)
+                item = delivery_to_pb(d.subscription, pb, now, info.last, _flag(d))
                 data = item.SerializeToString()
                 self.store.put_pending(_stored(key), info.last, data)
                 info.count += 1
@@ -908,7 +915,7 @@ class BrokerServer(Guarded):
                     info.trimming = True
                     asyncio.get_running_loop().create_task(self._trim(key, info))
             else:
-                item = delivery_to_pb(d.subscription, pb, now)
+                item = delivery_to_pb(d.subscription, pb, now, filter_scheme=_flag(d))
             staged.delivered += 1
             if stream is not None:
                 staged.pushes.append((stream, item))
@@ -1492,6 +1499,54 @@ class BrokerServer(Guarded):
         self.metrics.subscriptions.labels(scope="local").set(len(self.core.local))
         self.metrics.subscriptions.labels(scope="remote").set(len(self.core.remote))
         self.metrics.sessions.set(len(self.core.sessions))
+        self._filter_load()
+
+    # -- filter schemes (docs/design.md §14) ---------------------------------
+
+    def _init_filter_scheme(self, config: NodeConfig) -> None:
+        self._base_scheme = parse_scheme(config.filter_scheme)
+        self.core.audit_every = config.filter_scheme_audit_every
+        if self._base_scheme is not Scheme.EXACT or (
+            config.filter_scheme_rgrid_at or config.filter_scheme_grid_at
+        ):
+            require_h3("filter_scheme", "an approximate filter scheme")  # at start, not later
+        self.set_filter_scheme(self._base_scheme)
+
+    def set_filter_scheme(self, scheme: Scheme) -> None:
+        """Switch the filter scheme of the local subscriptions, with state transfer.
+
+        Runs on the event loop between two matches, so every event sees one
+        scheme (the paper's queued notifications); nothing is asked of clients.
+        """
+        if scheme is self.core.last_mile.scheme:
+            self.metrics.sync_filter(self.core.last_mile)
+            return
+        report = self.core.set_scheme(scheme)
+        log.info(
+            "filter scheme %s -> %s at %d local subscriptions: %d transferred,"
+            " %d bootstrapped from the broker",
+            report.source,
+            report.target,
+            len(self.core.local),
+            report.transferred,
+            report.recovered,
+        )
+        self.metrics.sync_filter(self.core.last_mile)
+
+    def _filter_load(self) -> None:
+        """Load-triggered transitions: the scheme for the local subscriptions held now."""
+        cfg = self.config
+        if not (cfg.filter_scheme_rgrid_at or cfg.filter_scheme_grid_at):
+            return
+        self.set_filter_scheme(
+            scheme_for_load(
+                self.core.last_mile.scheme,
+                len(self.core.local),
+                self._base_scheme,
+                cfg.filter_scheme_rgrid_at,
+                cfg.filter_scheme_grid_at,
+            )
+        )
 
     def on_reject(self, code: grpc.StatusCode) -> None:
         self.metrics.rejected.labels(code=code.name).inc()
@@ -1510,6 +1565,11 @@ async def _all(calls: Iterable[Awaitable[list[HistoryRecord]]]) -> list[list[His
             raise r
         out.append(r)
     return out
+
+
+def _flag(d: Delivery) -> str:
+    """The wire's filter_scheme of a delivery: its scheme when approximate, else ""."""
+    return "" if d.scheme is Scheme.EXACT else d.scheme.value
 
 
 def _trace_fields(msg: PeerMessage) -> tuple[list[str], str | None]:

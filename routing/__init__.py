@@ -76,6 +76,7 @@ from ._geometry import (
     parse_wkt,
     to_wkt,
 )
+from ._h3cells import H3_MAX_CELLS, KM_PER_DEG, h3_cell, h3_cover, require_h3
 from ._history import (
     HistoryAnswer,
     HistoryQuery,
@@ -98,6 +99,16 @@ from ._model import (
 )
 from ._oracle import reference_deliveries, reference_topic_match
 from ._roaming import ROAM_PREFIX, Roaming, is_roaming, parse_roaming
+from ._schemes import (
+    SCHEMES,
+    Entry,
+    LastMile,
+    Scheme,
+    SchemeStats,
+    TransitionReport,
+    parse_scheme,
+    scheme_for_load,
+)
 from ._simulate import SimResult, Simulator, simulate
 from ._strategies import STRATEGIES, Strategy, all_strategies, route_summary, strategy_for
 from ._table import MAX_TABLE_ENTRIES, StrategyTable, Transition, placement
@@ -137,6 +148,19 @@ __all__ = [
     "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_VERTICES",
     "EARTH_RADIUS_M",
+    "H3_MAX_CELLS",
+    "KM_PER_DEG",
+    "SCHEMES",
+    "Entry",
+    "LastMile",
+    "Scheme",
+    "SchemeStats",
+    "TransitionReport",
+    "h3_cell",
+    "h3_cover",
+    "parse_scheme",
+    "require_h3",
+    "scheme_for_load",
     "MIN_CIRCLE_RADIUS_M",
     "PERMISSION_RULES",
     "STRATEGIES",

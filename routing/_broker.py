@@ -18,7 +18,8 @@ from ._errors import InvalidInput, NotFound, WrongBroker
 from ._federation import Federation
 from ._geometry import LatLon, covers
 from ._index import SubscriptionIndex
-from ._model import Event, SubKey, Subscription
+from ._model import Event, SubKey, Subscription, matches
+from ._schemes import LastMile, Scheme, TransitionReport
 from ._strategies import Strategy, all_strategies
 from ._table import StrategyTable, placement
 
@@ -158,6 +159,7 @@ class Delivery:
     event: Event
     subscription: str
     client: str
+    scheme: Scheme = Scheme.EXACT  # the filter scheme that matched it (docs/design.md §14)
 
 
 @dataclass(slots=True)
@@ -214,6 +216,11 @@ class BrokerState:
         self.remote = SubscriptionIndex()
         self._remote_home: dict[SubKey, str] = {}
         self._client_subs: dict[str, dict[str, Subscription]] = defaultdict(dict)
+        # The last mile: how local subscriptions are matched (docs/design.md §14).
+        # Its EXACT state is `local` itself, which routing keeps anyway.
+        self.last_mile = LastMile(Scheme.EXACT, exact=self.local)
+        self.audit_every = 16  # recall audit: the exact matcher on one event in this many
+        self._audit_count = 0
 
     # -- client side -----------------------------------------------------
 
@@ -273,6 +280,7 @@ class BrokerState:
         sub = sub.placed(self._session(sub.client))
         old = self.local.get(sub.key)
         self.local.add(sub)
+        self.last_mile.add(sub)
         self._client_subs[sub.client][sub.id] = sub
         targets = self._placement(sub)
         sends = [Send(dst, SubscribeMsg(sub, self.id)) for dst in sorted(targets)]
@@ -292,6 +300,7 @@ class BrokerState:
             raise NotFound("subscription", sub_id)
         del self._client_subs[client][sub_id]
         self.local.remove(sub.key)
+        self.last_mile.remove(sub.key)
         targets = self._placement(sub)
         return [Send(dst, UnsubscribeMsg(sub.key, self.id)) for dst in sorted(targets)]
 
@@ -561,6 +570,7 @@ class BrokerState:
                 continue
             new = sub.placed(location)
             self.local.add(new)
+            self.last_mile.add(new)
             self._client_subs[client][sub.id] = new
             before = self._placement(sub)
             after = self._placement(new)
@@ -582,21 +592,66 @@ class BrokerState:
             raise NotFound("client session", client) from None
 
     def _match_local(self, event: Event) -> list[Delivery]:
-        out: list[Delivery] = []
-        for sub in self.local.match(event.topic, event.location):
-            where = self.sessions.get(sub.client)
-            if where is not None and covers(event.geofence, where):
-                out.append(Delivery(event, sub.id, sub.client))
+        scheme = self.last_mile.scheme
+        keys = self.last_mile.match(event, self.sessions.get)
+        if scheme is not Scheme.EXACT:
+            self._observe(event, keys, None)
+        out = [Delivery(event, sub_id, client, scheme) for client, sub_id in keys]
         out.sort(key=lambda d: (d.subscription, d.client))
         return out
 
     def _deliver(self, msg: DeliveryMsg) -> list[Delivery]:
         out: list[Delivery] = []
+        scheme = self.last_mile.scheme
         for key in msg.subs:
             sub = self.local.get(key)
             if sub is None:
                 continue  # withdrawn while the event was in flight
             where = self.sessions.get(sub.client)
-            if where is not None and covers(msg.event.geofence, where):
-                out.append(Delivery(msg.event, sub.id, sub.client))
+            if where is None:
+                continue
+            if scheme is Scheme.EXACT:
+                if covers(msg.event.geofence, where):
+                    out.append(Delivery(msg.event, sub.id, sub.client))
+            elif self.last_mile.accepts(msg.event, key, where):
+                out.append(Delivery(msg.event, sub.id, sub.client, scheme))
+        if scheme is not Scheme.EXACT:
+            self._observe(msg.event, [(d.client, d.subscription) for d in out], msg.subs)
         return out
+
+    def _observe(self, event: Event, keys: list[SubKey], listed: tuple[SubKey, ...] | None) -> None:
+        """Recall and precision of an approximate scheme (docs/design.md §14).
+
+        Every delivery is checked with the exact predicate (one check each);
+        on one event in `audit_every` the exact matcher runs too, for recall.
+        For a delivery message only the subscriptions it lists are candidates:
+        the publisher's broker matched the rest of the federation exactly.
+        """
+        sessions = self.sessions
+        false = 0
+        for k in keys:
+            sub, where = self.local.get(k), sessions.get(k[0])
+            if sub is None or where is None or not matches(event, sub, where):
+                false += 1
+        self._audit_count += 1
+        exact: list[SubKey] | None = None
+        if self._audit_count >= self.audit_every:
+            self._audit_count = 0
+            if listed is None:
+                candidates = self.local.match(event.topic, event.location)
+            else:
+                candidates = [s for k in listed if (s := self.local.get(k)) is not None]
+            exact = []
+            for sub in candidates:
+                where = sessions.get(sub.client)
+                if where is not None and covers(event.geofence, where):
+                    exact.append(sub.key)
+        self.last_mile.observe(keys, false, exact)
+
+    def set_scheme(self, scheme: Scheme) -> TransitionReport:
+        """Switch the filter scheme of every local subscription (docs/design.md §14).
+
+        State transfer with bootstrap from this broker's own subscriptions
+        (routing keeps them whole), so no client is asked for anything.
+        """
+        return self.last_mile.transition(scheme, recover=self.local.get)

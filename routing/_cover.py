@@ -387,12 +387,13 @@ class H3Layout(_LayoutBase):
         return latlon(lat, lon, field), rest
 
 
-def _h3() -> Any:
+def _h3(field: str = "layout", what: str = "the H3 layout") -> Any:
+    """The h3 module, imported when first needed (it is in the ``analysis`` extra)."""
     try:
         import h3
     except ModuleNotFoundError:  # pragma: no cover - h3 is in the analysis extra
         raise InvalidInput(
-            "layout", "the H3 layout needs the h3 package (pip install 'geofed[analysis]')"
+            field, f"{what} needs the h3 package (pip install 'geofed[analysis]')"
         ) from None
     return h3
 

@@ -25,6 +25,8 @@ See README.md, section "Analysis" for inputs, outputs and the node message
 trace format.
 """
 
+from geofed.routing import h3_cover
+
 from ._fs import join, out_check, storage_options
 from ._geo import (
     FederationIndex,
@@ -33,7 +35,6 @@ from ._geo import (
     covers_many,
     extent_km,
     h3_cell,
-    h3_cover,
     h3_parent_int,
 )
 from ._io import LINE_BITS, read_numbered

@@ -26,7 +26,11 @@ import shapely
 from shapely.geometry.base import BaseGeometry
 from shapely.strtree import STRtree
 
+# The H3 cover of subscription geofences is the core's `h3_cover` (shared with
+# the broker's filter schemes); a geofence needing more than H3_MAX_CELLS cells
+# is matched without the spatial key.
 from geofed.routing import (
+    KM_PER_DEG,
     Federation,
     Geofence,
     LatLon,
@@ -36,22 +40,11 @@ from geofed.routing import (
     topic_matches,
 )
 
-KM_PER_DEG = 111.195
-"""Kilometres per degree of latitude on the mean sphere (6371.0088 km)."""
-
 H3_RES_MAX = 10
 """Finest H3 resolution the job buckets by; events carry their cell at this one."""
 
 H3_RES_MIN = 2
 """Coarsest H3 resolution used: below it cells are too large for the buffer argument."""
-
-H3_MAX_CELLS = 4096
-"""A geofence needing more cells than this is matched without the spatial key."""
-
-# Cells are only used where planar lat/lon polygons and H3's geodesic cell
-# edges stay close: away from the poles and the antimeridian.
-_SAFE_LAT = 80.0
-_SAFE_LON = 179.0
 
 
 def fence_id(fence: Geofence) -> int:
@@ -160,51 +153,6 @@ def choose_resolution(median_extent_km: float | None) -> int:
         if h3.average_hexagon_edge_length(r, unit="km") >= target:
             res = r
     return res
-
-
-def _buffer_deg(res: int, max_abs_lat: float) -> float:
-    # H3 cell edges are great-circle arcs; h3's polygon fill compares planar
-    # lat/lon polygons. Between two vertices an edge's arc leaves the planar
-    # chord by at most about L^2 tan(lat) / (8 R), under 2% of the edge length
-    # L at res >= 2 and |lat| <= 80. A buffer of a fifth of an edge (widened
-    # by 1/cos(lat) because degrees of longitude shrink) therefore puts every
-    # point's true cell into the "overlap" cover, with ten times the margin.
-    edge_deg = float(h3.average_hexagon_edge_length(res, unit="km")) / KM_PER_DEG
-    return 0.2 * edge_deg / math.cos(math.radians(min(_SAFE_LAT, max_abs_lat)))
-
-
-def h3_cover(geom: BaseGeometry, res: int, max_cells: int = H3_MAX_CELLS) -> list[int] | None:
-    """A conservative set of H3 cells (as ints) holding every point the geometry covers.
-
-    Every point p with `covers` true has ``latlng_to_cell(p, res)`` in the
-    result. None when the geometry is too large at `res` or lies where the
-    planar approximation is not trusted (near a pole or the antimeridian): such
-    subscriptions are matched without the spatial key.
-    """
-    minx, miny, maxx, maxy = geom.bounds
-    eps = _buffer_deg(res, max(abs(miny), abs(maxy)))
-    if (
-        minx - eps < -_SAFE_LON
-        or maxx + eps > _SAFE_LON
-        or miny - eps < -_SAFE_LAT
-        or maxy + eps > _SAFE_LAT
-    ):
-        return None
-    # Estimate from the bounding box before asking h3 for a huge cover.
-    mid = math.radians((miny + maxy) / 2.0)
-    box_km2 = ((maxx - minx + 2 * eps) * math.cos(mid) * KM_PER_DEG) * (
-        (maxy - miny + 2 * eps) * KM_PER_DEG
-    )
-    if box_km2 / h3.average_hexagon_area(res, unit="km^2") > 4 * max_cells:
-        return None
-    # Round joins are chords inside the true buffer; 8 segments per quarter
-    # keep at least 98% of eps everywhere, far above the needed margin.
-    grown = shapely.buffer(geom, eps, quad_segs=8)
-    shape = h3.geo_to_h3shape(grown.__geo_interface__)
-    cells = h3.h3shape_to_cells_experimental(shape, res, contain="overlap")
-    if len(cells) > max_cells:
-        return None
-    return sorted(h3.str_to_int(c) for c in cells)
 
 
 def h3_cell(lat: float, lon: float, res: int = H3_RES_MAX) -> int:

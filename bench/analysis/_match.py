@@ -9,7 +9,7 @@ event stream and only candidate pairs reach Python:
    `topic_matches` decides): a (topic, filter) table. Events join it on topic,
    so afterwards content is an equi-join on the filter.
 2. Subscription GeoCheck: segments of geofenced subscriptions are exploded
-   over a conservative H3 cover of their geofence (`_geo.h3_cover`);
+   over a conservative H3 cover of their geofence (the core's `h3_cover`);
    events join them on (H3 cell of the publisher, filter). World subscriptions
    (and geofences without a usable cover) join on the filter alone. The exact
    `covers` check then runs in an Arrow UDF, per geofence, vectorized.
@@ -33,9 +33,9 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.functions import arrow_udf
 
-from geofed.routing import Geofence
+from geofed.routing import Geofence, h3_cover
 
-from ._geo import FilterMatcher, covers_many, extent_km, h3_cover
+from ._geo import FilterMatcher, covers_many, extent_km
 from ._state import before
 
 _WORKER: dict[Any, Any] = {}

@@ -58,18 +58,20 @@ class SubscribeRequest(_message.Message):
     def __init__(self, client: _Optional[str] = ..., subscription: _Optional[_Union[_geo_pb2.Subscription, _Mapping]] = ..., resume_after: _Optional[int] = ...) -> None: ...
 
 class Delivery(_message.Message):
-    __slots__ = ("subscription_id", "event", "deliver_time", "offset", "batch")
+    __slots__ = ("subscription_id", "event", "deliver_time", "offset", "batch", "filter_scheme")
     SUBSCRIPTION_ID_FIELD_NUMBER: _ClassVar[int]
     EVENT_FIELD_NUMBER: _ClassVar[int]
     DELIVER_TIME_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    FILTER_SCHEME_FIELD_NUMBER: _ClassVar[int]
     subscription_id: str
     event: _geo_pb2.Event
     deliver_time: float
     offset: int
     batch: _containers.RepeatedCompositeFieldContainer[Delivery]
-    def __init__(self, subscription_id: _Optional[str] = ..., event: _Optional[_Union[_geo_pb2.Event, _Mapping]] = ..., deliver_time: _Optional[float] = ..., offset: _Optional[int] = ..., batch: _Optional[_Iterable[_Union[Delivery, _Mapping]]] = ...) -> None: ...
+    filter_scheme: str
+    def __init__(self, subscription_id: _Optional[str] = ..., event: _Optional[_Union[_geo_pb2.Event, _Mapping]] = ..., deliver_time: _Optional[float] = ..., offset: _Optional[int] = ..., batch: _Optional[_Iterable[_Union[Delivery, _Mapping]]] = ..., filter_scheme: _Optional[str] = ...) -> None: ...
 
 class UnsubscribeRequest(_message.Message):
     __slots__ = ("client", "subscription_id")

@@ -85,6 +85,12 @@ def test_flags_parse_into_config(monkeypatch: pytest.MonkeyPatch) -> None:
             "strategy_table.entries[0].topic_filter",
         ),
         ({"strategy_table": '{"a/#": "gossip"}'}, {}, "strategy_table.entries[0].strategy"),
+        ({"filter_scheme": "lps"}, {}, "filter_scheme"),
+        ({"filter_scheme_rgrid_at": -1}, {}, "filter_scheme_rgrid_at"),
+        ({"filter_scheme_rgrid_at": 10, "filter_scheme_grid_at": 10}, {}, "filter_scheme_grid_at"),
+        ({"filter_scheme_audit_every": 0}, {}, "filter_scheme_audit_every"),
+        ({"filter_scheme": "rgrid", "filter_scheme_rgrid_at": 5}, {}, "filter_scheme_rgrid_at"),
+        ({"filter_scheme": "grid", "filter_scheme_grid_at": 5}, {}, "filter_scheme_grid_at"),
     ],
 )
 def test_bad_values_name_the_field(
