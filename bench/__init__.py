@@ -5,7 +5,8 @@
 * `LocalFederation` runs one node process per broker on loopback;
 * `Replayer` plays a trace through real clients (`geofed.client`);
 * `scrape`, `metric`, `peer_message_counts` and `wait_quiescent` read the
-  nodes' Prometheus metrics (the last one is the quiescence barrier);
+  nodes' Prometheus metrics (the last one is the quiescence barrier;
+  `Quiescence` is the same barrier across broker restarts);
 * `History` records acknowledged publishes and deliveries of a live run and
   checks them against the oracle (`Report`: lost, duplicated, unexpected);
   `FaultProxy` cuts or flaps a peer link; `geofed.bench.faults` injects
@@ -23,7 +24,14 @@ from .faultproxy import FaultProxy
 from .history import History, Report
 from .local import LocalFederation, LocalNode, free_ports
 from .replay import Replayer
-from .scrape import delivered, metric, peer_message_counts, scrape, wait_quiescent
+from .scrape import (
+    Quiescence,
+    delivered,
+    metric,
+    peer_message_counts,
+    scrape,
+    wait_quiescent,
+)
 from .trace import TraceSummary, read_ops, read_trace_file, write_trace
 from .workload import SCENARIOS, WorkloadConfig, generate
 
@@ -45,6 +53,7 @@ __all__ = [
     "delivered",
     "metric",
     "peer_message_counts",
+    "Quiescence",
     "scrape",
     "wait_quiescent",
     # fault injection and its history checker

@@ -263,7 +263,8 @@ def markdown(report: Mapping[str, Any]) -> str:
         f"- workload: {w['ops']:,} ops, {w['events']:,} events, {w['subscriptions']:,}"
         f" subscriptions, {w['clients']:,} clients over {w['duration_s']:.1f} s;"
         f" {w['expected_deliveries']:,} deliveries expected by the central matcher",
-        f"- replay: {_replay_mode(s)}; WAN emulation: {s['wan']}",
+        f"- replay: {_replay_mode(s)}; WAN emulation: {s['wan']};"
+        f" TLS: {'mutual between brokers, to clients' if s.get('tls') else 'off'}",
         "",
         "## Inter-region messages (measured from the nodes' metrics)",
         "",

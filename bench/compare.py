@@ -134,7 +134,9 @@ def register(subparsers: Any, name: str) -> argparse.ArgumentParser:
     w.add_argument(
         "--workload", help="workload trace (JSON Lines or Parquet) instead of generating"
     )
-    w.add_argument("--scenario", help="context, open-data, mobile or global (default: mobile)")
+    w.add_argument(
+        "--scenario", help="context, open-data, mobile, global or mixed (default: mobile)"
+    )
     w.add_argument("--clients", type=int, help="clients of the workload (default: 100)")
     w.add_argument("--duration", type=float, help="workload seconds (default: 30)")
     w.add_argument("--seed", type=int, help="random seed of the workload (default: 1)")
@@ -339,6 +341,7 @@ def _run(args: argparse.Namespace) -> int:
             "wan_latency": wan_env.get("GEOFED_WAN_LATENCY", "off"),
             "speed": speed,
             "barrier": args.barrier,
+            "tls": args.tls,
         },
         "strategies": rows,
         "analysis": analysis,

@@ -27,12 +27,12 @@ from pathlib import Path
 from types import TracebackType
 
 from geofed.client import TLSConfig, health_status
-from geofed.node import CA, TLSFiles, issue_client, issue_federation
+from geofed.node import CA, PEER_CONNECTED, TLSFiles, issue_client, issue_federation
 from geofed.routing import Federation, GeofedError
 from geofed.wire import FEDERATION_SERVICE
 
 from .faultproxy import FaultProxy, ProxyHost
-from .scrape import wait_quiescent
+from .scrape import Quiescence, metric
 
 
 @dataclass(frozen=True)
@@ -128,6 +128,9 @@ class LocalFederation:
         self.certs_dir = self.workdir / "certs"
         self._health_tls: TLSConfig | None = None
         self._node_federation: dict[str, Path] = {}  # a broker's own copy, dialling via proxies
+        self._barrier = Quiescence()
+        self._barrier_broken = ""  # why `quiescent` cannot be used any more ("" : it can)
+        self._paused: set[str] = set()
 
     def start(self, timeout: float = 60.0) -> LocalFederation:
         """Start every node and wait until all are healthy and linked."""
@@ -213,6 +216,8 @@ class LocalFederation:
             assert old is not None
             metrics_port = int(old.metrics_url.rsplit(":", 1)[1].split("/")[0])
         extra = env or {}
+        if old is not None and old.process.poll() is not None:
+            self._set_aside(broker_id)
         federation = self._node_federation.get(broker_id, self.federation_path)
         env = dict(os.environ)
         env.update(
@@ -290,10 +295,38 @@ class LocalFederation:
         """Each broker's /metrics URL by broker id (what `wait_quiescent` reads)."""
         return {b: n.metrics_url for b, n in self.nodes.items()}
 
+    def _live_urls(self) -> dict[str, str]:
+        return {b: n.metrics_url for b, n in self.nodes.items() if n.process.poll() is None}
+
     async def quiescent(self, timeout: float = 60.0) -> None:
-        """Barrier: every inter-broker message sent so far has been taken in by its peer
-        (`wait_quiescent`; its counters restart with a broker, so not across a restart)."""
-        await wait_quiescent(self.metrics_urls(), timeout)
+        """Barrier: every inter-broker message sent so far between the running brokers has
+        been taken in by its peer (`Quiescence`, which holds across a restart of a broker
+        with `stop_node` / `start_node`; a paused broker is waited for).
+
+        Raises:
+            GeofedError: still in flight after `timeout`, or a broker restarted while a peer
+                was paused or unreachable, so its earlier traffic could not be set aside.
+        """
+        if self._barrier_broken:
+            raise GeofedError(f"the quiescence barrier cannot be used: {self._barrier_broken}")
+        await self._barrier.wait(self._live_urls(), timeout)
+
+    def _set_aside(self, broker_id: str, timeout: float = 60.0) -> None:
+        """Before `broker_id` starts again: once its running peers closed their links to
+        its previous process, set their counts of that traffic aside (`Quiescence`)."""
+        peers = {b: u for b, u in self._live_urls().items() if b != broker_id}
+        if paused := sorted(self._paused & set(peers)):
+            self._barrier_broken = f"{broker_id} restarted while {', '.join(paused)} was paused"
+            return
+        deadline = time.monotonic() + timeout
+        try:
+            while any(metric(u, PEER_CONNECTED, peer=broker_id) for u in peers.values()):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"peers still linked to {broker_id} after {timeout}s")
+                time.sleep(0.05)
+            self._barrier.restarted(broker_id, peers)
+        except OSError as exc:  # a peer's metrics did not answer (TimeoutError included)
+            self._barrier_broken = f"{broker_id} restarted: {exc}"
 
     def stop_node(self, broker_id: str, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
         """Stop one broker's process (SIGTERM: graceful; SIGKILL: crash)."""
@@ -309,10 +342,12 @@ class LocalFederation:
     def pause_node(self, broker_id: str) -> None:
         """Freeze one broker (SIGSTOP): its sockets stay open, it answers nothing."""
         self.nodes[broker_id].process.send_signal(signal.SIGSTOP)
+        self._paused.add(broker_id)
 
     def resume_node(self, broker_id: str) -> None:
         """Let a frozen broker continue (SIGCONT)."""
         self.nodes[broker_id].process.send_signal(signal.SIGCONT)
+        self._paused.discard(broker_id)
 
     def stop(self) -> None:
         """Stop every node (idempotent); a frozen one is let go first."""

@@ -12,6 +12,16 @@ The scenarios follow the geo-context evaluations of GeoBroker / DisGB
   position as ``move`` ops; events and subscriptions both carry geofences.
 - ``global``: ``mobile`` with a larger default share (0.3) of world-wide
   (null-geofence) traffic, the case where geo-context routing saves least.
+- ``mixed``: topics of different shapes in one federation, so that every
+  static strategy is wrong for some of them (the adaptive controller's case,
+  docs/design.md §3): *telemetry* (``telemetry/<cc>/<city>/<kind>``) is
+  published often by stationary sensors without an event geofence and
+  subscribed by few long-lived consumers with small subscription geofences
+  (subscription forwarding wins); *alerts* (``alerts/<cc>/<kind>``) are rare,
+  issued with wide event geofences (300–2,000 km) and subscribed, without a
+  geofence, by many moving app users in short sessions whose number rises and
+  falls over the trace (event forwarding wins while many are online,
+  subscription forwarding while few are).
 
 In every scenario `WorkloadConfig.world_share` of the ops the scenario would
 give a geofence carry none instead, so plain world-wide traffic can be mixed
@@ -50,7 +60,7 @@ from geofed.routing import (
 
 from ._extras import require
 
-SCENARIOS: tuple[str, ...] = ("context", "open-data", "mobile", "global")
+SCENARIOS: tuple[str, ...] = ("context", "open-data", "mobile", "global", "mixed")
 """Scenario names accepted by `WorkloadConfig.scenario`."""
 
 DEFAULT_KINDS: tuple[str, ...] = (
@@ -64,7 +74,13 @@ DEFAULT_KINDS: tuple[str, ...] = (
     "energy",
 )
 
-_WORLD_SHARE_DEFAULT = {"context": 0.1, "open-data": 0.1, "mobile": 0.1, "global": 0.3}
+_WORLD_SHARE_DEFAULT = {
+    "context": 0.1,
+    "open-data": 0.1,
+    "mobile": 0.1,
+    "global": 0.3,
+    "mixed": 0.1,
+}
 _MOBILE = frozenset({"mobile", "global"})
 _EVENT_FENCES = frozenset({"context", "mobile", "global"})
 _SUBSCRIPTION_FENCES = frozenset({"open-data", "mobile", "global"})
@@ -308,6 +324,14 @@ def generate(config: WorkloadConfig) -> Iterator[TraceOp]:
         )
     cum_pop = list(itertools.accumulate(c.population for c in cities))
     master = random.Random(config.seed)
+    if config.scenario == "mixed":
+        mixed = _mixed_roles(config.clients)
+        master.shuffle(mixed)
+        streams = [
+            _mixed_ops(i, random.Random(master.getrandbits(64)), config, cities, cum_pop, mixed[i])
+            for i in range(config.clients)
+        ]
+        return _number(heapq.merge(*streams))
     n_pub = round(config.clients * config.publisher_share)
     roles = [True] * n_pub + [False] * (config.clients - n_pub)
     master.shuffle(roles)
@@ -368,15 +392,7 @@ def _client_ops(
     topic_radius = {topic: radius() for topic in topics}
 
     # Three time-ordered sources, merged lazily: (t, rank, op, local subscription).
-    subs: list[tuple[float, int, str, int]] = []
-    if not publisher:
-        for k in range(cfg.subscriptions_per_subscriber):
-            start = rng.random() * duration * _SUBSCRIBE_WINDOW
-            subs.append((start, _OP_RANK["subscribe"], "subscribe", k))
-            if rng.random() < cfg.unsubscribe_share:
-                end = start + (duration - start) * (1.0 - rng.random())  # in (start, duration]
-                subs.append((end, _OP_RANK["unsubscribe"], "unsubscribe", k))
-        subs.sort()
+    subs = [] if publisher else _subscription_times(rng, cfg)
     rate = cfg.publish_rate_hz if publisher else 0.0
     publishes = _poisson(random.Random(rng.getrandbits(64)), rate, duration)
     # Fix times are staggered across clients so moves do not arrive in bursts.
@@ -384,19 +400,13 @@ def _client_ops(
     moves = _ticks(first_fix, cfg.move_interval_s, duration)
     timeline = heapq.merge(subs, publishes, moves)
 
-    speed = rng.uniform(cfg.speed_min_mps, cfg.speed_max_mps)
-    heading = rng.uniform(0.0, 2 * math.pi)
-    last_fix = 0.0
+    walker = _Walker(rng, cfg, lat, lon)
     loc = LatLon(lat, lon)
     fences: dict[str, Geofence] = {}
     for seq, (t, _rank, op, local) in enumerate(timeline):
         tr = round(t, 6)
         if op == "move":
-            # The client travels from its last fix along the heading, then turns.
-            lat, lon = _destination(lat, lon, heading, speed * (t - last_fix))
-            heading += rng.gauss(0.0, _TURN_SIGMA_RAD)
-            last_fix = t
-            loc = LatLon(lat, lon)
+            loc = walker.step(t)
             fences.clear()
             yield (tr, idx, seq, "move", loc, 0, "", None, 0)
         elif op == "publish":
@@ -408,9 +418,7 @@ def _client_ops(
                 fence = fences.get(topic)
                 if fence is None:
                     fence = fences[topic] = circle(loc, topic_radius[topic])
-            size = round(rng.lognormvariate(math.log(cfg.payload_bytes), cfg.payload_sigma))
-            size = max(1, min(cfg.payload_max_bytes, size))
-            yield (tr, idx, seq, "publish", loc, 0, topic, fence, size)
+            yield (tr, idx, seq, "publish", loc, 0, topic, fence, _payload_size(rng, cfg))
         elif op == "subscribe":
             topic_filter = _filter(rng, city, cfg)
             sub_fence: Geofence | Roaming | None = None
@@ -422,6 +430,174 @@ def _client_ops(
             yield (tr, idx, seq, "subscribe", loc, local, topic_filter, sub_fence, 0)
         else:
             yield (tr, idx, seq, "unsubscribe", None, local, "", None, 0)
+
+
+# The mixed scenario: the share of clients in each role, in this order (the
+# last role takes what rounding leaves).
+_MIXED_ROLES: tuple[tuple[str, float], ...] = (
+    ("sensor", 0.35),  # telemetry publisher, stationary, no event geofence
+    ("consumer", 0.10),  # telemetry subscriber, stationary, small subscription geofences
+    ("issuer", 0.10),  # alert publisher, stationary, wide event geofences
+    ("app", 0.45),  # alert subscriber, moving, sessions of subscribe .. unsubscribe
+)
+_ALERT_RATE_SHARE = 0.5  # an issuer publishes at this share of `publish_rate_hz`
+_ALERT_RADIUS_M = (300_000.0, 2_000_000.0)  # alert event geofences, log-uniform
+# App sessions: candidate starts at this many per trace per user, kept with the
+# probability of the activity profile at that time; sessions last a mean of
+# this share of the trace (exponential).
+_SESSION_STARTS = 8.0
+_SESSION_SHARE = 1.0 / 16.0
+_ACTIVITY_FLOOR = 0.02
+
+
+def activity(t: float, duration: float) -> float:
+    """The mixed scenario's app activity profile at `t`: low at both ends, 1 in the middle.
+
+    ``floor + (1 - floor) * sin²(π t / duration)``: the number of online alert
+    subscribers rises and falls over the trace, so the cheapest strategy for
+    alerts changes during it (the paper's varying client population).
+    """
+    return _ACTIVITY_FLOOR + (1.0 - _ACTIVITY_FLOOR) * math.sin(math.pi * t / duration) ** 2
+
+
+def _mixed_roles(clients: int) -> list[str]:
+    roles: list[str] = []
+    for name, share in _MIXED_ROLES[:-1]:
+        roles += [name] * round(clients * share)
+    roles += [_MIXED_ROLES[-1][0]] * (clients - len(roles))
+    return roles[:clients]
+
+
+def _mixed_ops(
+    idx: int,
+    rng: random.Random,
+    cfg: WorkloadConfig,
+    cities: Sequence[_City],
+    cum_pop: Sequence[int],
+    role: str,
+) -> Iterator[_Raw]:
+    """One client of the mixed scenario, in time order (see the module docstring)."""
+    city = cities[bisect.bisect_right(cum_pop, rng.random() * cum_pop[-1])]
+    lat, lon = _place(rng, city, cfg)
+    loc = LatLon(lat, lon)
+    duration = cfg.duration_s
+    world = cfg.effective_world_share
+    draws = random.Random(rng.getrandbits(64))  # times apart from shapes: stable streams
+
+    def log_uniform(low: float, high: float) -> float:
+        return min(high, max(low, math.exp(rng.uniform(math.log(low), math.log(high)))))
+
+    if role in ("sensor", "issuer"):
+        kinds = rng.sample(cfg.kinds, min(cfg.topics_per_publisher, len(cfg.kinds)))
+        fences: dict[str, Geofence | None]
+        if role == "sensor":
+            topics = [f"telemetry/{city.country}/{city.slug}/{k}" for k in kinds]
+            rate, fences = cfg.publish_rate_hz, dict.fromkeys(topics)
+        else:
+            topics = [f"alerts/{city.country}/{k}" for k in kinds]
+            rate = cfg.publish_rate_hz * _ALERT_RATE_SHARE
+            fences = {
+                t: None if rng.random() < world else circle(loc, log_uniform(*_ALERT_RADIUS_M))
+                for t in topics
+            }
+        for seq, (t, *_rest) in enumerate(_poisson(draws, rate, duration)):
+            topic = rng.choice(topics)
+            yield (
+                round(t, 6),
+                idx,
+                seq,
+                "publish",
+                loc,
+                0,
+                topic,
+                fences[topic],
+                _payload_size(rng, cfg),
+            )
+        return
+    if role == "consumer":
+        for seq, (t, _rank, op, local) in enumerate(_subscription_times(draws, cfg)):
+            if op == "unsubscribe":
+                yield (round(t, 6), idx, seq, op, None, local, "", None, 0)
+                continue
+            kind = rng.choice(cfg.kinds)
+            wild = rng.random() < cfg.wildcard_share
+            topic = (
+                f"telemetry/{city.country}/+/{kind}"
+                if wild
+                else f"telemetry/{city.country}/{city.slug}/{kind}"
+            )
+            fence = (
+                None
+                if rng.random() < world
+                else circle(loc, log_uniform(cfg.radius_min_m, cfg.radius_max_m))
+            )
+            yield (round(t, 6), idx, seq, "subscribe", loc, local, topic, fence, 0)
+        return
+    # An app user: moves all along, subscribes to every alert while online.
+    sessions: list[tuple[float, int, str, int]] = []
+    busy_until = 0.0
+    for t, *_rest in _poisson(draws, _SESSION_STARTS / duration, duration):
+        if t < busy_until or draws.random() >= activity(t, duration):
+            continue
+        local = len(sessions) // 2
+        sessions.append((t, _OP_RANK["subscribe"], "subscribe", local))
+        busy_until = t + draws.expovariate(1.0 / (duration * _SESSION_SHARE))
+        if busy_until < duration:
+            sessions.append((busy_until, _OP_RANK["unsubscribe"], "unsubscribe", local))
+        else:
+            break
+    first_fix = draws.uniform(0.0, cfg.move_interval_s)
+    walker = _Walker(rng, cfg, lat, lon)
+    timeline = heapq.merge(sessions, _ticks(first_fix, cfg.move_interval_s, duration))
+    for seq, (t, _rank, op, local) in enumerate(timeline):
+        tr = round(t, 6)
+        if op == "move":
+            loc = walker.step(t)
+            yield (tr, idx, seq, "move", loc, 0, "", None, 0)
+        elif op == "subscribe":
+            yield (tr, idx, seq, "subscribe", loc, local, "alerts/#", None, 0)
+        else:
+            yield (tr, idx, seq, "unsubscribe", None, local, "", None, 0)
+
+
+def _subscription_times(
+    rng: random.Random, cfg: WorkloadConfig
+) -> list[tuple[float, int, str, int]]:
+    """A subscriber's subscribe (and, for some, unsubscribe) times, sorted."""
+    duration = cfg.duration_s
+    subs: list[tuple[float, int, str, int]] = []
+    for k in range(cfg.subscriptions_per_subscriber):
+        start = rng.random() * duration * _SUBSCRIBE_WINDOW
+        subs.append((start, _OP_RANK["subscribe"], "subscribe", k))
+        if rng.random() < cfg.unsubscribe_share:
+            end = start + (duration - start) * (1.0 - rng.random())  # in (start, duration]
+            subs.append((end, _OP_RANK["unsubscribe"], "unsubscribe", k))
+    subs.sort()
+    return subs
+
+
+def _payload_size(rng: random.Random, cfg: WorkloadConfig) -> int:
+    size = round(rng.lognormvariate(math.log(cfg.payload_bytes), cfg.payload_sigma))
+    return max(1, min(cfg.payload_max_bytes, size))
+
+
+class _Walker:
+    """A moving client: a speed, and a heading that turns a little at every fix."""
+
+    def __init__(self, rng: random.Random, cfg: WorkloadConfig, lat: float, lon: float) -> None:
+        self.rng, self.lat, self.lon = rng, lat, lon
+        self.speed = rng.uniform(cfg.speed_min_mps, cfg.speed_max_mps)
+        self.heading = rng.uniform(0.0, 2 * math.pi)
+        self.last_fix = 0.0
+
+    def step(self, t: float) -> LatLon:
+        """The position at fix time `t`: travelled from the last fix along the heading."""
+        self.lat, self.lon = _destination(
+            self.lat, self.lon, self.heading, self.speed * (t - self.last_fix)
+        )
+        self.heading += self.rng.gauss(0.0, _TURN_SIGMA_RAD)
+        self.last_fix = t
+        return LatLon(self.lat, self.lon)
 
 
 def _poisson(

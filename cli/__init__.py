@@ -31,6 +31,7 @@ SUBCOMMANDS: dict[str, str] = {
     "subscribe": "geofed.cli._client",
     "history": "geofed.cli._client",
     "replay": "geofed.cli._client",
+    "strategy": "geofed.cli._client",
     "demo": "geofed.bench.compare",
     "workload": "geofed.bench.workload",
     "analyze": "geofed.bench.analyze",

@@ -1,4 +1,5 @@
-"""``geofed publish``, ``subscribe``, ``history`` and ``replay``: clients from the shell."""
+"""``geofed publish``, ``subscribe``, ``history``, ``replay`` and ``strategy``: clients
+from the shell."""
 
 from __future__ import annotations
 
@@ -26,9 +27,11 @@ from .progress import track
 
 
 def register(sub: Any, name: str) -> None:
-    """Add the ``publish``, ``subscribe``, ``history`` or ``replay`` subcommand."""
+    """Add the ``publish``, ``subscribe``, ``history``, ``replay`` or ``strategy`` subcommand."""
     if name == "history":
         _register_history(sub)
+    elif name == "strategy":
+        _register_strategy(sub)
     elif name in ("publish", "subscribe"):
         p = sub.add_parser(
             name, help=f"{name} at the local broker for a location (follows redirects)"
@@ -115,6 +118,61 @@ def _register_history(sub: Any) -> None:
     )
     _tls_arguments(p)
     p.set_defaults(func=_history)
+
+
+def _register_strategy(sub: Any) -> None:
+    p = sub.add_parser(
+        "strategy",
+        help="show or change the per-topic routing strategy table (federation-wide)",
+        description="set FILTER STRATEGY pins the topics of FILTER to STRATEGY, unset FILTER"
+        " removes the pin, show prints the local broker's table; changes are carried out"
+        " by every broker with state transfer (docs/design.md §3). Prints JSON.",
+    )
+    p.add_argument("action", choices=("show", "set", "unset"))
+    p.add_argument("filter", nargs="?", help="topic filter (set, unset)")
+    p.add_argument("name", nargs="?", metavar="strategy", help="strategy (set)")
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        help="set, unset: wait up to this many seconds for the transition to finish here",
+    )
+    _session_arguments(p)
+    _tls_arguments(p)
+    p.set_defaults(func=_strategy)
+
+
+def _strategy(args: argparse.Namespace) -> int:
+    if args.action != "show" and not args.filter:
+        raise InvalidInput("filter", f"strategy {args.action} needs a topic filter")
+    if args.action == "set" and not args.name:
+        raise InvalidInput("strategy", "strategy set needs a strategy")
+    if args.action != "set" and args.name:
+        raise InvalidInput("strategy", f"strategy {args.action} takes no strategy")
+
+    async def run() -> int:
+        async with await connect(_config(args)) as client:
+            if args.action == "show":
+                state = await client.strategy_table()
+            else:
+                state = await client.set_strategy(args.filter, args.name)
+                deadline = time.monotonic() + args.wait
+                while _pending(state, args.filter, args.name) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.1)  # polling the broker: a human waits here
+                    state = await client.strategy_table()
+        print(json.dumps(state))
+        if args.action != "show" and args.wait and _pending(state, args.filter, args.name):
+            print(f"transition not finished within {args.wait:g}s", file=sys.stderr)
+            return 1
+        return 0
+
+    return asyncio.run(run())
+
+
+def _pending(state: dict[str, Any], topic_filter: str, strategy: str | None) -> bool:
+    """Whether the broker still has to finish the change (`state` as `Client.strategy_table`)."""
+    entries = {e["topic_filter"]: e["strategy"] for e in state["table"]["entries"]}
+    return bool(state["in_transition"]) or entries.get(topic_filter) != strategy
 
 
 def _time_arg(text: str | None, field: str) -> float | None:

@@ -69,7 +69,7 @@ from geofed.errors import (
     Unavailable,
     from_rpc_error,
 )
-from geofed.routing import Federation, HistoryAnswer, LatLon, latlon, validate_id
+from geofed.routing import Federation, HistoryAnswer, LatLon, latlon, read_input_file, validate_id
 from geofed.v1 import client_pb2_grpc as cpb_grpc
 from geofed.wire import (
     BATCH_METADATA,
@@ -81,12 +81,15 @@ from geofed.wire import (
     ack_request,
     connect_request,
     deliveries_in,
+    get_strategy_request,
     health_check_request,
     history_record_from_pb,
     history_request,
     message_from_pb,
     publish_batch,
     publish_request,
+    set_strategy_request,
+    strategy_state_from_pb,
     subscribe_request,
     unsubscribe_request,
     update_location_request,
@@ -163,7 +166,7 @@ class TLSConfig:
             InvalidInput: naming the file that cannot be read.
         """
         ca, cert, key = (
-            _read_pem(path, f"tls.{name}") if path else None
+            read_input_file(path, f"tls.{name}") if path else None
             for name, path in (
                 ("ca_file", self.ca_file),
                 ("cert_file", self.cert_file),
@@ -663,6 +666,40 @@ class Client:
 
     # -- calls -------------------------------------------------------------------
 
+    async def set_strategy(self, topic_filter: str, strategy: str | None) -> dict[str, Any]:
+        """Route the topics of `topic_filter` by `strategy`, federation-wide (None: unpin).
+
+        The client's broker proposes the change; the sequencer numbers it and
+        every broker carries it out with state transfer — no subscriber
+        resubscribes, and no event is lost or delivered twice meanwhile
+        (docs/design.md §3). Answers at once, before the transition is done:
+        `strategy_table` tells when (``in_transition`` false, ``table`` with
+        the entry). Needs `strategy_admins` membership when the broker
+        authenticates clients.
+
+        Returns:
+            The broker's view: ``broker``, ``sequencer``, ``in_transition``,
+            ``table`` (what it routes by) and ``newest`` (the newest it knows),
+            tables as ``{"epoch", "default", "entries": [{"topic_filter", "strategy"}]}``.
+
+        Raises:
+            InvalidInput: naming ``topic_filter`` or ``strategy``.
+            Unavailable: the sequencer (or one of its links) is down.
+        """
+        request = set_strategy_request(topic_filter, strategy)
+        resp = await self._call(
+            "set_strategy", lambda stub, timeout: stub.SetStrategy(request, timeout=timeout)
+        )
+        return strategy_state_from_pb(resp)
+
+    async def strategy_table(self) -> dict[str, Any]:
+        """The client's broker's strategy table and transition state (as `set_strategy`)."""
+        request = get_strategy_request()
+        resp = await self._call(
+            "strategy_table", lambda stub, timeout: stub.GetStrategy(request, timeout=timeout)
+        )
+        return strategy_state_from_pb(resp)
+
     def _check_open(self) -> None:
         if self._closed:
             raise ClientClosed(f"client {self.client_id} is closed")
@@ -997,13 +1034,6 @@ def open_channel(endpoint: str, tls: TLSConfig | None = None, token: str = "") -
     return grpc.aio.secure_channel(
         endpoint, tls.credentials(token), options=[*_CHANNEL_OPTIONS, *tls.options()]
     )
-
-
-def _read_pem(path: str, field: str) -> bytes:
-    try:
-        return Path(path).read_bytes()
-    except OSError as exc:
-        raise InvalidInput(field, f"cannot read {path}: {exc.strerror}") from None
 
 
 def health_status(

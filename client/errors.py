@@ -99,6 +99,8 @@ def status_for(exc: GeofedError) -> grpc.StatusCode:
         return grpc.StatusCode.PERMISSION_DENIED
     if isinstance(exc, Unauthenticated):
         return grpc.StatusCode.UNAUTHENTICATED
+    if isinstance(exc, Unavailable):
+        return grpc.StatusCode.UNAVAILABLE
     if isinstance(exc, StorageFailed):
         # Retryable in principle (the store may recover), like a broker that is down.
         return grpc.StatusCode.UNAVAILABLE

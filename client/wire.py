@@ -41,11 +41,15 @@ from geofed.routing import (
     Kind,
     LatLon,
     PeerMessage,
+    Phase,
+    ProposeMsg,
     RelocateMsg,
     Roaming,
+    StrategyTable,
     SubKey,
     SubscribeMsg,
     Subscription,
+    TableMsg,
     TooLarge,
     UnsubscribeMsg,
     is_roaming,
@@ -364,9 +368,14 @@ def publish_batch_response(event_ids: list[str]) -> cpb.PublishBatchResponse:
 
 
 def hello_frame(
-    broker_id: str, strategy: str, federation_digest: str, protocol_version: int, epoch: int
+    broker_id: str,
+    strategy: str,
+    federation_digest: str,
+    protocol_version: int,
+    epoch: int,
+    finished_table: StrategyTable | None = None,
 ) -> fpb.Frame:
-    """The first frame on a link, each way."""
+    """The first frame on a link, each way (`finished_table`: protocol 4)."""
     return fpb.Frame(
         hello=fpb.Hello(
             broker_id=broker_id,
@@ -374,8 +383,73 @@ def hello_frame(
             federation_digest=federation_digest,
             protocol_version=protocol_version,
             epoch=epoch,
+            finished_table=None if finished_table is None else table_to_pb(finished_table),
         )
     )
+
+
+def table_to_pb(table: StrategyTable) -> gpb.StrategyTable:
+    """Wire form of a per-topic strategy table."""
+    return gpb.StrategyTable(
+        epoch=table.epoch,
+        default_strategy=table.default,
+        entries=[gpb.StrategyEntry(topic_filter=f, strategy=s) for f, s in table.entries],
+    )
+
+
+def table_from_pb(pb: gpb.StrategyTable, field: str = "table") -> StrategyTable:
+    """A strategy table from the wire (validated; an error names `field`'s part)."""
+    try:
+        return StrategyTable.build(
+            pb.default_strategy, [(e.topic_filter, e.strategy) for e in pb.entries], pb.epoch
+        )
+    except InvalidInput as exc:
+        raise exc.within(field) from None
+
+
+def strategy_state_response(
+    broker_id: str,
+    table: StrategyTable,
+    newest: StrategyTable,
+    in_transition: bool,
+    sequencer: str,
+) -> cpb.StrategyState:
+    """Answer to SetStrategy and GetStrategy: one broker's view of the table."""
+    return cpb.StrategyState(
+        broker_id=broker_id,
+        table=table_to_pb(table),
+        newest=table_to_pb(newest),
+        in_transition=in_transition,
+        sequencer=sequencer,
+    )
+
+
+def set_strategy_request(topic_filter: str, strategy: str | None) -> cpb.SetStrategyRequest:
+    """A SetStrategy request, checked here as the broker will (errors name the field)."""
+    StrategyTable("event-geofence").with_entry(topic_filter, strategy)
+    return cpb.SetStrategyRequest(topic_filter=topic_filter, strategy=strategy or "")
+
+
+def get_strategy_request() -> cpb.GetStrategyRequest:
+    """A GetStrategy request (it has no fields)."""
+    return cpb.GetStrategyRequest()
+
+
+def strategy_state_from_pb(pb: cpb.StrategyState) -> dict[str, Any]:
+    """A broker's StrategyState as JSON-ready data (what ``geofed strategy show`` prints)."""
+    return {
+        "broker": pb.broker_id,
+        "sequencer": pb.sequencer,
+        "in_transition": pb.in_transition,
+        "table": table_from_pb(pb.table, "table").to_dict(),
+        "newest": table_from_pb(pb.newest, "newest").to_dict(),
+    }
+
+
+def _table_msg(pb: fpb.TableState) -> TableMsg:
+    if pb.phase not in tuple(Phase):
+        raise InvalidInput("tables.phase", f"unknown phase {pb.phase}")
+    return TableMsg(table_from_pb(pb.table, "tables.table"), Phase(pb.phase))
 
 
 def refuse_frame(reason: str) -> fpb.Frame:
@@ -554,7 +628,14 @@ def snapshot_from_frame(
     )
 
 
-FRAME_RANK = {"subscribe": 0, "unsubscribe": 1, "relocate": 2, "event": 3, "delivery": 4}
+FRAME_RANK = {
+    "subscribe": 0,
+    "unsubscribe": 1,
+    "relocate": 2,
+    "event": 3,
+    "delivery": 4,
+    "transition": 5,
+}
 """Application order of message kinds within one frame."""
 
 
@@ -577,6 +658,12 @@ def add_to_frame(frame: fpb.Frame, msg: PeerMessage, origin: str) -> int:
         client, sub_id = msg.key
         pb = fpb.Unsubscription(subscription_id=sub_id, home=msg.home, client=client)
         frame.unsubscribes.append(pb)
+    elif isinstance(msg, TableMsg):
+        pb = fpb.TableState(table=table_to_pb(msg.table), phase=int(msg.phase))
+        frame.tables.append(pb)
+    elif isinstance(msg, ProposeMsg):
+        pb = fpb.StrategyProposal(topic_filter=msg.topic_filter, strategy=msg.strategy or "")
+        frame.proposals.append(pb)
     else:
         # A delivery to a busy broker names many subscriptions: its encoding
         # is joined from cached encoded references and parsed in C, 2.5x
@@ -628,9 +715,10 @@ def messages_from_frame(
 ) -> list[PeerMessage]:
     """The logical messages of a frame, in the order they are applied.
 
-    A frame applies subscribes, then unsubscribes, relocations, events and
-    deliveries; senders start a new frame rather than put a message behind
-    one of a later rank (`FRAME_RANK`), so this order is the order sent.
+    A frame applies subscribes, then unsubscribes, relocations, events,
+    deliveries, strategy tables and proposals; senders start a new frame
+    rather than put a message behind one of a later rank (`FRAME_RANK`), so
+    this order is the order sent.
 
     `cache` is the receiving broker's `PeerGeofenceCache`. A message that
     cannot be converted is skipped and appended to `rejected`, and the others
@@ -680,6 +768,11 @@ def messages_from_frame(
             rejected,
         )
     )
+    # Tables and proposals: applied last (FRAME_RANK), validated when applied.
+    out.extend(
+        _each(frame.tables, Kind.TRANSITION, lambda t: str(t.table.epoch), _table_msg, rejected)
+    )
+    out.extend(ProposeMsg(p.topic_filter, p.strategy or None) for p in frame.proposals)
     return out
 
 

@@ -6,8 +6,9 @@
 #      with python3 and python3-venv, made by mmdebstrap from this machine's
 #      own apt sources and loaded with `docker import` (tarball cached);
 #   2. wheels: `pip wheel` of the project on this machine, i.e. geofed and its
-#      runtime dependencies (the [project] dependencies in pyproject.toml, no
-#      extras), pinned to the versions installed in its Python environment;
+#      runtime dependencies (the [project] dependencies in pyproject.toml and
+#      its `image` extra: psycopg for history_dsn, paho-mqtt and h3 for
+#      bridge-topics), pinned to the versions installed in its Python environment;
 #   3. docker build --build-arg BASE=<base> (pip installs geofed from those
 #      wheels, resolving its dependencies, then runs `geofed --help`).
 #
@@ -154,11 +155,11 @@ trap 'rm -rf "$src" "$src.constraints"' EXIT
 tar -C "$REPO" --exclude=./.git --exclude=./.venv --exclude=./build --exclude='*.egg-info' \
   --exclude=__pycache__ --exclude=.mypy_cache --exclude=.ruff_cache --exclude=.pytest_cache \
   --exclude=.hypothesis --exclude=./out --exclude=./reports -cf - . | tar -C "$src" -xf -
-log "building the wheels of geofed and its runtime dependencies (pyproject.toml)"
+log "building the wheels of geofed and its runtime dependencies (pyproject.toml, extra image)"
 # A fixed timestamp makes the geofed wheel byte-identical for identical
 # sources, so Docker's layer cache holds across runs.
 SOURCE_DATE_EPOCH=315532800 "$PY" -m pip wheel --quiet --disable-pip-version-check \
-  --wheel-dir "$CTX/wheels" -c "$src.constraints" "$src" || die "pip wheel of $REPO failed"
+  --wheel-dir "$CTX/wheels" -c "$src.constraints" "$src[image]" || die "pip wheel of $REPO failed"
 shopt -s nullglob
 project=("$CTX"/wheels/geofed-*.whl)
 shopt -u nullglob

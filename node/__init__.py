@@ -48,6 +48,7 @@ from ._metrics import (
     PEER_BYTES_SENT,
     PEER_CONNECTED,
     PEER_DUPLICATES_DROPPED,
+    PEER_LINK_FAILURES,
     PEER_MESSAGES_RECEIVED,
     PEER_MESSAGES_REJECTED,
     PEER_MESSAGES_SENT,
@@ -95,6 +96,7 @@ __all__ = [
     "issue_client",
     "issue_federation",
     "AUTH_REFUSED",
+    "PEER_LINK_FAILURES",
     "PEER_REFUSED",
     # the node
     "BrokerServer",

@@ -16,7 +16,13 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from geofed.routing import DEFAULT_MAX_BYTES, DEFAULT_MAX_VERTICES, STRATEGIES, InvalidInput
+from geofed.routing import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_VERTICES,
+    STRATEGIES,
+    InvalidInput,
+    StrategyTable,
+)
 
 ENV_PREFIX = "GEOFED_"
 CLIENT_PORT = 7400
@@ -49,7 +55,20 @@ class NodeConfig:
 
     broker_id: str = _doc("this broker's id in the federation file", default="")
     federation: str = _doc("path of the federation file (GeoJSON)", default="")
-    strategy: str = _doc("routing strategy, the same on every broker", default="event-geofence")
+    strategy: str = _doc(
+        "routing strategy of topics no strategy_table entry names, the same on every broker",
+        default="event-geofence",
+    )
+    strategy_table: str = _doc(
+        "JSON object topic filter -> strategy: the per-topic table every broker starts"
+        " from (epoch 0, the same on every broker); `geofed strategy set` changes it",
+        default="",
+    )
+    strategy_admins: str = _doc(
+        "with client authentication: identities or groups (comma-separated) that may"
+        " change the strategy table; without authentication anyone may",
+        default="",
+    )
     client_listen: str = _doc(
         "host:port of the client gRPC service", default=f"0.0.0.0:{CLIENT_PORT}"
     )
@@ -250,6 +269,7 @@ class NodeConfig:
             raise InvalidInput(
                 "strategy", f"unknown {self.strategy!r}; one of {', '.join(STRATEGIES)}"
             )
+        self.initial_table()  # raises naming strategy_table
         for name in ("client_listen", "peer_listen", "metrics_listen"):
             _check_listen(name, getattr(self, name))
         for name in ("health_listen", "mqtt_listen", "mqtt_ws_listen", "http_listen"):
@@ -328,6 +348,23 @@ class NodeConfig:
                 f" got {self.peer_timeout_s!r}",
             )
 
+    def initial_table(self) -> StrategyTable:
+        """The strategy table of epoch 0: `strategy` as default, `strategy_table`'s entries.
+
+        Raises:
+            InvalidInput: naming ``strategy_table`` (and the bad entry).
+        """
+        try:
+            return StrategyTable.build(self.strategy, _table_entries(self.strategy_table))
+        except InvalidInput as exc:
+            if exc.field == "strategy_table":
+                raise
+            raise exc.within("strategy_table") from None
+
+    def strategy_admin_names(self) -> frozenset[str]:
+        """`strategy_admins` as a set of identities and groups."""
+        return frozenset(n.strip() for n in self.strategy_admins.split(",") if n.strip())
+
     @classmethod
     def load(
         cls,
@@ -359,6 +396,18 @@ def _check_listen(name: str, value: str) -> None:
     _, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
         raise InvalidInput(name, f"must be 'host:port' (port 0 = any free port), got {value!r}")
+
+
+def _table_entries(text: str) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        entries = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput("strategy_table", f"not JSON: {exc}") from None
+    if not isinstance(entries, dict):
+        raise InvalidInput("strategy_table", "must be a JSON object: topic filter -> strategy")
+    return entries
 
 
 def _coerce(f: dataclasses.Field[Any], raw: Any, where: str) -> Any:

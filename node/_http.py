@@ -77,6 +77,8 @@ KEEPALIVE_S = 15.0
 """An idle event stream gets a comment line this often: a gone client is noticed."""
 STATUS_TIMEOUT_S = 5.0
 """How long the federation status waits for another broker's bridge."""
+ACCESS_TOKEN_PARAM = "access_token"
+"""The query parameter that may carry the bearer token (for EventSource and WebSocket)."""
 _RATE_MIN_S = 1.0  # link rates are recomputed from counters at most this often
 _URL_SLACK = 1024  # request-line bytes beyond http_max_url_bytes that aiohttp still reads
 
@@ -158,6 +160,10 @@ class _Params:
     def __init__(self, request: web.Request, known: tuple[str, ...]) -> None:
         self.query = request.query
         for name in self.query:
+            if name == ACCESS_TOKEN_PARAM:  # any resource: read by `HttpBridge.principal`
+                if len(self.query.getall(name)) > 1:
+                    raise InvalidInput(name, "given more than once")
+                continue
             if name not in known:
                 raise InvalidInput(
                     name, f"unknown parameter; this resource takes {', '.join(known) or 'none'}"
@@ -360,10 +366,21 @@ class HttpBridge:
         scheme, _, value = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() == "bearer" and value.strip():
             token = value.strip()
+        in_query = request.query.get(ACCESS_TOKEN_PARAM)
+        if in_query is not None:
+            # A browser's EventSource and WebSocket send no Authorization header
+            # (RFC 6750 §2.3 allows the URI query parameter instead).
+            if token is not None:
+                raise InvalidInput(
+                    ACCESS_TOKEN_PARAM, "give the token once: in the Authorization header or here"
+                )
+            token = in_query.strip() or None
         transport = request.transport
         ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
         return security.authenticate(
-            token, certificate_names(ssl_object), "no 'Authorization: Bearer <token>' header"
+            token,
+            certificate_names(ssl_object),
+            f"no 'Authorization: Bearer <token>' header or {ACCESS_TOKEN_PARAM} parameter",
         )
 
     async def _read_body(self, request: web.Request) -> bytes:

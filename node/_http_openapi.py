@@ -226,7 +226,18 @@ def openapi_document(broker_id: str) -> dict[str, Any]:
                 }
             },
         },
+        # Which applies depends on the node's client_auth (none: no identity needed).
+        "security": [{}, {"bearer": []}, {"accessToken": []}],
         "components": {
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"},
+                "accessToken": {
+                    "type": "apiKey",
+                    "in": "query",
+                    "name": "access_token",
+                    "description": "the bearer token in the URL, for EventSource and WebSocket",
+                },
+            },
             "schemas": {
                 "Published": {
                     "type": "object",

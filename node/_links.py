@@ -64,10 +64,12 @@ from ._metrics import NodeMetrics
 
 log = logging.getLogger("geofed.node.links")
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 _UNACKED_FRAMES = 4096
 _ACK_DELAY_S = 0.02
 _RESENDABLE = (Kind.EVENT, Kind.DELIVERY)
+_STATE_KINDS = (Kind.SUBSCRIBE, Kind.UNSUBSCRIBE, Kind.RELOCATE, Kind.TRANSITION)
+"""Kinds whose loss the next session repairs (snapshot, table state): not kept for resending."""
 _PAGE = 2048  # outbox messages read back at a time
 _TLS_FAILURE = re.compile(r"handshake|ssl|certificate|tls", re.IGNORECASE)
 _OVERHEAD = 128  # bytes counted per queued message besides its payload and geofence
@@ -142,6 +144,9 @@ class LinkHost(Protocol):
 
     def snapshot_for(self, peer: str) -> list[SubscribeMsg]:
         """The subscriptions `peer` needs from this broker (sent on every connect)."""
+
+    def tables_for(self, peer: str) -> list[PeerMessage]:
+        """Where this broker's strategy transitions stand (sent after the snapshot)."""
 
     def apply_snapshot(self, peer: str, subs: list[SubscribeMsg], *, replace: bool) -> None:
         """Replace (or extend) what this broker holds from `peer`."""
@@ -225,9 +230,10 @@ class PeerLink:
         full queue leaves it there, to be read back in order, instead of
         dropping it.
         """
-        subscription_change = msg.kind in (Kind.SUBSCRIBE, Kind.UNSUBSCRIBE, Kind.RELOCATE)
+        subscription_change = msg.kind in _STATE_KINDS
         if subscription_change and not self.connected:
-            return  # the snapshot sent on reconnect carries the current state
+            # The snapshot and the table state sent on reconnect carry the current state.
+            return
         if oid and self._behind is not None:
             self._skipped += 1  # in the outbox, read back after what is queued before it
             self._count_queued()
@@ -383,6 +389,7 @@ class PeerLink:
             except Exception:
                 # Whatever broke this session (a write on a dying call, a frame
                 # that does not parse), the dialler must live on: redial.
+                self.node.metrics.peer_link_failures.labels(peer=self.peer.id).inc()
                 log.exception("link %s failed; redialling", self.peer.id)
             finally:
                 await channel.close(grace=None)
@@ -419,6 +426,10 @@ class PeerLink:
             await self._run_session(transport)
         except ConnectionError as exc:  # the dialling side reconnects
             log.warning("link %s down: %s", self.peer.id, exc)
+        except Exception:
+            # As on the dialling side: the session ends, counted, and the peer redials.
+            self.node.metrics.peer_link_failures.labels(peer=self.peer.id).inc()
+            log.exception("link %s failed; the peer redials", self.peer.id)
 
     # -- a connected session ---------------------------------------------
 
@@ -550,6 +561,12 @@ class PeerLink:
         subs = self.node.snapshot_for(self.peer.id)
         for frame, msgs, sizes in snapshot_frames(subs, FRAME_SOFT_LIMIT):
             await self._write(transport, frame, msgs, sizes)
+        tables = self.node.tables_for(self.peer.id)
+        if tables:
+            # Behind the snapshot: a PREPARED it carries promises the copies above.
+            frame = new_frame()
+            sizes = [add_to_frame(frame, m, self.node.broker_id) for m in tables]
+            await self._write(transport, frame, tables, sizes)
 
     async def _write(
         self, transport: Transport, frame: fpb.Frame, msgs: list[Any], sizes: list[int]

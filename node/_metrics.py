@@ -32,6 +32,7 @@ SESSIONS_EXPIRED = "geofed_sessions_expired_total"
 AUTH_REFUSED = "geofed_auth_refused_total"
 QUEUED_BYTES = "geofed_queued_bytes"
 PEER_REFUSED = "geofed_peer_refused_total"
+PEER_LINK_FAILURES = "geofed_peer_link_failures_total"
 MQTT_CONNECTIONS = "geofed_mqtt_connections"
 MQTT_CONNECTS = "geofed_mqtt_connects_total"
 HISTORY_BROKERS_ASKED = "geofed_history_brokers_asked_total"
@@ -125,6 +126,17 @@ class NodeMetrics:
             registry=registry,
         )
         self.sessions = Gauge(SESSIONS, "Connected client sessions.", registry=registry)
+        self.strategy_epoch = Gauge(
+            "geofed_strategy_epoch",
+            "Epoch of the strategy table this broker reached (docs/design.md §3).",
+            registry=registry,
+        )
+        self.strategy_phase = Gauge(
+            "geofed_strategy_transition_phase",
+            "Transition under way here: 0 none, 1 prepared, 2 switched (old copies not yet"
+            " withdrawn).",
+            registry=registry,
+        )
         self.redirects = Counter(REDIRECTS, "Clients sent to another broker.", registry=registry)
         self.rejected = Counter(
             REQUESTS_REJECTED,
@@ -157,6 +169,13 @@ class NodeMetrics:
             " certificate; identity: its certificate names another broker; tls: this broker's"
             " dial failed the TLS handshake).",
             ["reason"],
+            registry=registry,
+        )
+        self.peer_link_failures = Counter(
+            PEER_LINK_FAILURES,
+            "Peer link sessions ended by an unexpected error (not a closed or refused"
+            " connection), by peer; the link is redialled.",
+            ["peer"],
             registry=registry,
         )
 

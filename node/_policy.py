@@ -43,7 +43,6 @@ that does not load is logged and the previous policy kept.
 from __future__ import annotations
 
 import logging
-import os
 import time
 import tomllib
 from collections.abc import Callable, Collection, Iterable, Mapping
@@ -52,7 +51,6 @@ from pathlib import Path
 from typing import Any
 
 from geofed.routing import (
-    GeofedError,
     Geofence,
     InvalidInput,
     LatLon,
@@ -63,6 +61,8 @@ from geofed.routing import (
     validate_filter,
     validate_id,
 )
+
+from ._watch import WatchedFile
 
 log = logging.getLogger("geofed.node.policy")
 
@@ -318,7 +318,8 @@ class PolicyFile:
     A change is seen by the file's modification time, size or inode (write a
     new file and rename it over the old one, as editors and Kubernetes do). A
     file that no longer loads is logged once per change and the previous
-    policy stays in force; `error` says why until a good file replaces it.
+    policy stays in force; `error` says why until a good file replaces it
+    (`_watch.WatchedFile`, as for the token key).
     """
 
     def __init__(
@@ -338,45 +339,30 @@ class PolicyFile:
         Raises:
             InvalidInput: the file does not load now (a broker should not start on it).
         """
-        self.path = Path(path)
-        self._interval = check_interval_s
-        self._clock = clock
-        self._stamp = self._stat()
-        self._policy = Policy.load(self.path)
-        self._checked = clock()
-        self.error: str | None = None
-        """Why the file's current content is not in force (None: it is)."""
-        self.loads = 1
-        """How many times a policy was loaded from the file."""
+        self._file = WatchedFile(
+            path,
+            Policy.load,
+            "policy",
+            check_interval_s=check_interval_s,
+            clock=clock,
+            logger=log,
+        )
+        self.path = self._file.path
 
-    def _stat(self) -> tuple[int, int, int] | None:
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return None
-        return (st.st_mtime_ns, st.st_size, st.st_ino)
+    @property
+    def error(self) -> str | None:
+        """Why the file's current content is not in force (None: it is)."""
+        return self._file.error
+
+    @property
+    def loads(self) -> int:
+        """How many times a policy was loaded from the file."""
+        return self._file.loads
 
     @property
     def policy(self) -> Policy:
         """The policy in force, after loading the file again if it changed."""
-        now = self._clock()
-        if now - self._checked < self._interval:
-            return self._policy
-        self._checked = now
-        stamp = self._stat()
-        if stamp == self._stamp:
-            return self._policy
-        self._stamp = stamp
-        try:
-            self._policy = Policy.load(self.path)
-        except GeofedError as exc:
-            self.error = str(exc)
-            log.warning("policy %s not reloaded, the previous one stays: %s", self.path, exc)
-        else:
-            self.error = None
-            self.loads += 1
-            log.info("policy %s reloaded", self.path)
-        return self._policy
+        return self._file.value
 
     def check_publish(
         self, identity: str, groups: Iterable[str], client_id: str, topic: str

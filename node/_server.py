@@ -21,7 +21,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
 
-from geofed.errors import status_for
+from geofed.errors import Unavailable, status_for
 from geofed.routing import (
     BrokerInfo,
     BrokerState,
@@ -42,18 +42,20 @@ from geofed.routing import (
     NotFound,
     PeerMessage,
     PermissionDenied,
+    Phase,
+    ProposeMsg,
     RelocateMsg,
     Send,
     StorageFailed,
     SubKey,
     SubscribeMsg,
     Subscription,
+    TableMsg,
     TooLarge,
     UnsubscribeMsg,
     great_circle_m,
     history_targets,
     merge_history,
-    strategy_for,
     validate_id,
 )
 from geofed.v1 import client_pb2 as cpb
@@ -91,7 +93,9 @@ from geofed.wire import (
     redirect_response,
     refuse_frame,
     rejection_reason,
+    strategy_state_response,
     subscription_from_pb,
+    table_from_pb,
     unsubscribe_response,
 )
 
@@ -305,8 +309,7 @@ class BrokerServer(Guarded):
         self.broker_id = config.broker_id
         self.federation = Federation.load(config.federation)
         me = self.federation.broker(config.broker_id)
-        self.strategy = strategy_for(config.strategy, self.federation)
-        self.core = BrokerState(me.id, self.federation, self.strategy)
+        self.core = BrokerState(me.id, self.federation, config.initial_table())
         self.metrics = NodeMetrics(registry)
         self.budget = ByteBudget(config.node_queue_bytes, self.metrics.queued_bytes)
         self.security = Security(config, self.metrics)
@@ -542,6 +545,8 @@ class BrokerServer(Guarded):
             self.federation.digest,
             PROTOCOL_VERSION,
             self.epoch,
+            # Every broker has finished the transition to it (docs/design.md §6).
+            self.core.placing[0],
         )
 
     def check_hello(self, hello: fpb.Hello, expect: str | None = None) -> str:
@@ -565,7 +570,97 @@ class BrokerServer(Guarded):
                 f"{hello.federation_digest[:12]}, broker {self.broker_id} has "
                 f"{self.federation.digest[:12]}"
             )
+        self.core.forget_progress(hello.broker_id)  # restated behind its snapshot
+        if not hello.HasField("finished_table"):
+            return ""  # a peer that tells no table (a test double) starts from ours
+        try:
+            theirs = table_from_pb(hello.finished_table, "hello.finished_table")
+        except InvalidInput as exc:
+            return str(exc)
+        mine = self.config.initial_table()
+        if theirs.epoch == 0 and not theirs.same_routes(mine):
+            return (
+                f"strategy table mismatch: broker {hello.broker_id} starts from "
+                f"{theirs.to_dict()['entries']}, broker {self.broker_id} from "
+                f"{mine.to_dict()['entries']}"
+            )
+        if theirs.epoch > self.core.newest_table.epoch:
+            # Every broker finished it, this one excepted: it lost its table
+            # (restarted without a data dir). Taken before the snapshot is sent.
+            log.warning(
+                "strategy table epoch %d learned from %s (this broker was at %d)",
+                theirs.epoch,
+                hello.broker_id,
+                self.core.newest_table.epoch,
+            )
+            self._transition(self.core.adopt(theirs))
         return ""
+
+    def tables_for(self, peer: str) -> list[PeerMessage]:
+        """Where this broker's transitions stand, for a peer after a (re)connect.
+
+        Nothing at the start (epoch 0, none under way): the peer assumes it.
+        """
+        if self.core.progress == (0, Phase.SWITCHED) and not self.core.in_transition:
+            return []
+        return list(self.core.table_messages())
+
+    def _transition(self, sends: list[Send]) -> None:
+        """Hand a transition step's messages to the links and keep its state (§3)."""
+        self.dispatch(sends)
+        if self.durable:
+            self.store.put_strategy_state(json.dumps(self.core.transition_state()))
+        epoch, phase = self.core.progress
+        self.metrics.strategy_epoch.set(epoch)
+        self.metrics.strategy_phase.set(int(phase) if len(self.core.placing) > 1 else 0)
+
+    async def set_strategy(self, who: Principal, topic_filter: str, strategy: str | None) -> None:
+        """Propose a change of the strategy table (the sequencer numbers it, §3).
+
+        Raises:
+            PermissionDenied: client authentication is on and `who` is not in
+                `strategy_admins`.
+            InvalidInput: naming ``topic_filter`` or ``strategy``.
+            Unavailable: the change cannot be numbered now (a link it needs is down).
+        """
+        if self.config.client_auth != "none":
+            admins = self.config.strategy_admin_names()
+            if not admins & {who.identity, *who.groups}:
+                self.metrics.auth_refused.labels(reason="strategy").inc()
+                raise PermissionDenied(
+                    "strategy", f"{who.identity or 'anonymous'} is not in strategy_admins"
+                )
+        self.core.newest_table.with_entry(topic_filter, strategy)  # validates here
+        self._check_links()
+        self._transition(self.core.propose(topic_filter, strategy))
+        if self.store.dirty:
+            await self.store.commit()
+
+    def _check_links(self) -> None:
+        """A change is asked for, and numbered, only with every link of this broker up.
+
+        The sequencer then knows the newest table (one restarted without a
+        data dir learns it from its peers' hellos first), the proposer's
+        message to it is not lost on a link that is down, and a broker that
+        is down — which would hold the transition up — makes the request fail
+        at once instead (docs/design.md §3).
+        """
+        down = sorted(p for p, link in self.links.items() if not link.connected)
+        if down:
+            raise Unavailable(
+                self.broker_id,
+                f"a strategy change needs every broker: link to {', '.join(down)} down",
+            )
+
+    def strategy_state(self) -> cpb.StrategyState:
+        """This broker's table, the newest it knows and whether a transition is under way."""
+        return strategy_state_response(
+            self.broker_id,
+            self.core.table,
+            self.core.newest_table,
+            self.core.in_transition,
+            self.core.sequencer,
+        )
 
     def dispatch(self, sends: Iterable[Send]) -> None:
         """Hand messages that need no outbox (subscription changes) to their links."""
@@ -668,6 +763,10 @@ class BrokerServer(Guarded):
                     self._stage_deliveries(out.deliveries, peer, staged)
                     in_frame.add(key)
                     staged.seen.append((peer, *key))
+                elif isinstance(msg, TableMsg | ProposeMsg):
+                    if isinstance(msg, ProposeMsg):
+                        self._check_links()
+                    self._transition(self.core.on_message(peer, msg).sends)
                 else:
                     changed = True
                     self._apply_subscription_change(peer, msg)
@@ -905,6 +1004,12 @@ class BrokerServer(Guarded):
 
     def _restore(self, loaded: Loaded) -> None:
         """Rebuild the state a store kept (nothing to do for a new or in-memory one)."""
+        if loaded.strategy_state:
+            # Before the subscriptions: they are placed for the tables in force.
+            self.core.restore_transition_state(json.loads(loaded.strategy_state))
+            self._transition([])
+            epoch, phase = self.core.progress
+            log.info("strategy table restored: epoch %d, %s", epoch, phase.name.lower())
         for client, lat, lon, expiry_s, owner in loaded.sessions:
             self.core.sessions[client] = LatLon(lat, lon)
             self._sessions[client] = _Session(expiry_s, owner)
@@ -1412,6 +1517,10 @@ def _trace_fields(msg: PeerMessage) -> tuple[list[str], str | None]:
         return [msg.event.id], msg.event.topic
     if isinstance(msg, SubscribeMsg):
         return [msg.sub.id], msg.sub.topic_filter
+    if isinstance(msg, TableMsg):
+        return [str(msg.table.epoch)], None
+    if isinstance(msg, ProposeMsg):
+        return [], msg.topic_filter
     return [msg.key[1]], None
 
 
@@ -1624,6 +1733,18 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
         event = await self.node.client_event(who, client, request.event, "request.event")
         await self.node.publish([event])
         return publish_response(event.id)
+
+    @unary
+    async def SetStrategy(self, request: cpb.SetStrategyRequest, context: Any) -> cpb.StrategyState:
+        _decoded(request, "request")
+        who = self.node.security.principal(context)
+        await self.node.set_strategy(who, request.topic_filter, request.strategy or None)
+        return self.node.strategy_state()
+
+    @unary
+    async def GetStrategy(self, request: cpb.GetStrategyRequest, context: Any) -> cpb.StrategyState:
+        self.node.security.principal(context)
+        return self.node.strategy_state()
 
     @unary
     async def History(self, request: cpb.HistoryRequest, context: Any) -> cpb.HistoryResponse:

@@ -183,6 +183,7 @@ class Loaded:
     outbox: dict[str, int] = field(default_factory=dict)  # peer -> messages waiting
     next_oid: int = 1
     next_seen: int = 1
+    strategy_state: str = ""  # BrokerState.transition_state as JSON ("" before any change)
 
 
 class Store:
@@ -272,6 +273,8 @@ class Store:
         out.outbox = dict(db.execute("SELECT peer, COUNT(*) FROM outbox GROUP BY peer").fetchall())
         out.next_oid = (db.execute("SELECT MAX(oid) FROM outbox").fetchone()[0] or 0) + 1
         out.next_seen = (db.execute("SELECT MAX(n) FROM seen").fetchone()[0] or 0) + 1
+        row = db.execute("SELECT value FROM meta WHERE key = 'strategy_state'").fetchone()
+        out.strategy_state = row[0] if row is not None else ""
         return out
 
     async def close(self) -> None:
@@ -284,6 +287,10 @@ class Store:
         self._exec.shutdown(wait=True)
 
     # -- writes (queued; see `commit`) --------------------------------------
+
+    def put_strategy_state(self, value: str) -> None:
+        """Keep the node's strategy tables and transition phase (docs/design.md §3)."""
+        self._write("INSERT OR REPLACE INTO meta VALUES ('strategy_state', ?)", (value,))
 
     def put_outbox(self, oid: int, peer: str, kind: str, event_id: str, data: bytes) -> None:
         self._write(

@@ -44,7 +44,7 @@ import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from geofed.routing import InvalidInput, PermissionDenied, Unauthenticated
+from geofed.routing import InvalidInput, PermissionDenied, Unauthenticated, read_input_file
 
 log = logging.getLogger("geofed.node.tls")
 
@@ -166,7 +166,8 @@ class TLSFiles:
             InvalidInput: naming the file that is missing, unreadable or not what it should be.
         """
         ca, cert, key = (
-            _read(p, f) for p, f in ((self.ca, "ca"), (self.cert, "cert"), (self.key, "key"))
+            read_input_file(p, f"tls.{f}")
+            for p, f in ((self.ca, "ca"), (self.cert, "cert"), (self.key, "key"))
         )
         _check_pair(cert, key, self)
         try:
@@ -181,13 +182,6 @@ class TLSFiles:
             st = os.stat(p)
             out.append((st.st_mtime_ns, st.st_size, st.st_ino))
         return tuple(out)
-
-
-def _read(path: Path, field: str) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise InvalidInput(f"tls.{field}", f"cannot read {path}: {exc.strerror}") from None
 
 
 def _check_pair(cert: bytes, key: bytes, files: TLSFiles) -> None:

@@ -15,11 +15,19 @@ never be used as a shared secret). Claims (`docs/security.md`):
 * ``aud`` / ``iss``: required and checked when the broker is configured with them.
 
 Every failure is an `Unauthenticated` saying what was wrong with the token.
+
+The key file is loaded again when it changes (`_watch.WatchedFile`, as for the
+policy), so the identity provider's keys can be rotated without a restart:
+put the new key into the JWKS beside the old one until tokens signed with the
+old one have expired. A new file that does not load is logged and the
+previous keys stay in force.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +37,11 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 
-from geofed.routing import InvalidInput, Unauthenticated, validate_id
+from geofed.routing import InvalidInput, Unauthenticated, read_input_file, validate_id
+
+from ._watch import WatchedFile
+
+log = logging.getLogger("geofed.node.tokens")
 
 ALGORITHMS = (
     "RS256",
@@ -97,8 +109,10 @@ class TokenVerifier:
         issuer: str | None = None,
         algorithms: Sequence[str] = ALGORITHMS,
         leeway_s: float = 0.0,
+        check_interval_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """Read the verification key(s).
+        """Read the verification key(s); they are read again when the file changes.
 
         Args:
             public_key: a PEM public key (or certificate) file.
@@ -107,6 +121,8 @@ class TokenVerifier:
             issuer: when set, tokens need this ``iss``.
             algorithms: allowed signature algorithms (a subset of `ALGORITHMS`).
             leeway_s: clock skew tolerated on ``exp``, ``nbf`` and ``iat``.
+            check_interval_s: look at the key file at most this often (0: at every token).
+            clock: monotonic seconds (tests may drive it).
 
         Raises:
             InvalidInput: naming the option or file that cannot be used.
@@ -122,12 +138,27 @@ class TokenVerifier:
         self.issuer = issuer
         self.algorithms = list(algorithms)
         self.leeway_s = leeway_s
-        self._key: Any = None  # a public key object (PEM) ...
-        self._keys: dict[str | None, jwt.PyJWK] = {}  # ... or the JWKS keys by kid
+        # A public key object (PEM) or the JWKS keys by kid, following the file.
+        self.keys: WatchedFile[Any] | WatchedFile[dict[str | None, jwt.PyJWK]]
         if public_key is not None:
-            self._key = _load_pem(Path(public_key))
+            self.keys = WatchedFile(
+                public_key,
+                _load_pem,
+                "token key",
+                check_interval_s=check_interval_s,
+                clock=clock,
+                logger=log,
+            )
         else:
-            self._keys = _load_jwks(Path(str(jwks)))
+            self.keys = WatchedFile(
+                str(jwks),
+                _load_jwks,
+                "token JWKS",
+                check_interval_s=check_interval_s,
+                clock=clock,
+                logger=log,
+            )
+        self._pem = public_key is not None
 
     def verify(self, token: str) -> TokenClaims:
         """Check a token's signature and claims; who it names and their groups.
@@ -144,7 +175,7 @@ class TokenVerifier:
             claims = jwt.decode(
                 token,
                 key,
-                algorithms=self.algorithms,
+                algorithms=self._algorithms_for(key),
                 audience=self.audience,
                 issuer=self.issuer,
                 leeway=self.leeway_s,
@@ -166,23 +197,38 @@ class TokenVerifier:
             alg = _header(token).get("alg")
             raise Unauthenticated(
                 f"token algorithm {alg!r} not allowed for this key"
-                f" (allowed: {', '.join(self.algorithms)})"
+                f" (allowed: {', '.join(self._algorithms_for(key))})"
             ) from None
         except jwt.PyJWTError as exc:
             raise Unauthenticated(f"invalid token: {exc}") from None
         return _claims(claims)
 
+    def _algorithms_for(self, key: Any) -> list[str]:
+        """The allowed algorithms a PEM key can check (PyJWT raises a TypeError, not a
+        token error, when asked to check an RS256 token with an EC key); a JWKS key
+        names its own algorithm."""
+        if isinstance(key, jwt.PyJWK):
+            return self.algorithms
+        prefixes = {
+            rsa.RSAPublicKey: ("RS", "PS"),
+            ec.EllipticCurvePublicKey: ("ES",),
+        }
+        fits = next((p for t, p in prefixes.items() if isinstance(key, t)), ("EdDSA",))
+        return [a for a in self.algorithms if a.startswith(fits)]
+
     def _key_for(self, token: str) -> Any:
-        if self._key is not None:
-            return self._key
+        loaded = self.keys.value
+        if self._pem:
+            return loaded
+        keys: dict[str | None, jwt.PyJWK] = loaded
         kid = _header(token).get("kid")
-        if kid is None and len(self._keys) == 1:
-            return next(iter(self._keys.values()))
+        if kid is None and len(keys) == 1:
+            return next(iter(keys.values()))
         if kid is None:
             raise Unauthenticated("token has no 'kid' header to choose among the JWKS keys")
-        if kid not in self._keys:
+        if kid not in keys:
             raise Unauthenticated(f"token key id {kid!r} is not in the JWKS")
-        return self._keys[kid]
+        return keys[kid]
 
 
 def _header(token: str) -> dict[str, Any]:
@@ -206,10 +252,7 @@ def _claims(claims: dict[str, Any]) -> TokenClaims:
 def _load_pem(path: Path) -> Any:
     """The public key of a PEM public key or certificate file."""
     field = "tokens.public_key"
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise InvalidInput(field, f"cannot read {path}: {exc.strerror}") from None
+    data = read_input_file(path, field)
     try:
         if b"-----BEGIN CERTIFICATE-----" in data:
             key: Any = x509.load_pem_x509_certificate(data).public_key()
@@ -225,9 +268,7 @@ def _load_pem(path: Path) -> Any:
 def _load_jwks(path: Path) -> dict[str | None, jwt.PyJWK]:
     field = "tokens.jwks"
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InvalidInput(field, f"cannot read {path}: {exc.strerror}") from None
+        text = read_input_file(path, field).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidInput(field, f"{path} is not UTF-8: {exc.reason}") from None
     try:

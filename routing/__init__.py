@@ -5,6 +5,16 @@ index, the four routing strategies with their cost model, the broker state
 machine and an in-memory federation simulator. No network, no clocks.
 """
 
+from ._adaptive import (
+    AdaptiveConfig,
+    AdaptiveController,
+    AdaptiveRun,
+    KeyWindow,
+    Switch,
+    simulate_adaptive,
+    topic_key,
+    transition_cost,
+)
 from ._areagen import Site, generate_areas, read_sites
 from ._broker import (
     BrokerState,
@@ -15,9 +25,12 @@ from ._broker import (
     Moved,
     Outcome,
     PeerMessage,
+    Phase,
+    ProposeMsg,
     RelocateMsg,
     Send,
     SubscribeMsg,
+    TableMsg,
     UnsubscribeMsg,
 )
 from ._cost import CostReport, history_targets, predict
@@ -41,6 +54,7 @@ from ._errors import (
     TooLarge,
     Unauthenticated,
     WrongBroker,
+    read_input_file,
 )
 from ._federation import BrokerInfo, Federation, bundled_federations, federation_path
 from ._geometry import (
@@ -85,11 +99,39 @@ from ._model import (
 from ._oracle import reference_deliveries, reference_topic_match
 from ._roaming import ROAM_PREFIX, Roaming, is_roaming, parse_roaming
 from ._simulate import SimResult, Simulator, simulate
-from ._strategies import STRATEGIES, Strategy, route_summary, strategy_for
-from ._topics import MAX_TOPIC_BYTES, topic_matches, validate_filter, validate_topic
+from ._strategies import STRATEGIES, Strategy, all_strategies, route_summary, strategy_for
+from ._table import MAX_TABLE_ENTRIES, StrategyTable, Transition, placement
+from ._topics import (
+    MAX_TOPIC_BYTES,
+    filter_covers,
+    filter_specificity,
+    filters_overlap,
+    topic_matches,
+    validate_filter,
+    validate_topic,
+)
 from ._trace import TraceOp, op_to_record, parse_op, parse_ops, read_trace
 
 __all__ = [
+    "AdaptiveConfig",
+    "AdaptiveController",
+    "AdaptiveRun",
+    "KeyWindow",
+    "Switch",
+    "simulate_adaptive",
+    "topic_key",
+    "transition_cost",
+    "MAX_TABLE_ENTRIES",
+    "Phase",
+    "ProposeMsg",
+    "StrategyTable",
+    "TableMsg",
+    "Transition",
+    "all_strategies",
+    "filter_covers",
+    "filter_specificity",
+    "filters_overlap",
+    "placement",
     "DEFAULT_COVERAGE",
     "DEFAULT_MAX_FILTERS",
     "DEFAULT_MAX_BYTES",
@@ -172,6 +214,7 @@ __all__ = [
     "parse_roaming",
     "parse_wkt",
     "predict",
+    "read_input_file",
     "read_sites",
     "read_trace",
     "reference_deliveries",

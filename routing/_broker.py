@@ -11,14 +11,16 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from enum import StrEnum
+from enum import IntEnum, StrEnum
+from typing import Any
 
-from ._errors import NotFound, WrongBroker
+from ._errors import InvalidInput, NotFound, WrongBroker
 from ._federation import Federation
 from ._geometry import LatLon, covers
 from ._index import SubscriptionIndex
 from ._model import Event, SubKey, Subscription
-from ._strategies import Strategy
+from ._strategies import Strategy, all_strategies
+from ._table import StrategyTable, placement
 
 
 class Kind(StrEnum):
@@ -29,6 +31,7 @@ class Kind(StrEnum):
     UNSUBSCRIBE = "unsubscribe"
     RELOCATE = "relocate"
     DELIVERY = "delivery"
+    TRANSITION = "transition"
     CONTROL = "control"
 
 
@@ -81,7 +84,41 @@ class DeliveryMsg:
     kind = Kind.DELIVERY
 
 
-PeerMessage = EventMsg | SubscribeMsg | UnsubscribeMsg | RelocateMsg | DeliveryMsg
+class Phase(IntEnum):
+    """How far a broker has taken the transition to a table's epoch (docs/design.md §3)."""
+
+    KNOWN = 0
+    """It knows the table (and passes it on), nothing more."""
+    PREPARED = 1
+    """Its subscriptions are placed for the old and the new table alike."""
+    SWITCHED = 2
+    """It routes its events by the new table."""
+
+
+@dataclass(frozen=True, slots=True)
+class TableMsg:
+    """The sender reached `phase` of the transition to `table` (and every earlier one)."""
+
+    table: StrategyTable
+    phase: Phase
+    kind = Kind.TRANSITION
+
+
+@dataclass(frozen=True, slots=True)
+class ProposeMsg:
+    """A change of the strategy table asked for at another broker, for the sequencer.
+
+    `strategy` None removes the entry of `topic_filter`.
+    """
+
+    topic_filter: str
+    strategy: str | None
+    kind = Kind.TRANSITION
+
+
+PeerMessage = (
+    EventMsg | SubscribeMsg | UnsubscribeMsg | RelocateMsg | DeliveryMsg | TableMsg | ProposeMsg
+)
 
 MessageKey = tuple[str, str, str]
 """(kind, src broker, dst broker)."""
@@ -155,11 +192,23 @@ class BrokerState:
     its gRPC services; the simulator runs one per `BrokerInfo` in memory.
     """
 
-    def __init__(self, broker_id: str, federation: Federation, strategy: Strategy) -> None:
+    def __init__(
+        self, broker_id: str, federation: Federation, strategy: Strategy | StrategyTable
+    ) -> None:
         federation.broker(broker_id)  # raises NotFound for an unknown id
         self.id = broker_id
         self.federation = federation
-        self.strategy = strategy
+        self.strategies = all_strategies(federation)
+        self.table = (
+            strategy if isinstance(strategy, StrategyTable) else StrategyTable(strategy.name)
+        )
+        """The table this broker routes its events by."""
+        self.placing: tuple[StrategyTable, ...] = (self.table,)
+        """The tables its subscriptions are placed for: during a transition the old and the new."""
+        self._future: dict[int, StrategyTable] = {}
+        self._progress: dict[str, tuple[int, Phase]] = {}
+        self.peers = tuple(b for b in federation.ids if b != broker_id)
+        self.sequencer = min(federation.ids)
         self.sessions: dict[str, LatLon] = {}
         self.local = SubscriptionIndex()
         self.remote = SubscriptionIndex()
@@ -225,10 +274,10 @@ class BrokerState:
         old = self.local.get(sub.key)
         self.local.add(sub)
         self._client_subs[sub.client][sub.id] = sub
-        targets = self.strategy.subscription_targets(self.id, sub.geofence)
+        targets = self._placement(sub)
         sends = [Send(dst, SubscribeMsg(sub, self.id)) for dst in sorted(targets)]
         if old is not None:
-            gone = self.strategy.subscription_targets(self.id, old.geofence) - targets
+            gone = self._placement(old) - targets
             sends.extend(Send(dst, UnsubscribeMsg(sub.key, self.id)) for dst in sorted(gone))
         return sends
 
@@ -243,7 +292,7 @@ class BrokerState:
             raise NotFound("subscription", sub_id)
         del self._client_subs[client][sub_id]
         self.local.remove(sub.key)
-        targets = self.strategy.subscription_targets(self.id, sub.geofence)
+        targets = self._placement(sub)
         return [Send(dst, UnsubscribeMsg(sub.key, self.id)) for dst in sorted(targets)]
 
     def publish(self, event: Event) -> Outcome:
@@ -255,19 +304,20 @@ class BrokerState:
         """
         self.check_publisher(event)
         out = Outcome(deliveries=self._match_local(event))
-        if self.strategy.matches_at_publisher:
+        strategy = self.strategy_for(event.topic)
+        if strategy.matches_at_publisher:
             # Only brokers whose area meets the event geofence can get a
             # delivery: when there is none, remote subscriptions need no match.
             # Remote subscriptions are indexed by home (`on_message`), so the
             # index answers with sorted keys per home.
-            reachable = self.strategy.delivery_targets(self.id, event.geofence, self.federation.ids)
+            reachable = strategy.delivery_targets(self.id, event.geofence, self.federation.ids)
             if reachable:
                 by_home = self.remote.match_groups(event.topic, event.location)
                 for dst in sorted(by_home):
                     if dst in reachable:
                         out.sends.append(Send(dst, DeliveryMsg(event, tuple(by_home[dst]))))
         else:
-            for dst in sorted(self.strategy.event_targets(self.id, event.geofence)):
+            for dst in sorted(strategy.event_targets(self.id, event.geofence)):
                 out.sends.append(Send(dst, EventMsg(event)))
         return out
 
@@ -300,15 +350,15 @@ class BrokerState:
             if self._remote_home.get(msg.key) == msg.home:
                 self.remote.remove(msg.key)
                 del self._remote_home[msg.key]
+        elif isinstance(msg, TableMsg):
+            return Outcome(sends=self._on_table(src, msg))
+        elif isinstance(msg, ProposeMsg):
+            return Outcome(sends=self.propose(msg.topic_filter, msg.strategy))
         return Outcome()
 
     def snapshot_for(self, peer: str) -> list[SubscribeMsg]:
         """Every local subscription `peer` must hold: re-sent after a reconnect."""
-        return [
-            SubscribeMsg(sub, self.id)
-            for sub in self.local
-            if peer in self.strategy.subscription_targets(self.id, sub.geofence)
-        ]
+        return [SubscribeMsg(sub, self.id) for sub in self.local if peer in self._placement(sub)]
 
     def replace_remote(self, src: str, snapshot: list[SubscribeMsg]) -> None:
         """Replace everything held from `src` by its snapshot."""
@@ -322,6 +372,171 @@ class BrokerState:
     def remote_home(self, key: SubKey) -> str | None:
         """The home broker of a remote subscription held here."""
         return self._remote_home.get(key)
+
+    # -- strategy per topic and transitions (docs/design.md §3) -----------
+
+    def strategy_for(self, topic: str) -> Strategy:
+        """The strategy that routes this broker's events on `topic` now."""
+        return self.strategies[self.table.strategy_for(topic)]
+
+    @property
+    def newest_table(self) -> StrategyTable:
+        """The newest table this broker knows (in force, in transition or waiting)."""
+        if self._future:
+            return self._future[max(self._future)]
+        return self.placing[-1]
+
+    @property
+    def progress(self) -> tuple[int, Phase]:
+        """(epoch, phase) this broker reached: SWITCHED of the epoch it routes by,
+        or PREPARED of the next one while it places for both."""
+        if self.table is not self.placing[-1]:
+            return (self.placing[-1].epoch, Phase.PREPARED)
+        return (self.table.epoch, Phase.SWITCHED)
+
+    @property
+    def in_transition(self) -> bool:
+        """Whether a transition is under way here (or waits to start)."""
+        return len(self.placing) > 1 or bool(self._future)
+
+    def propose(self, topic_filter: str, strategy: str | None) -> list[Send]:
+        """Ask for `topic_filter` to be routed by `strategy` (None: by the table's other entries).
+
+        The sequencer (the broker whose id sorts first) numbers every change,
+        one epoch each, on top of the newest table it knows; any other broker
+        passes the proposal to it. A change that changes nothing makes no epoch.
+
+        Raises:
+            InvalidInput: naming ``topic_filter`` or ``strategy``.
+        """
+        table = self.newest_table.with_entry(topic_filter, strategy)  # validates
+        if self.id != self.sequencer:
+            return [Send(self.sequencer, ProposeMsg(topic_filter, strategy))]
+        if table.same_routes(self.newest_table):
+            return []
+        self._future[table.epoch] = table
+        return self._advance()
+
+    def table_messages(self) -> list[TableMsg]:
+        """What a peer must hear when a link (re)starts: the tables known beyond
+        the one in force, and this broker's progress (sent after the snapshot)."""
+        out = [TableMsg(t, Phase.KNOWN) for _, t in sorted(self._future.items())]
+        epoch, phase = self.progress
+        current = self.placing[-1]
+        assert current.epoch == epoch
+        return [TableMsg(current, phase), *out]
+
+    def adopt(self, table: StrategyTable) -> list[Send]:
+        """Take `table` as the one in force, skipping the epochs in between.
+
+        For a broker that lost its table (a restart without a data dir) and
+        hears from a peer that every broker has finished the transition to
+        `table` (the peer routes by it and is past it, §6): its own
+        subscriptions move to the new placement at once. An older or equal
+        table changes nothing.
+        """
+        if table.epoch <= self.newest_table.epoch:
+            return []
+        old = self.placing
+        self.table = table
+        self.placing = (table,)
+        self._future.clear()
+        return self._replace_placement(old, self.placing)
+
+    def transition_state(self) -> dict[str, Any]:
+        """What a durable node keeps of its tables (JSON-ready; peers' progress is re-sent)."""
+        return {
+            "placing": [t.to_dict() for t in self.placing],
+            "switched": self.table is self.placing[-1],
+            "future": [t.to_dict() for _, t in sorted(self._future.items())],
+        }
+
+    def restore_transition_state(self, data: dict[str, Any]) -> None:
+        """Take back `transition_state` after a restart, before any subscription is restored.
+
+        Raises:
+            InvalidInput: naming the part of `data` that is wrong.
+        """
+        placing = data.get("placing")
+        if not isinstance(placing, list) or len(placing) not in (1, 2):
+            raise InvalidInput("strategy_state.placing", "must list one or two tables")
+        tables = tuple(StrategyTable.from_dict(t) for t in placing)
+        future = [StrategyTable.from_dict(t) for t in data.get("future", [])]
+        self.placing = tables
+        self.table = tables[-1] if data.get("switched", True) else tables[0]
+        self._future = {t.epoch: t for t in future}
+
+    def forget_progress(self, peer: str) -> None:
+        """A new session with `peer` starts: it states its progress again after its snapshot.
+
+        It may have gone back (a restart without a data dir); until then no
+        transition counts on what it said before.
+        """
+        self._progress.pop(peer, None)
+
+    def _on_table(self, src: str, msg: TableMsg) -> list[Send]:
+        table = msg.table
+        if table.epoch > self.placing[-1].epoch:
+            self._future.setdefault(table.epoch, table)
+        if msg.phase > Phase.KNOWN:
+            reached = (table.epoch, msg.phase)
+            self._progress[src] = max(self._progress.get(src, reached), reached)
+        return self._advance()
+
+    def _peers_reached(self, epoch: int, phase: Phase) -> bool:
+        return all(self._progress.get(p, (0, Phase.KNOWN)) >= (epoch, phase) for p in self.peers)
+
+    def _advance(self) -> list[Send]:
+        """Take the transitions as far as the peers' progress allows.
+
+        1. prepare epoch e+1 (when e is finished here and its table is known):
+           place every local subscription for both tables, then tell every
+           peer PREPARED — behind those subscriptions on each link;
+        2. switch: once every peer is PREPARED, each one holds the copies the
+           new table needs, so events go by it; tell every peer SWITCHED;
+        3. finish: once every peer has SWITCHED, no broker routes by the old
+           table, so the copies only it needed are withdrawn.
+        """
+        sends: list[Send] = []
+        while True:
+            if len(self.placing) == 1:
+                new = self._future.pop(self.table.epoch + 1, None)
+                if new is None:
+                    return sends
+                old: tuple[StrategyTable, ...] = self.placing
+                self.placing = (self.table, new)
+                sends += self._replace_placement(old, self.placing)
+                sends += self._tell(TableMsg(new, Phase.PREPARED))
+            elif self.table is not self.placing[-1]:
+                new = self.placing[-1]
+                if not self._peers_reached(new.epoch, Phase.PREPARED):
+                    return sends
+                self.table = new
+                sends += self._tell(TableMsg(new, Phase.SWITCHED))
+            else:
+                if not self._peers_reached(self.table.epoch, Phase.SWITCHED):
+                    return sends
+                old = self.placing
+                self.placing = (self.table,)
+                sends += self._replace_placement(old, self.placing)
+
+    def _tell(self, msg: PeerMessage) -> list[Send]:
+        return [Send(p, msg) for p in self.peers]
+
+    def _replace_placement(
+        self, old: tuple[StrategyTable, ...], new: tuple[StrategyTable, ...]
+    ) -> list[Send]:
+        """Subscribe where the new placement reaches and the old did not; withdraw the reverse."""
+        sends: list[Send] = []
+        for sub in sorted(self.local, key=lambda s: s.key):
+            before = placement(self.strategies, old, self.id, sub)
+            after = placement(self.strategies, new, self.id, sub)
+            sends += [Send(d, SubscribeMsg(sub, self.id)) for d in sorted(after - before)]
+            sends += [Send(d, UnsubscribeMsg(sub.key, self.id)) for d in sorted(before - after)]
+        return sends
+
+    def _placement(self, sub: Subscription) -> frozenset[str]:
+        return placement(self.strategies, self.placing, self.id, sub)
 
     # -- internals -------------------------------------------------------
 
@@ -345,8 +560,8 @@ class BrokerState:
             new = sub.placed(location)
             self.local.add(new)
             self._client_subs[client][sub.id] = new
-            before = self.strategy.subscription_targets(self.id, sub.geofence)
-            after = self.strategy.subscription_targets(self.id, new.geofence)
+            before = self._placement(sub)
+            after = self._placement(new)
             for dst in sorted(before | after):
                 msg: PeerMessage
                 if dst not in before:

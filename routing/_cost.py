@@ -8,7 +8,7 @@ federation and the Spark job are checked against these figures.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ._broker import Kind, MessageCounts
@@ -16,7 +16,8 @@ from ._federation import Federation
 from ._geometry import LatLon
 from ._history import HistoryQuery
 from ._model import Event, Subscription, content_and_subscription_geocheck, matches
-from ._strategies import Strategy, strategy_for
+from ._strategies import Strategy, all_strategies, strategy_for
+from ._table import StrategyTable, Transition, placement
 from ._trace import TraceOp
 
 
@@ -39,9 +40,27 @@ class CostReport(MessageCounts):
         return sum(self.lower_bound.values())
 
 
-def predict(federation: Federation, strategy: str | Strategy, ops: Iterable[TraceOp]) -> CostReport:
-    """Predict the inter-broker messages `strategy` sends for a workload."""
-    strat = strategy if isinstance(strategy, Strategy) else strategy_for(strategy, federation)
+def predict(
+    federation: Federation,
+    strategy: str | Strategy | StrategyTable,
+    ops: Iterable[TraceOp],
+    transitions: Sequence[Transition] = (),
+) -> CostReport:
+    """Predict the inter-broker messages `strategy` sends for a workload.
+
+    `strategy` is one strategy for every topic or a per-topic `StrategyTable`;
+    each of `transitions` changes the table before its action and runs to
+    its end before that action (the simulator without held messages, a live
+    federation quiescent around the change; docs/design.md §3).
+    """
+    if isinstance(strategy, StrategyTable):
+        table = strategy
+    else:
+        strat = strategy if isinstance(strategy, Strategy) else strategy_for(strategy, federation)
+        table = StrategyTable(strat.name)
+    strategies = all_strategies(federation)
+    sequencer = min(federation.ids)
+    pending = sorted(transitions, key=lambda t: t.before)
     report = CostReport()
     where: dict[str, LatLon] = {}
     home: dict[str, str] = {}
@@ -52,7 +71,31 @@ def predict(federation: Federation, strategy: str | Strategy, ops: Iterable[Trac
         for dst in dsts:
             report.messages[(kind.value, src, dst)] += 1
 
-    for op in ops:
+    def place(h: str, sub: Subscription) -> frozenset[str]:
+        return placement(strategies, (table,), h, sub)
+
+    def transition(t: Transition) -> None:
+        # BrokerState._advance: one PREPARED and one SWITCHED per ordered pair,
+        # the copies the new table adds before, those it drops after.
+        nonlocal table
+        if t.via is not None and t.via != sequencer:
+            send(Kind.TRANSITION, t.via, [sequencer])
+        new = table.with_entry(t.topic_filter, t.strategy)
+        if new.same_routes(table):
+            return
+        for sub in subs.values():
+            h = home[sub.client]
+            before, after = place(h, sub), placement(strategies, (new,), h, sub)
+            send(Kind.SUBSCRIBE, h, after - before)
+            send(Kind.UNSUBSCRIBE, h, before - after)
+        for src in federation.ids:
+            send(Kind.TRANSITION, src, [d for d in federation.ids if d != src] * 2)
+        table = new
+
+    i = -1
+    for i, op in enumerate(ops):
+        while pending and pending[0].before <= i:
+            transition(pending.pop(0))
         if op.location is not None:
             new_home = federation.responsible(op.location)
             old_home = home.get(op.client)
@@ -60,21 +103,15 @@ def predict(federation: Federation, strategy: str | Strategy, ops: Iterable[Trac
             if old_home is not None and old_home != new_home:
                 # Re-homing: withdrawn at the old broker, renewed at the new one.
                 for sub in held.values():
-                    send(
-                        Kind.UNSUBSCRIBE,
-                        old_home,
-                        strat.subscription_targets(old_home, sub.geofence),
-                    )
+                    send(Kind.UNSUBSCRIBE, old_home, place(old_home, sub))
                     sub = held[sub.id] = subs[sub.id] = sub.placed(op.location)
-                    send(
-                        Kind.SUBSCRIBE, new_home, strat.subscription_targets(new_home, sub.geofence)
-                    )
+                    send(Kind.SUBSCRIBE, new_home, place(new_home, sub))
             elif old_home is not None and where[op.client] != op.location:
                 # A move within the area: roaming geofences follow (BrokerState._relocate).
                 for sub in [s for s in held.values() if s.roaming is not None]:
-                    before = strat.subscription_targets(old_home, sub.geofence)
+                    before = place(old_home, sub)
                     sub = held[sub.id] = subs[sub.id] = sub.placed(op.location)
-                    after = strat.subscription_targets(old_home, sub.geofence)
+                    after = place(old_home, sub)
                     send(Kind.SUBSCRIBE, old_home, after - before)
                     send(Kind.UNSUBSCRIBE, old_home, before - after)
                     send(Kind.RELOCATE, old_home, before & after)
@@ -87,10 +124,10 @@ def predict(federation: Federation, strategy: str | Strategy, ops: Iterable[Trac
             sub = Subscription(op.id, op.client, op.topic, op.geofence, op.roaming)
             sub = sub.placed(where[op.client])
             h = home[op.client]
-            targets = strat.subscription_targets(h, sub.geofence)
+            targets = place(h, sub)
             send(Kind.SUBSCRIBE, h, targets)
             if old is not None:
-                send(Kind.UNSUBSCRIBE, h, strat.subscription_targets(h, old.geofence) - targets)
+                send(Kind.UNSUBSCRIBE, h, place(h, old) - targets)
             subs[op.id] = sub
             by_client.setdefault(op.client, {})[op.id] = sub
         elif op.op == "unsubscribe":
@@ -99,19 +136,20 @@ def predict(federation: Federation, strategy: str | Strategy, ops: Iterable[Trac
                 continue
             del subs[op.id]
             h = home[op.client]
-            send(Kind.UNSUBSCRIBE, h, strat.subscription_targets(h, sub_or_none.geofence))
+            send(Kind.UNSUBSCRIBE, h, place(h, sub_or_none))
         elif op.op == "publish":
             assert op.location is not None
             report.events += 1
             origin = home[op.client]
             event = Event(op.id, op.topic, op.location, op.geofence, op.payload_size, op.t)
+            strat = strategies[table.strategy_for(event.topic)]
             send(Kind.EVENT, origin, strat.event_targets(origin, event.geofence))
             if strat.matches_at_publisher:
                 homes = {
                     home[s.client]
                     for s in subs.values()
                     if content_and_subscription_geocheck(event, s)
-                    and origin in strat.subscription_targets(home[s.client], s.geofence)
+                    and origin in place(home[s.client], s)
                 }
                 send(Kind.DELIVERY, origin, strat.delivery_targets(origin, event.geofence, homes))
             for dst in {
@@ -120,6 +158,8 @@ def predict(federation: Federation, strategy: str | Strategy, ops: Iterable[Trac
                 if home[s.client] != origin and matches(event, s, where[s.client])
             }:
                 report.lower_bound[(origin, dst)] += 1
+    for t in pending:
+        transition(t)
     return report
 
 

@@ -7,6 +7,8 @@ maps them onto gRPC status codes in one place.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class GeofedError(Exception):
     """Root of every error geofed raises on purpose."""
@@ -27,6 +29,18 @@ class InvalidInput(GeofedError, ValueError):
     def within(self, prefix: str) -> InvalidInput:
         """The same error with its field qualified by `prefix` (``prefix.field``)."""
         return InvalidInput(f"{prefix}.{self.field}" if self.field else prefix, self.reason)
+
+
+def read_input_file(path: str | Path, field: str) -> bytes:
+    """The bytes of a file a setting or option names (a certificate, a key, a policy).
+
+    Raises:
+        InvalidInput: naming `field` and the file when it cannot be read.
+    """
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise InvalidInput(field, f"cannot read {path}: {exc.strerror}") from None
 
 
 class TooLarge(GeofedError):
@@ -77,7 +91,8 @@ class PermissionDenied(GeofedError):
     `rule` is one of `PERMISSION_RULES`: ``publish`` or ``subscribe`` (no
     granted topic pattern covers the topic or filter), ``location`` (a claimed
     location outside the identity's area) or ``identity`` (the authenticated
-    identity does not back the id it claims: a peer's broker id, a client id).
+    identity does not back the id it claims: a peer's broker id, a client id) or
+    ``strategy`` (not in ``strategy_admins``, so it may not change the strategy table).
     """
 
     def __init__(self, rule: str, detail: str) -> None:
@@ -89,7 +104,7 @@ class PermissionDenied(GeofedError):
         return (type(self), (self.rule, self.detail))
 
 
-PERMISSION_RULES = ("publish", "subscribe", "location", "identity")
+PERMISSION_RULES = ("publish", "subscribe", "location", "identity", "strategy")
 """The kinds of rule a `PermissionDenied` names (its ``rule``)."""
 
 

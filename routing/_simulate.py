@@ -4,21 +4,24 @@ The client side follows the trace semantics (see `TraceOp`): an action that
 carries a location first moves the client there; a client that leaves its
 broker's area is redirected, reconnects at the responsible broker and renews
 its subscriptions there. Messages between brokers are delivered in FIFO order
-before the next action, as if links were instantaneous.
+before the next action, as if links were instantaneous; only the messages of
+a strategy transition may be held back (`hold_transitions`) and released
+between actions, to run actions in the middle of a transition's phases.
 """
 
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from ._broker import BrokerState, Delivery, MessageCounts, Send
+from ._broker import BrokerState, Delivery, Kind, MessageCounts, PeerMessage, Send
 from ._errors import GeofedError
 from ._federation import Federation
 from ._geometry import LatLon
 from ._model import Event, Subscription
 from ._strategies import strategy_for
+from ._table import StrategyTable, Transition
 from ._trace import TraceOp
 
 
@@ -46,21 +49,78 @@ class _Client:
 
 
 class Simulator:
-    """Runs trace actions through one `BrokerState` per broker."""
+    """Runs trace actions through one `BrokerState` per broker.
 
-    def __init__(self, federation: Federation, strategy: str) -> None:
+    `strategy` is a strategy's name (every topic routed by it) or a per-topic
+    `StrategyTable`. With `hold_transitions`, the messages of strategy
+    transitions wait on their link (in order) until `release` delivers them,
+    so actions can run between a transition's phases; the other messages
+    are delivered at once, as always.
+    """
+
+    def __init__(
+        self,
+        federation: Federation,
+        strategy: str | StrategyTable,
+        *,
+        hold_transitions: bool = False,
+    ) -> None:
         self.federation = federation
-        self.strategy = strategy_for(strategy, federation)
-        self.cores = {b.id: BrokerState(b.id, federation, self.strategy) for b in federation}
+        if isinstance(strategy, str):
+            strategy = StrategyTable(strategy_for(strategy, federation).name)
+        self.cores = {b.id: BrokerState(b.id, federation, strategy) for b in federation}
         self.result = SimResult()
+        self.hold_transitions = hold_transitions
+        self.held: dict[tuple[str, str], deque[PeerMessage]] = {}
+        """Transition messages waiting, by (src, dst) link."""
         self._clients: dict[str, _Client] = {}
         self._owner: dict[str, str] = {}  # live subscription id -> client
 
-    def run(self, ops: Iterable[TraceOp]) -> SimResult:
-        """Apply every action in order; return the accumulated result."""
-        for op in ops:
+    def run(self, ops: Iterable[TraceOp], transitions: Sequence[Transition] = ()) -> SimResult:
+        """Apply every action in order, each transition before its action; return the result."""
+        pending = sorted(transitions, key=lambda t: t.before)
+        i = -1
+        for i, op in enumerate(ops):
+            while pending and pending[0].before <= i:
+                t = pending.pop(0)
+                self.set_strategy(t.topic_filter, t.strategy, t.via)
             self.apply(op)
+        for t in pending:
+            self.set_strategy(t.topic_filter, t.strategy, t.via)
         return self.result
+
+    def set_strategy(self, topic_filter: str, strategy: str | None, via: str | None = None) -> None:
+        """Ask broker `via` (default: the sequencer) to route `topic_filter` by `strategy`.
+
+        Raises:
+            InvalidInput: naming ``topic_filter`` or ``strategy``.
+        """
+        any_core = next(iter(self.cores.values()))
+        at = self.cores[any_core.sequencer if via is None else via]
+        self._flush(at.id, at.propose(topic_filter, strategy))
+
+    def release(self, link: tuple[str, str] | None = None) -> bool:
+        """Deliver the first held transition message of `link` (default: any link).
+
+        Returns False when nothing was held there.
+        """
+        if link is None:
+            link = next((k for k, q in sorted(self.held.items()) if q), None)
+        queue = self.held.get(link) if link is not None else None
+        if link is None or not queue:
+            return False
+        self._drain(self._deliver(link[0], Send(link[1], queue.popleft())))
+        return True
+
+    def release_all(self) -> None:
+        """Deliver held transition messages until none is left (transitions complete)."""
+        while self.release():
+            pass
+
+    @property
+    def table(self) -> StrategyTable:
+        """The newest table a broker routes by."""
+        return max((c.table for c in self.cores.values()), key=lambda t: t.epoch)
 
     def apply(self, op: TraceOp) -> None:
         """Apply one trace action; a rejected action is recorded in `errors`."""
@@ -115,17 +175,27 @@ class Simulator:
             self._flush(client.home, new.subscribe(sub))
 
     def _flush(self, src: str, sends: list[Send]) -> None:
-        queue: deque[tuple[str, Send]] = deque((src, s) for s in sends)
+        self._drain([(src, s) for s in sends])
+
+    def _drain(self, sends: list[tuple[str, Send]]) -> None:
+        queue = deque(sends)
         while queue:
             origin, send = queue.popleft()
-            msg = send.msg
-            self.result.messages[(msg.kind.value, origin, send.dst)] += 1
-            size = getattr(msg, "event", None)
-            if size is not None:
-                self.result.payload_bytes[(origin, send.dst)] += size.payload_size
-            out = self.cores[send.dst].on_message(origin, msg)
-            self._record(out.deliveries)
-            queue.extend((send.dst, s) for s in out.sends)
+            if self.hold_transitions and send.msg.kind is Kind.TRANSITION:
+                self.held.setdefault((origin, send.dst), deque()).append(send.msg)
+                continue
+            queue.extend(self._deliver(origin, send))
+
+    def _deliver(self, origin: str, send: Send) -> list[tuple[str, Send]]:
+        """Count one message, apply it at its destination; what that sends in turn."""
+        msg = send.msg
+        self.result.messages[(msg.kind.value, origin, send.dst)] += 1
+        size = getattr(msg, "event", None)
+        if size is not None:
+            self.result.payload_bytes[(origin, send.dst)] += size.payload_size
+        out = self.cores[send.dst].on_message(origin, msg)
+        self._record(out.deliveries)
+        return [(send.dst, s) for s in out.sends]
 
     def _record(self, deliveries: list[Delivery]) -> None:
         self.result.deliveries.extend((d.event.id, d.subscription) for d in deliveries)
@@ -135,6 +205,12 @@ class _Rejected(GeofedError):
     """A trace action the federation refuses (recorded, not raised)."""
 
 
-def simulate(federation: Federation, strategy: str, ops: Iterable[TraceOp]) -> SimResult:
-    """Run a workload through an in-memory federation under `strategy`."""
-    return Simulator(federation, strategy).run(ops)
+def simulate(
+    federation: Federation,
+    strategy: str | StrategyTable,
+    ops: Iterable[TraceOp],
+    transitions: Sequence[Transition] = (),
+) -> SimResult:
+    """Run a workload through an in-memory federation under `strategy` (a name or a
+    per-topic table), changing the table at `transitions`."""
+    return Simulator(federation, strategy).run(ops, transitions)

@@ -165,3 +165,8 @@ def route_summary(federation: Federation, origin: str, geofence: Geofence | None
         "saved_pct": round(100.0 * (flood - len(remote)) / flood, 1) if flood else 0.0,
         "strategies": rows,
     }
+
+
+def all_strategies(federation: Federation) -> dict[str, Strategy]:
+    """Every strategy bound to `federation`, by name (what a per-topic table chooses from)."""
+    return {name: cls(federation) for name, cls in STRATEGIES.items()}

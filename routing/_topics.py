@@ -67,3 +67,75 @@ def topic_matches(topic_filter: str, topic: str) -> bool:
         if f != "+" and f != t_levels[i]:
             return False
     return len(f_levels) == len(t_levels)
+
+
+# A final '#' also matches its parent level, except where that parent would be
+# the empty topic (no level, or one empty level), which is no topic at all:
+# there "#" matches what "+/#" does, and "/#" what "/+/#" does.
+_ROOT_HASH = {"#": "+/#", "/#": "/+/#"}
+
+
+def _levels(topic_filter: str) -> list[str]:
+    return _ROOT_HASH.get(topic_filter, topic_filter).split("/")
+
+
+def _matches_dollar(levels: list[str]) -> bool:
+    """Whether a filter can match a topic whose first level starts with ``$``."""
+    return levels[0] not in ("+", "#")
+
+
+def filters_overlap(first: str, second: str) -> bool:
+    """Whether some topic matches both filters (both already validated).
+
+    Level by level: a ``#`` in either accepts whatever the other asks for
+    beyond it (``#`` also matches the parent level), ``+`` accepts any one
+    level, literals must be equal. A filter that starts with a wildcard
+    matches no ``$`` topic, so it meets no filter whose first level is a
+    literal starting with ``$``.
+    """
+    a, b = _levels(first), _levels(second)
+    for p, q in ((a, b), (b, a)):
+        if not _matches_dollar(p) and q[0].startswith("$"):
+            return False
+    for i in range(max(len(a), len(b))):
+        x = a[i] if i < len(a) else None
+        y = b[i] if i < len(b) else None
+        if x == "#" or y == "#":
+            return True
+        if x is None or y is None:
+            return False
+        if x != "+" and y != "+" and x != y:
+            return False
+    return True
+
+
+def filter_covers(outer: str, inner: str) -> bool:
+    """Whether every topic `inner` matches is matched by `outer` (both validated)."""
+    o, n = _levels(outer), _levels(inner)
+    if _matches_dollar(n) and n[0].startswith("$") and not _matches_dollar(o):
+        return False
+    for i, level in enumerate(n):
+        if i < len(o) and o[i] == "#":
+            return True
+        if i >= len(o) or level == "#":
+            return False
+        if level == "+" and o[i] != "+":
+            return False
+        if level != "+" and o[i] not in ("+", level):
+            return False
+    return len(o) == len(n) or (len(o) == len(n) + 1 and o[-1] == "#")
+
+
+_SPECIFICITY = {"#": 0, "+": 2}  # a literal level ranks 3, the end of a filter 1
+
+
+def filter_specificity(topic_filter: str) -> tuple[int, ...]:
+    """A key ordering the filters that match one topic, most specific last.
+
+    Level by level from the first: a literal level beats ``+``, ``+`` beats
+    the end of the filter, the end beats ``#`` (``a`` beats ``a/#`` for the
+    topic ``a``). Two different filters matching the same topic never have
+    the same key: where their keys agree, so do their levels (a literal must
+    equal the topic's level).
+    """
+    return (*(_SPECIFICITY.get(level, 3) for level in topic_filter.split("/")), 1)

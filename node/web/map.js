@@ -44,8 +44,16 @@
     // A warning, not console.error: a broker that is down is a state to show, not a page bug.
     console.warn("geofed map:", where, err);
   }
+  // With `client_auth token` the page is opened as .../#access_token=<JWT>: the token
+  // stays in the fragment (never sent with the page itself) and goes with every
+  // request as the access_token parameter, the one way EventSource can carry it.
+  var TOKEN = new URLSearchParams(window.location.hash.slice(1)).get("access_token");
+  function authed(url) {
+    if (!TOKEN) { return url; }
+    return url + (url.indexOf("?") < 0 ? "?" : "&") + "access_token=" + encodeURIComponent(TOKEN);
+  }
   function getJSON(url) {
-    return fetch(url).then(function (r) {
+    return fetch(authed(url)).then(function (r) {
       return r.json().then(function (body) {
         if (!r.ok) { throw new Error((body && body.message) || ("HTTP " + r.status)); }
         return body;
@@ -214,7 +222,7 @@
 
   function openLive() {
     var label = document.getElementById("live-state");
-    var source = new EventSource("subscribe/%23");
+    var source = new EventSource(authed("subscribe/%23"));
     source.addEventListener("ready", function () {
       state.live = true;
       label.setAttribute("data-state", "ready");

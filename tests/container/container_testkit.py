@@ -16,7 +16,6 @@ outlives the broker's process (`kill_broker`, `start_broker`).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import time
@@ -30,7 +29,7 @@ import docker
 from testcontainers.core.container import DockerContainer
 from testcontainers.core.network import Network
 
-from geofed.bench import free_ports, metric, peer_message_counts
+from geofed.bench import Quiescence, free_ports, metric
 from geofed.client import TLSConfig, health_status
 from geofed.k8s import DATA_DIR, FEDERATION_DIR, FEDERATION_FILE, TLS_DIR, container_env, slug
 from geofed.node import (
@@ -51,7 +50,6 @@ PORT_ATTEMPTS = 3
 FEDERATION_PATH = f"{FEDERATION_DIR}/{FEDERATION_FILE}"  # where the pods have it too
 STORE_MAX_BYTES = 256 * 1024 * 1024  # a durable broker's store limit (tests: small)
 
-Link = tuple[str, str, str]
 """(message kind, sending broker, receiving broker)."""
 
 
@@ -105,10 +103,9 @@ class ContainerFederation:
         self.network = Network(docker_network_kw={"labels": {TEST_LABEL: self.run_id}})
         self.containers: dict[str, DockerContainer] = {}
         self.down: set[str] = set()
-        # Per-link counts that belong to an earlier process of a restarted
-        # broker (see `start_broker`): sent by its peers, received from it.
-        self._sent_before: dict[Link, float] = {}
-        self._received_before: dict[Link, float] = {}
+        # The quiescence barrier; it sets aside the traffic of a restarted broker's
+        # earlier process (see `start_broker`).
+        self._barrier = Quiescence()
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -219,7 +216,7 @@ class ContainerFederation:
         their counts, so once every live peer has closed its link to the old
         process (nothing more can then be sent to or received from it), the
         peers' counts of the links to and from it are set aside as earlier
-        traffic for `in_flight`.
+        traffic (`Quiescence.restarted`).
         """
         assert broker_id in self.down, f"broker {broker_id} is not stopped"
         deadline = time.monotonic() + timeout
@@ -229,15 +226,7 @@ class ContainerFederation:
         ]:
             assert time.monotonic() < deadline, f"{connected} still linked to stopped {broker_id}"
             time.sleep(0.1)
-        counts = peer_message_counts(self.metrics_urls())
-        for link in [k for k in self._sent_before if k[1] == broker_id]:
-            del self._sent_before[link]  # the new process's own counts start at zero
-        for link in [k for k in self._received_before if k[2] == broker_id]:
-            del self._received_before[link]
-        self._sent_before.update({k: v for k, v in counts["sent"].items() if k[2] == broker_id})
-        self._received_before.update(
-            {k: v for k, v in counts["received"].items() if k[1] == broker_id}
-        )
+        self._barrier.restarted(broker_id, self.metrics_urls())
         self.wrapped(broker_id).start()
         self.down.discard(broker_id)
 
@@ -269,35 +258,10 @@ class ContainerFederation:
 
     # -- waiting on the brokers' state ------------------------------------------------
 
-    def in_flight(self) -> dict[Link, float]:
-        """Messages sent but not yet received, per link between live brokers.
-
-        The quiescence condition of `geofed.bench.wait_quiescent`, per link
-        rather than in total: with a broker down, or restarted, the totals
-        over all brokers never balance (its peers' counts include traffic
-        with its earlier process), while each link between live brokers
-        does once `start_broker` has set that earlier traffic aside.
-        """
-        counts = peer_message_counts(self.metrics_urls())
-        live = set(self.live)
-        pending: dict[Link, float] = {}
-        for side, before, sign in (
-            ("sent", self._sent_before, 1),
-            ("received", self._received_before, -1),
-        ):
-            for link, value in counts[side].items():
-                kind, src, dst = link
-                if kind != "control" and src in live and dst in live:
-                    delta = sign * (value - before.get(link, 0.0))
-                    pending[link] = pending.get(link, 0.0) + delta
-        return {link: n for link, n in pending.items() if n}
-
     async def quiescent(self, timeout: float = 30.0) -> None:
-        """Barrier: every inter-broker message sent has been received (`in_flight` empty)."""
-        deadline = time.monotonic() + timeout
-        while pending := await asyncio.to_thread(self.in_flight):
-            assert time.monotonic() < deadline, f"messages still in flight: {pending}"
-            await asyncio.sleep(0.01)
+        """Barrier: every inter-broker message sent between the live brokers has been
+        received (`geofed.bench.Quiescence`, which holds across `start_broker`)."""
+        await self._barrier.wait(self.metrics_urls(), timeout)
 
     def deliveries_counted(self) -> float:
         """Deliveries the live brokers have handed to their subscribers' streams, in total."""

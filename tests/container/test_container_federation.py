@@ -236,6 +236,28 @@ def test_image_runs_the_cli_as_non_root(geofed_image: str, docker_engine: Any) -
         assert command in out.decode()
 
 
+def test_image_has_the_postgresql_history_and_the_h3_layout(
+    geofed_image: str, docker_engine: Any
+) -> None:
+    """The image's `image` extra: psycopg with its libpq (history_dsn works in a container)
+    and h3 (bridge-topics --layout h3), used as the node and the CLI use them."""
+    script = (
+        "import psycopg\n"
+        "from geofed.routing import H3Layout, latlon\n"
+        "layout = H3Layout(prefix='h3', resolution=5)\n"
+        "where, rest = layout.decode(layout.topic(latlon(48.85, 2.35), 'sensors/t'))\n"
+        "print(psycopg.pq.version() > 0, rest, round(where.lat), round(where.lon))\n"
+    )
+    out = docker_engine.containers.run(
+        geofed_image,
+        ["-c", script],
+        entrypoint=["/opt/geofed/bin/python"],
+        remove=True,
+        read_only=True,
+    )
+    assert out.decode().split() == ["True", "sensors/t", "49", "2"]
+
+
 # --- a federation of containers ----------------------------------------------------------
 
 

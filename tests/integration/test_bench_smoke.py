@@ -150,6 +150,7 @@ def test_exact_run_matches_model_oracle_and_spark(
         "wan_latency": str(wan.resolve()),
         "speed": 0.0,
         "barrier": True,
+        "tls": False,
     }
     for name, row in rows.items():
         assert set(row) >= ROW_FIELDS, name

@@ -200,7 +200,9 @@ def test_demo_compares_every_strategy(tmp_path: Path) -> None:
     # The demo is a preset of `geofed bench`: exact (barrier) runs, one table.
     assert "inter-region messages measured from the nodes' metrics" in out.stdout
     report = json.loads((tmp_path / "report" / "report.json").read_text())
-    assert report["settings"]["barrier"] and report["analysis"] is None
+    # TLS by default (mutual TLS between the brokers, TLS to the replay's clients).
+    assert report["settings"]["barrier"] and report["settings"]["tls"]
+    assert report["analysis"] is None
     rows = report["strategies"]
     assert [r["strategy"] for r in rows] == [
         "flooding-events",

@@ -664,5 +664,25 @@ def test_bearer_tokens_authenticate_http_clients(tmp_path: Path) -> None:
                     # shutdown after this event loop ends (an unclosed-transport warning).
                     assert resp.connection is not None and resp.connection.transport is not None
                     resp.connection.transport.abort()
+                # A browser's EventSource cannot send the header: the token in the URL.
+                raw = token("carol")
+                async with http.get(
+                    f"https://{eu}/subscribe/t7/%23", params={"access_token": raw}, ssl=ctx
+                ) as resp:
+                    assert resp.status == 200
+                    live = EventStream(resp)
+                    assert (await live.next())[0] == "ready"
+                    assert resp.connection is not None and resp.connection.transport is not None
+                    resp.connection.transport.abort()
+                for params, headers, status, field in (
+                    ({"access_token": token("carol", forger)}, {}, 401, None),
+                    ({"access_token": raw}, carol, 400, "access_token"),
+                    ([("access_token", raw), ("access_token", raw)], {}, 400, "access_token"),
+                ):
+                    async with http.get(
+                        f"https://{eu}/publish/t7/%23", params=params, headers=headers, ssl=ctx
+                    ) as resp:
+                        assert resp.status == status, await resp.text()
+                        assert (await resp.json()).get("field") == field
 
         run(main())

@@ -252,6 +252,9 @@ def test_every_shell_command_is_run_or_listed() -> None:
     check_inventory(shell_blocks(README), NOT_RUN)
 
 
+# Every README example in turn (a local federation, a Spark job among them): on a
+# machine with both cores busy the whole walk can take longer than one test's default.
+@pytest.mark.timeout(1200)
 def test_shell_examples_run_as_written(tmp_path: Path) -> None:
     (tmp_path / "deploy").symlink_to(ROOT / "deploy")  # README runs from the checkout's root
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")

@@ -12,14 +12,22 @@ import asyncio
 import datetime as dt
 import socket
 import ssl
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
+import jwt
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+    ProtoReflectionDescriptorDatabase,
+)
 from prometheus_client import CollectorRegistry
 
 import geofed
@@ -217,7 +225,43 @@ def test_clients_must_prove_who_they_are_and_cannot_take_over_another_id(
     assert metric(url, AUTH_REFUSED, reason="identity") >= 2
 
 
+def geofed_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "geofed.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
+        check=False,
+    )
+
+
+def test_the_cli_takes_a_client_certificate(fed: LocalFederation) -> None:
+    """geofed publish --ca --cert --key: alice publishes in her tree; mallory's certificate
+    does not grant it (exit 2, the rule named); without a certificate the handshake fails."""
+    common = ["--federation", str(fed.federation_path), "--location", "48.85,2.35"]
+    common += ["--topic", "sensors/alice/cli", "--payload", "1"]
+
+    def cert(identity: str) -> list[str]:
+        files = fed.client_tls(identity)
+        assert files is not None
+        return ["--ca", files.ca_file, "--cert", files.cert_file, "--key", files.key_file]
+
+    ok = geofed_cli("publish", *common, "--client", "alice-cli", *cert("alice"))
+    assert ok.returncode == 0, ok.stderr
+    denied = geofed_cli("publish", *common, "--client", "mallory-cli", *cert("mallory"))
+    assert denied.returncode == 2 and "publish" in denied.stderr, denied.stderr
+    anonymous = geofed_cli("publish", *common, "--client", "anon-cli", "--ca", cert("x")[1])
+    assert anonymous.returncode == 3, anonymous.stderr
+
+
 def test_the_policy_grants_topics_with_substitutions_and_areas(fed: LocalFederation) -> None:
+    urls = list(fed.metrics_urls().values())
+
+    def refusals(rule: str) -> float:  # the federation is the module's: count from here
+        return sum(metric(u, AUTH_REFUSED, reason=rule) for u in urls)
+
+    before = {rule: refusals(rule) for rule in ("publish", "subscribe", "location")}
+
     async def run() -> None:
         alice = await connect(fed, "alice", "alice-2", PARIS)
         await alice.publish("sensors/alice/temp", b"1")  # %u
@@ -242,10 +286,9 @@ def test_the_policy_grants_topics_with_substitutions_and_areas(fed: LocalFederat
             await c.close()
 
     asyncio.run(run())
-    urls = list(fed.metrics_urls().values())
-    assert sum(metric(u, AUTH_REFUSED, reason="publish") for u in urls) == 3
-    assert sum(metric(u, AUTH_REFUSED, reason="subscribe") for u in urls) == 4
-    assert sum(metric(u, AUTH_REFUSED, reason="location") for u in urls) == 2
+    assert refusals("publish") == before["publish"] + 3
+    assert refusals("subscribe") == before["subscribe"] + 4
+    assert refusals("location") == before["location"] + 2
 
 
 def test_certificates_rotate_without_dropping_deliveries(fed: LocalFederation) -> None:
@@ -306,9 +349,10 @@ def test_token_authentication(tmp_path: Path, token_signer: TokenSigner) -> None
     with LocalFederation(
         THREE, "event-geofence", tmp_path, tls=True, client_auth="token", extra_env=env
     ) as fed:
+        tls = fed.client_tls()
+        assert tls is not None
 
         async def run() -> None:
-            tls = fed.client_tls()
             ok = await geofed.connect(
                 client_id="t1",
                 location=PARIS,
@@ -333,6 +377,54 @@ def test_token_authentication(tmp_path: Path, token_signer: TokenSigner) -> None
         asyncio.run(run())
         url = fed.nodes["eu"].metrics_url
         assert metric(url, AUTH_REFUSED, reason="unauthenticated") == 3
+        # The CLI sends a token from a file.
+        token_file = tmp_path / "carol.jwt"
+        token_file.write_text(token("carol") + "\n")
+        out = geofed_cli(
+            "publish",
+            *("--federation", str(fed.federation_path), "--ca", tls.ca_file),
+            *("--token-file", str(token_file), "--client", "t-cli", "--location", "48.85,2.35"),
+            *("--topic", "any/cli", "--payload", "1"),
+        )
+        assert out.returncode == 0, out.stderr
+
+        # The identity provider rotates its key: the brokers take the new public key
+        # without a restart, and tokens of the old key no longer pass.
+        new_key = ec.generate_private_key(ec.SECP256R1())
+        staged = tmp_path / "token.pub.new"
+        staged.write_bytes(
+            new_key.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )
+        staged.replace(token_signer.public)
+        rotated = jwt.encode(
+            {"sub": "carol", "exp": int(time.time()) + 600}, new_key, algorithm="ES256"
+        )
+
+        async def accepted(tok: str) -> bool:
+            try:
+                c = await geofed.connect(
+                    client_id="t3",
+                    location=PARIS,
+                    federation=fed.federation_path,
+                    tls=tls,
+                    token=tok,
+                    retry=geofed.RetryConfig(attempts=1),
+                )
+            except geofed.Unauthenticated:
+                return False
+            await c.close()
+            return True
+
+        async def rotation() -> None:
+            deadline = time.monotonic() + HANG_S
+            while not await accepted(rotated):  # the key file is looked at once a second
+                assert time.monotonic() < deadline, "the rotated token key was never taken"
+                await asyncio.sleep(0.1)
+            assert not await accepted(token("carol"))
+
+        asyncio.run(rotation())
 
 
 def test_a_bad_security_setting_stops_the_node_naming_it(tmp_path: Path) -> None:
@@ -359,19 +451,25 @@ def test_a_broker_with_a_certificate_from_another_ca_is_refused_in_the_handshake
     fed.wait_ready(HANG_S)
 
 
-def test_a_plaintext_health_port_answers_the_probes_of_a_tls_node(tmp_path: Path) -> None:
-    """health_listen: a TLS broker answers plaintext health checks there (a kubelet's
-    probes), and nothing else; its client port answers only over TLS."""
-    issue_federation("three", tmp_path / "certs")
-    config = NodeConfig(
+def lone_eu(**settings: Any) -> NodeConfig:
+    """Broker eu of `three` on free loopback ports, in-process, without its peers."""
+    return NodeConfig(
         broker_id="eu",
         federation="three",
         client_listen="127.0.0.1:0",
         peer_listen="127.0.0.1:0",
         metrics_listen="127.0.0.1:0",
-        tls_dir=str(tmp_path / "certs" / "brokers" / "eu"),
-        health_listen="127.0.0.1:0",
         peer_timeout_s=0,
+        **settings,
+    )
+
+
+def test_a_plaintext_health_port_answers_the_probes_of_a_tls_node(tmp_path: Path) -> None:
+    """health_listen: a TLS broker answers plaintext health checks there (a kubelet's
+    probes), and nothing else; its client port answers only over TLS."""
+    issue_federation("three", tmp_path / "certs")
+    config = lone_eu(
+        tls_dir=str(tmp_path / "certs" / "brokers" / "eu"), health_listen="127.0.0.1:0"
     )
 
     async def run() -> None:
@@ -383,6 +481,32 @@ def test_a_plaintext_health_port_answers_the_probes_of_a_tls_node(tmp_path: Path
             assert await asyncio.to_thread(health_status, probe, "", HANG_S) == "SERVING"
             assert await asyncio.to_thread(health_status, client) == "UNREACHABLE"
             assert await asyncio.to_thread(health_status, client, "", HANG_S, tls) == "SERVING"
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("reflection", ["on", "off"])
+def test_reflection_can_be_turned_off(reflection: str) -> None:
+    """``reflection off`` hides the API description on both ports (UNIMPLEMENTED); with
+    ``on`` a client lists the services."""
+    config = lone_eu(reflection=reflection)
+
+    def services(endpoint: str) -> list[str] | grpc.StatusCode:
+        with grpc.insecure_channel(endpoint) as channel:
+            try:
+                return sorted(ProtoReflectionDescriptorDatabase(channel).get_services())
+            except grpc.RpcError as exc:
+                return exc.code()  # type: ignore[no-any-return]
+
+    async def run() -> None:
+        async with BrokerServer(config, CollectorRegistry()) as node:
+            client = await asyncio.to_thread(services, f"127.0.0.1:{node.client_port}")
+            peer = await asyncio.to_thread(services, f"127.0.0.1:{node.peer_port}")
+            if reflection == "off":
+                assert client == peer == grpc.StatusCode.UNIMPLEMENTED
+            else:
+                assert isinstance(client, list) and "geofed.v1.ClientService" in client
+                assert isinstance(peer, list) and "geofed.v1.FederationService" in peer
 
     asyncio.run(run())
 

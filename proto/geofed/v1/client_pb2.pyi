@@ -156,3 +156,29 @@ class HistoryResponse(_message.Message):
     truncated: bool
     brokers: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, events: _Optional[_Iterable[_Union[_geo_pb2.Event, _Mapping]]] = ..., truncated: _Optional[bool] = ..., brokers: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SetStrategyRequest(_message.Message):
+    __slots__ = ("topic_filter", "strategy")
+    TOPIC_FILTER_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    topic_filter: str
+    strategy: str
+    def __init__(self, topic_filter: _Optional[str] = ..., strategy: _Optional[str] = ...) -> None: ...
+
+class GetStrategyRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StrategyState(_message.Message):
+    __slots__ = ("broker_id", "table", "newest", "in_transition", "sequencer")
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    NEWEST_FIELD_NUMBER: _ClassVar[int]
+    IN_TRANSITION_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCER_FIELD_NUMBER: _ClassVar[int]
+    broker_id: str
+    table: _geo_pb2.StrategyTable
+    newest: _geo_pb2.StrategyTable
+    in_transition: bool
+    sequencer: str
+    def __init__(self, broker_id: _Optional[str] = ..., table: _Optional[_Union[_geo_pb2.StrategyTable, _Mapping]] = ..., newest: _Optional[_Union[_geo_pb2.StrategyTable, _Mapping]] = ..., in_transition: _Optional[bool] = ..., sequencer: _Optional[str] = ...) -> None: ...

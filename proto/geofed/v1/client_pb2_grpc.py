@@ -74,6 +74,16 @@ class ClientServiceStub:
                 request_serializer=geofed_dot_v1_dot_client__pb2.HistoryRequest.SerializeToString,
                 response_deserializer=geofed_dot_v1_dot_client__pb2.HistoryResponse.FromString,
                 _registered_method=True)
+        self.SetStrategy = channel.unary_unary(
+                '/geofed.v1.ClientService/SetStrategy',
+                request_serializer=geofed_dot_v1_dot_client__pb2.SetStrategyRequest.SerializeToString,
+                response_deserializer=geofed_dot_v1_dot_client__pb2.StrategyState.FromString,
+                _registered_method=True)
+        self.GetStrategy = channel.unary_unary(
+                '/geofed.v1.ClientService/GetStrategy',
+                request_serializer=geofed_dot_v1_dot_client__pb2.GetStrategyRequest.SerializeToString,
+                response_deserializer=geofed_dot_v1_dot_client__pb2.StrategyState.FromString,
+                _registered_method=True)
 
 
 class ClientServiceServicer:
@@ -138,6 +148,22 @@ class ClientServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetStrategy(self, request, context):
+        """Pin a topic filter to a routing strategy federation-wide (docs/design.md
+        §3): proposed here, numbered by the sequencer, carried out by every
+        broker; answers at once with this broker's view.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetStrategy(self, request, context):
+        """This broker's strategy table and the transition under way, if any.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClientServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -180,6 +206,16 @@ def add_ClientServiceServicer_to_server(servicer, server):
                     servicer.History,
                     request_deserializer=geofed_dot_v1_dot_client__pb2.HistoryRequest.FromString,
                     response_serializer=geofed_dot_v1_dot_client__pb2.HistoryResponse.SerializeToString,
+            ),
+            'SetStrategy': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetStrategy,
+                    request_deserializer=geofed_dot_v1_dot_client__pb2.SetStrategyRequest.FromString,
+                    response_serializer=geofed_dot_v1_dot_client__pb2.StrategyState.SerializeToString,
+            ),
+            'GetStrategy': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStrategy,
+                    request_deserializer=geofed_dot_v1_dot_client__pb2.GetStrategyRequest.FromString,
+                    response_serializer=geofed_dot_v1_dot_client__pb2.StrategyState.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -398,6 +434,60 @@ class ClientService:
             '/geofed.v1.ClientService/History',
             geofed_dot_v1_dot_client__pb2.HistoryRequest.SerializeToString,
             geofed_dot_v1_dot_client__pb2.HistoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetStrategy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/geofed.v1.ClientService/SetStrategy',
+            geofed_dot_v1_dot_client__pb2.SetStrategyRequest.SerializeToString,
+            geofed_dot_v1_dot_client__pb2.StrategyState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStrategy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/geofed.v1.ClientService/GetStrategy',
+            geofed_dot_v1_dot_client__pb2.GetStrategyRequest.SerializeToString,
+            geofed_dot_v1_dot_client__pb2.StrategyState.FromString,
             options,
             channel_credentials,
             insecure,

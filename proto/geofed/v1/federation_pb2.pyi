@@ -36,18 +36,36 @@ class PeerHistoryResponse(_message.Message):
     def __init__(self, events: _Optional[_Iterable[_Union[_geo_pb2.Event, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("broker_id", "strategy", "federation_digest", "protocol_version", "epoch")
+    __slots__ = ("broker_id", "strategy", "federation_digest", "protocol_version", "epoch", "finished_table")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
     FEDERATION_DIGEST_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_TABLE_FIELD_NUMBER: _ClassVar[int]
     broker_id: str
     strategy: str
     federation_digest: str
     protocol_version: int
     epoch: int
-    def __init__(self, broker_id: _Optional[str] = ..., strategy: _Optional[str] = ..., federation_digest: _Optional[str] = ..., protocol_version: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
+    finished_table: _geo_pb2.StrategyTable
+    def __init__(self, broker_id: _Optional[str] = ..., strategy: _Optional[str] = ..., federation_digest: _Optional[str] = ..., protocol_version: _Optional[int] = ..., epoch: _Optional[int] = ..., finished_table: _Optional[_Union[_geo_pb2.StrategyTable, _Mapping]] = ...) -> None: ...
+
+class TableState(_message.Message):
+    __slots__ = ("table", "phase")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    table: _geo_pb2.StrategyTable
+    phase: int
+    def __init__(self, table: _Optional[_Union[_geo_pb2.StrategyTable, _Mapping]] = ..., phase: _Optional[int] = ...) -> None: ...
+
+class StrategyProposal(_message.Message):
+    __slots__ = ("topic_filter", "strategy")
+    TOPIC_FILTER_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    topic_filter: str
+    strategy: str
+    def __init__(self, topic_filter: _Optional[str] = ..., strategy: _Optional[str] = ...) -> None: ...
 
 class RemoteSubscription(_message.Message):
     __slots__ = ("subscription", "home", "at")
@@ -112,7 +130,7 @@ class Ack(_message.Message):
     def __init__(self, seq: _Optional[int] = ...) -> None: ...
 
 class Frame(_message.Message):
-    __slots__ = ("seq", "hello", "ack", "events", "subscribes", "unsubscribes", "deliveries", "snapshot", "refuse_reason", "relocations")
+    __slots__ = ("seq", "hello", "ack", "events", "subscribes", "unsubscribes", "deliveries", "snapshot", "refuse_reason", "relocations", "tables", "proposals")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
@@ -123,6 +141,8 @@ class Frame(_message.Message):
     SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     REFUSE_REASON_FIELD_NUMBER: _ClassVar[int]
     RELOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    PROPOSALS_FIELD_NUMBER: _ClassVar[int]
     seq: int
     hello: Hello
     ack: Ack
@@ -133,4 +153,6 @@ class Frame(_message.Message):
     snapshot: SubscriptionSnapshot
     refuse_reason: str
     relocations: _containers.RepeatedCompositeFieldContainer[Relocation]
-    def __init__(self, seq: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_geo_pb2.Event, _Mapping]]] = ..., subscribes: _Optional[_Iterable[_Union[RemoteSubscription, _Mapping]]] = ..., unsubscribes: _Optional[_Iterable[_Union[Unsubscription, _Mapping]]] = ..., deliveries: _Optional[_Iterable[_Union[EventDelivery, _Mapping]]] = ..., snapshot: _Optional[_Union[SubscriptionSnapshot, _Mapping]] = ..., refuse_reason: _Optional[str] = ..., relocations: _Optional[_Iterable[_Union[Relocation, _Mapping]]] = ...) -> None: ...
+    tables: _containers.RepeatedCompositeFieldContainer[TableState]
+    proposals: _containers.RepeatedCompositeFieldContainer[StrategyProposal]
+    def __init__(self, seq: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_geo_pb2.Event, _Mapping]]] = ..., subscribes: _Optional[_Iterable[_Union[RemoteSubscription, _Mapping]]] = ..., unsubscribes: _Optional[_Iterable[_Union[Unsubscription, _Mapping]]] = ..., deliveries: _Optional[_Iterable[_Union[EventDelivery, _Mapping]]] = ..., snapshot: _Optional[_Union[SubscriptionSnapshot, _Mapping]] = ..., refuse_reason: _Optional[str] = ..., relocations: _Optional[_Iterable[_Union[Relocation, _Mapping]]] = ..., tables: _Optional[_Iterable[_Union[TableState, _Mapping]]] = ..., proposals: _Optional[_Iterable[_Union[StrategyProposal, _Mapping]]] = ...) -> None: ...

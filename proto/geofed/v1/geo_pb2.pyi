@@ -85,3 +85,21 @@ class Subscription(_message.Message):
     topic_filter: str
     geofence: Geofence
     def __init__(self, id: _Optional[str] = ..., client: _Optional[str] = ..., topic_filter: _Optional[str] = ..., geofence: _Optional[_Union[Geofence, _Mapping]] = ...) -> None: ...
+
+class StrategyEntry(_message.Message):
+    __slots__ = ("topic_filter", "strategy")
+    TOPIC_FILTER_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    topic_filter: str
+    strategy: str
+    def __init__(self, topic_filter: _Optional[str] = ..., strategy: _Optional[str] = ...) -> None: ...
+
+class StrategyTable(_message.Message):
+    __slots__ = ("epoch", "default_strategy", "entries")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    default_strategy: str
+    entries: _containers.RepeatedCompositeFieldContainer[StrategyEntry]
+    def __init__(self, epoch: _Optional[int] = ..., default_strategy: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[StrategyEntry, _Mapping]]] = ...) -> None: ...

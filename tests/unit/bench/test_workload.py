@@ -133,11 +133,17 @@ def test_every_op_but_unsubscribe_carries_the_current_location(trace: Any) -> No
             assert op.location == where[op.client]
         where[op.client] = op.location
     moves = [op for op in ops if op.op == "move"]
-    assert bool(moves) == (cfg.scenario in ("mobile", "global"))
+    assert bool(moves) == (cfg.scenario in ("mobile", "global", "mixed"))
+    if cfg.scenario == "mixed":  # only the app users move
+        movers = {op.client for op in moves}
+        still = {op.client for op in ops if op.op == "publish" or op.topic.startswith("telemetry/")}
+        assert movers and not movers & still
 
 
 def test_geofences_are_circles_of_1_to_100_km_around_the_client(trace: Any) -> None:
     cfg, ops, _ = trace
+    if cfg.scenario == "mixed":
+        return  # its own shapes: test_mixed_topics_have_their_own_shapes
     fenced = Counter(op.op for op in ops if op.geofence is not None)
     world = Counter(op.op for op in ops if op.geofence is None and op.op != "move")
     expect = {
@@ -162,11 +168,88 @@ def test_topics_are_valid_and_some_filters_use_wildcards(trace: Any) -> None:
     for op in ops:
         if op.op == "publish":
             validate_topic(op.topic)
-            assert re.fullmatch(r"sensors/[a-z]{2}/[a-z0-9-]+/[a-z-]+", op.topic)
+            assert re.fullmatch(
+                r"sensors/[a-z]{2}/[a-z0-9-]+/[a-z-]+|telemetry/[a-z]{2}/[a-z0-9-]+/[a-z-]+"
+                r"|alerts/[a-z]{2}/[a-z-]+",
+                op.topic,
+            )
         elif op.op == "subscribe":
             validate_filter(op.topic)
     wild = [op for op in subs if "+" in op.topic or "#" in op.topic]
     assert 0 < len(wild) < len(subs)
+
+
+# --------------------------------------------------------------------------
+# The mixed scenario
+
+
+@pytest.fixture(scope="module")
+def mixed() -> tuple[WorkloadConfig, list[TraceOp]]:
+    cfg = WorkloadConfig(scenario="mixed", clients=100, duration_s=120.0, seed=1)
+    return cfg, list(generate(cfg))
+
+
+def test_mixed_topics_have_their_own_shapes(mixed: Any) -> None:
+    cfg, ops = mixed
+    telemetry = [op for op in ops if op.op == "publish" and op.topic.startswith("telemetry/")]
+    alerts = [op for op in ops if op.op == "publish" and op.topic.startswith("alerts/")]
+    # 35 sensors at 1 event/s against 10 issuers at 0.5: alerts are rare.
+    assert abs(len(telemetry) - 35 * 120) <= 4 * math.sqrt(35 * 120)
+    assert abs(len(alerts) - 10 * 0.5 * 120) <= 4 * math.sqrt(10 * 0.5 * 120)
+    assert all(op.geofence is None for op in telemetry)
+    fenced = [op for op in alerts if op.geofence is not None]
+    assert len(fenced) >= len(alerts) // 2
+    for op in fenced:
+        low, high = fence_distances(op)
+        assert 300_000 * (1 - REL_TOL) <= high <= 2_000_000 * (1 + REL_TOL)
+        assert low >= high * 0.99
+    consumers = [op for op in ops if op.op == "subscribe" and op.topic.startswith("telemetry/")]
+    assert len(consumers) == 10 * cfg.subscriptions_per_subscriber
+    for op in consumers:
+        assert re.fullmatch(r"telemetry/[a-z]{2}/([a-z0-9-]+|\+)/[a-z-]+", op.topic)
+        if op.geofence is not None:
+            assert cfg.radius_min_m * (1 - REL_TOL) <= fence_distances(op)[1]
+            assert fence_distances(op)[1] <= cfg.radius_max_m * (1 + REL_TOL)
+    app = [op for op in ops if op.op == "subscribe" and op.topic == "alerts/#"]
+    assert app and all(op.geofence is None for op in app)
+    assert len(consumers) + len(app) == sum(op.op == "subscribe" for op in ops)
+
+
+def test_mixed_app_users_are_online_most_in_the_middle(mixed: Any) -> None:
+    cfg, ops = mixed
+    assert workload.activity(0.0, 120.0) == pytest.approx(0.02)
+    assert workload.activity(60.0, 120.0) == pytest.approx(1.0)
+    online: set[str] = set()
+    samples: dict[int, int] = {}
+    fifth = cfg.duration_s / 5
+    for op in ops:
+        samples.setdefault(int(op.t // fifth), len(online))
+        if op.op == "subscribe" and op.topic == "alerts/#":
+            online.add(op.id)
+        elif op.op == "unsubscribe":
+            online.discard(op.id)
+    # Sessions start mostly in the middle of the trace and last an eighth of it.
+    assert samples[2] > 3 * max(1, samples[0])
+    assert samples[0] <= 5
+
+
+def test_mixed_makes_each_static_strategy_wrong_for_a_topic(mixed: Any) -> None:
+    from geofed.routing import Federation, federation_path, predict
+
+    _, ops = mixed
+    fed = Federation.load(federation_path("aws-2020"))
+
+    def only(prefix: str) -> list[TraceOp]:
+        ids = {op.id for op in ops if op.op == "subscribe" and op.topic.startswith(prefix)}
+        return [op for op in ops if op.op == "move" or op.topic.startswith(prefix) or op.id in ids]
+
+    cost = {
+        (prefix, name): predict(fed, name, only(prefix)).total_messages
+        for prefix in ("telemetry/", "alerts/")
+        for name in ("event-geofence", "subscription-geofence")
+    }
+    assert cost["telemetry/", "subscription-geofence"] * 20 < cost["telemetry/", "event-geofence"]
+    assert cost["alerts/", "event-geofence"] * 1.5 < cost["alerts/", "subscription-geofence"]
 
 
 # --------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import shapely
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from geofed import wire as gw
 from geofed.routing import (
     DEFAULT_MAX_VERTICES,
     DeliveryMsg,
@@ -24,7 +25,11 @@ from geofed.routing import (
     InvalidInput,
     Kind,
     PeerMessage,
+    Phase,
+    ProposeMsg,
+    StrategyTable,
     SubscribeMsg,
+    TableMsg,
     UnsubscribeMsg,
     make_event,
     make_subscription,
@@ -282,3 +287,34 @@ def test_every_geofence_the_origin_accepts_every_peer_accepts(fence: object) -> 
     assert isinstance(msgs[0], SubscribeMsg) and isinstance(msgs[1], EventMsg)
     assert_same_shape(msgs[0].sub.geofence, accepted)
     assert_same_shape(msgs[1].event.geofence, accepted)
+
+
+def test_strategy_transition_messages_round_trip_and_bad_ones_are_rejected_alone() -> None:
+    """Tables and proposals (protocol 4) travel in frames, after deliveries; a table a peer
+    sends that does not validate is skipped naming its field, the rest of the frame is kept."""
+    table = StrategyTable("event-geofence").with_entry("t/#", "flooding-subscriptions")
+    frame = gw.new_frame()
+    for msg in (
+        TableMsg(table, Phase.PREPARED),
+        ProposeMsg("u/+", "flooding-events"),
+        ProposeMsg("u/+", None),
+    ):
+        gw.add_to_frame(frame, msg, "a")
+    bad = frame.tables.add(phase=1)
+    bad.table.CopyFrom(gw.table_to_pb(table))
+    bad.table.entries[0].strategy = "gossip"
+    rejected: list[gw.RejectedMessage] = []
+    msgs = gw.messages_from_frame(frame, gw.PeerGeofenceCache(), rejected)
+    assert msgs == [
+        TableMsg(table, Phase.PREPARED),
+        ProposeMsg("u/+", "flooding-events"),
+        ProposeMsg("u/+", None),
+    ]
+    assert [(r.kind.value, r.id) for r in rejected] == [("transition", "1")]
+    assert rejected[0].reason.startswith("tables.table.entries[0].strategy")
+    with pytest.raises(InvalidInput) as err:
+        gw.set_strategy_request("a/#/b", "event-geofence")
+    assert err.value.field == "topic_filter"
+    with pytest.raises(InvalidInput) as err:
+        gw.set_strategy_request("a/#", "gossip")
+    assert err.value.field == "strategy"

@@ -77,6 +77,14 @@ def test_flags_parse_into_config(monkeypatch: pytest.MonkeyPatch) -> None:
         ({"subscriber_batch_max": 0}, {}, "subscriber_batch_max"),
         ({"subscriber_batch_delay_ms": -1.0}, {}, "subscriber_batch_delay_ms"),
         ({}, {"GEOFED_SUBSCRIBER_BACKPRESSURE_MS": "-5"}, "subscriber_backpressure_ms"),
+        ({"strategy_table": "{"}, {}, "strategy_table"),
+        ({"strategy_table": '["a/#"]'}, {}, "strategy_table"),
+        (
+            {"strategy_table": '{"a/#/b": "event-geofence"}'},
+            {},
+            "strategy_table.entries[0].topic_filter",
+        ),
+        ({"strategy_table": '{"a/#": "gossip"}'}, {}, "strategy_table.entries[0].strategy"),
     ],
 )
 def test_bad_values_name_the_field(
@@ -105,3 +113,19 @@ def test_config_file_errors_name_the_problem(tmp_path: Path) -> None:
 def test_peer_timeout_zero_turns_the_heartbeat_check_off() -> None:
     cfg = NodeConfig.load({**BASE, "peer_timeout_s": 0.0, "peer_heartbeat_s": 5.0}, env={})
     assert (cfg.peer_timeout_s, cfg.peer_heartbeat_s) == (0.0, 5.0)
+
+
+def test_the_strategy_table_starts_from_the_default_and_its_entries() -> None:
+    config = NodeConfig.load(
+        {**BASE, "strategy": "flooding-events", "strategy_table": '{"t/#": "event-geofence"}'}
+    )
+    table = config.initial_table()
+    assert (table.epoch, table.default, table.entries) == (
+        0,
+        "flooding-events",
+        (("t/#", "event-geofence"),),
+    )
+    assert table.strategy_for("t/x") == "event-geofence"
+    assert table.strategy_for("u") == "flooding-events"
+    admins = NodeConfig.load({**BASE, "strategy_admins": "ops, alice ,"})
+    assert admins.strategy_admin_names() == {"ops", "alice"}

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from test_peer_link import FakeHost, Wire, accept, dial_into_wires, event, run
 
 from geofed import wire as gw
+from geofed.errors import Unavailable
 from geofed.node import (
     PEER_MESSAGES_RECEIVED,
     PEER_MESSAGES_REJECTED,
@@ -24,6 +25,7 @@ from geofed.node import (
     NodeConfig,
     _links,
 )
+from geofed.node._auth import Principal
 from geofed.routing import (
     EventMsg,
     Geofence,
@@ -31,6 +33,7 @@ from geofed.routing import (
     Kind,
     Outcome,
     PeerMessage,
+    PermissionDenied,
     Send,
     SubscribeMsg,
     make_event,
@@ -278,3 +281,29 @@ def test_a_frame_the_host_fails_on_is_still_acknowledged_and_the_link_stays_up()
         await link.stop()
 
     run(test)
+
+
+def test_a_strategy_change_needs_an_admin_and_every_link() -> None:
+    """With client authentication only `strategy_admins` may change the table (rule
+    `strategy`, counted); anyone else's request changes nothing. A change asked for while
+    a link is down is refused as unavailable, naming the link; a bad one names the field."""
+    n = node("eu")
+    object.__setattr__(n.config, "client_auth", "token")  # the check, without a token setup
+    object.__setattr__(n.config, "strategy_admins", "ops")
+
+    async def test() -> None:
+        with pytest.raises(PermissionDenied) as denied:
+            await n.set_strategy(Principal("bob", ("dev",)), "t/#", "flooding-events")
+        assert denied.value.rule == "strategy"
+        refused = n.metrics.registry.get_sample_value(
+            "geofed_auth_refused_total", {"reason": "strategy"}
+        )
+        assert refused == 1
+        with pytest.raises(InvalidInput) as bad:
+            await n.set_strategy(Principal("carol", ("ops",)), "t/#", "gossip")
+        assert bad.value.field == "strategy"
+        with pytest.raises(Unavailable, match="link to ap, us down"):
+            await n.set_strategy(Principal("carol", ("ops",)), "t/#", "flooding-events")
+        assert n.core.newest_table.epoch == 0 and not n.core.in_transition
+
+    asyncio.run(test())

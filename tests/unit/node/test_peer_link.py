@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from geofed import routing
 from geofed import wire as gw
-from geofed.node import ByteBudget, NodeConfig, NodeMetrics, PeerLink, _links
+from geofed.node import PEER_LINK_FAILURES, ByteBudget, NodeConfig, NodeMetrics, PeerLink, _links
 from geofed.routing import (
     BrokerInfo,
     EventMsg,
@@ -111,6 +111,7 @@ class FakeHost:
         self.peer_geofences = gw.PeerGeofenceCache()
         self.durable = False
         self.subs: list[SubscribeMsg] = []  # what snapshot_for answers
+        self.tables: list[routing.PeerMessage] = []  # what tables_for answers
         self.applied: list[str] = []  # event ids received, duplicates dropped
         self.snapshots: list[tuple[list[str], bool]] = []  # (subscription ids, replace)
         self.frames = 0  # frames received
@@ -145,6 +146,9 @@ class FakeHost:
 
     def snapshot_for(self, peer: str) -> list[SubscribeMsg]:
         return list(self.subs)
+
+    def tables_for(self, peer: str) -> list[routing.PeerMessage]:
+        return list(self.tables)
 
     def apply_snapshot(self, peer: str, subs: list[SubscribeMsg], *, replace: bool) -> None:
         self.snapshots.append(([m.sub.id for m in subs], replace))
@@ -323,13 +327,18 @@ def test_snapshots_start_every_session_span_frames_and_replace(
         await close(link, wire, task)
 
         host.subs = [sub("s2"), sub("s4")]
+        table = routing.StrategyTable("event-geofence").with_entry("t/#", "flooding-events")
+        host.tables = [routing.TableMsg(table, routing.Phase.PREPARED)]
         link.enqueue(sub("s4"))
         link.enqueue(RelocateMsg(("c", "s2"), "eu", LatLon(1.0, 2.0)))  # a roaming move
-        assert link.queued == 0  # not queued: the next snapshot carries them
+        link.enqueue(routing.TableMsg(table, routing.Phase.SWITCHED))
+        assert link.queued == 0  # not queued: the next snapshot (and table state) carries them
         link.enqueue(event("marker"))
         wire, task, first = await accept(link)
         assert await snapshot(wire, first, 2) == [(["s2"], False), (["s4"], True)]
-        frame = await wire.peer_end.read()  # the first frame after the snapshot
+        frame = await wire.peer_end.read()  # behind the snapshot: where transitions stand
+        assert frame is not None and [(t.table.epoch, t.phase) for t in frame.tables] == [(1, 1)]
+        frame = await wire.peer_end.read()  # then the queue
         assert frame is not None and ids(frame) == ["marker"] and not frame.subscribes
 
         # The other way: the peer's snapshot replaces (first frame) then extends what we held.
@@ -352,6 +361,27 @@ def test_the_node_budget_bounds_a_link_queue_too() -> None:
         link.enqueue(event(f"e{i}"))
     assert link.queued == 2 and host.metric("geofed_peer_queue_dropped_total") == 2
     assert host.budget.used == host.budget.limit
+
+
+def test_peer_queue_bytes_bounds_a_link_queue_in_bytes() -> None:
+    """peer_queue_bytes: beyond the link's byte budget new events are dropped and counted
+    (without a store), however few messages are queued; what is sent frees its bytes."""
+
+    async def test() -> None:
+        size = _links._size(event("e0"))
+        host = FakeHost(peer_queue_bytes=2 * size + size // 2, batch_max_messages=10)
+        link = host.make_link()
+        for i in range(4):
+            link.enqueue(event(f"e{i}"))
+        assert link.queued == 2 and host.metric("geofed_peer_queue_dropped_total") == 2
+        wire, _, _ = await accept(link)
+        assert ids(await wire.peer_end.frame_with_events()) == ["e0", "e1"]
+        link.enqueue(event("e4"))  # the sent ones' bytes are free again
+        assert ids(await wire.peer_end.frame_with_events()) == ["e4"]
+        assert host.metric("geofed_peer_queue_dropped_total") == 2
+        await link.stop()
+
+    run(test)
 
 
 def test_full_queue_drops_new_events_and_counts_them() -> None:
@@ -469,6 +499,36 @@ def test_dialling_side_redials_and_resends(monkeypatch: pytest.MonkeyPatch) -> N
             assert ids(await wire.peer_end.frame_with_events()) == ["e1"]
             wire.cut()  # not acknowledged: sent again after the redial
         assert host.states[:3] == [True, False, True]
+        await link.stop()
+
+    run(test)
+
+
+@pytest.mark.parametrize(
+    "error", [asyncio.InvalidStateError("write on a dying call"), RuntimeError("a bug")]
+)
+def test_the_dialler_survives_any_error_in_a_session_counts_it_and_redials(
+    monkeypatch: pytest.MonkeyPatch, error: Exception
+) -> None:
+    """Any exception that ends a session (grpc's ``call.write`` raises InvalidStateError when
+    the peer dies mid-write) is logged and counted, and the link dials again and resends."""
+    dialled = dial_into_wires(monkeypatch)
+
+    async def test() -> None:
+        host, link = dialler()
+        wire = await dialled.get()
+        await answer(wire)
+        await host.until(lambda: link.connected)
+
+        async def broken_write(frame: fpb.Frame) -> None:
+            raise error
+
+        wire.link_end.write = broken_write  # type: ignore[method-assign]
+        link.enqueue(event("e1"))
+        await answer(again := await dialled.get())
+        assert ids(await again.peer_end.frame_with_events()) == ["e1"]
+        assert host.metric(PEER_LINK_FAILURES) == 1
+        assert link._dialer is not None and not link._dialer.done()
         await link.stop()
 
     run(test)

@@ -9,6 +9,7 @@ import base64
 import hashlib
 import hmac
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -193,6 +194,43 @@ def test_unusable_configuration_is_named(tmp_path: Path, key_file: Path) -> None
     with pytest.raises(InvalidInput) as info:
         TokenVerifier(public_key=key_file, algorithms=["HS256"])
     assert info.value.field == "tokens.algorithms"
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """Write a new version of the file and rename it over the old one (a new inode)."""
+    tmp = path.with_suffix(".new")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
+def test_a_rotated_key_file_is_loaded_again_and_a_broken_one_keeps_the_old_key(
+    key_file: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    verifier = TokenVerifier(public_key=key_file, check_interval_s=0)
+    assert verifier.verify(token(RSA)).identity == "alice"
+    _replace(key_file, pem(EC))  # the identity provider rotated its key
+    assert verifier.verify(token(EC, "ES256")).identity == "alice"
+    assert "token algorithm 'RS256' not" in refused(verifier, token(RSA))  # the old key is gone
+    assert verifier.keys.loads == 2 and verifier.keys.error is None
+    with caplog.at_level(logging.WARNING, "geofed.node.tokens"):
+        _replace(key_file, b"half written")
+        assert verifier.verify(token(EC, "ES256")).identity == "alice"  # the old key stays
+        assert verifier.verify(token(EC, "ES256")).identity == "alice"
+    assert verifier.keys.error is not None and "not a PEM public key" in verifier.keys.error
+    assert caplog.text.count("token key") == 1  # logged once per change, not per token
+
+
+def test_a_jwks_file_is_loaded_again_within_its_interval(tmp_path: Path) -> None:
+    now = [100.0]
+    path = _jwks(tmp_path, (RSA, "r1", "RS256"))
+    verifier = TokenVerifier(jwks=path, check_interval_s=5.0, clock=lambda: now[0])
+    (tmp_path / "new").mkdir()
+    new_key = _jwks(tmp_path / "new", (RSA, "r1", "RS256"), (EC, "e2", "ES256"))
+    _replace(path, new_key.read_bytes())
+    assert "not in the JWKS" in refused(verifier, token(EC, "ES256", {"kid": "e2"}))
+    now[0] += 5.0
+    assert verifier.verify(token(EC, "ES256", {"kid": "e2"})).identity == "alice"
+    assert verifier.verify(token(RSA, "RS256", {"kid": "r1"})).identity == "alice"
 
 
 def test_the_bearer_token_is_read_from_call_metadata() -> None:
