@@ -317,16 +317,14 @@ class BrokerState:
         if strategy.matches_at_publisher:
             # Only brokers whose area meets the event geofence can get a
             # delivery: when there is none, remote subscriptions need no match.
+            # Remote subscriptions are indexed by home (`on_message`), so the
+            # index answers with sorted keys per home.
             reachable = strategy.delivery_targets(self.id, event.geofence, self.federation.ids)
-            by_home: dict[str, list[SubKey]] = defaultdict(list)
             if reachable:
-                homes = self._remote_home
-                for sub in self.remote.match(event.topic, event.location):
-                    home = homes[sub.key]
-                    if home in reachable:
-                        by_home[home].append(sub.key)
-            for dst in sorted(by_home):
-                out.sends.append(Send(dst, DeliveryMsg(event, tuple(sorted(by_home[dst])))))
+                by_home = self.remote.match_groups(event.topic, event.location)
+                for dst in sorted(by_home):
+                    if dst in reachable:
+                        out.sends.append(Send(dst, DeliveryMsg(event, tuple(by_home[dst]))))
         else:
             for dst in sorted(strategy.event_targets(self.id, event.geofence)):
                 out.sends.append(Send(dst, EventMsg(event)))
@@ -349,13 +347,13 @@ class BrokerState:
         if isinstance(msg, SubscribeMsg):
             if msg.sub.roaming is not None and msg.sub.geofence is None:
                 raise ValueError(f"roaming subscription {msg.sub.key} arrived unplaced")
-            self.remote.add(msg.sub)
+            self.remote.add(msg.sub, msg.home)
             self._remote_home[msg.sub.key] = msg.home
         elif isinstance(msg, RelocateMsg):
             held = self.remote.get(msg.key)
             # Only the copy from that home moves (a newer one from another home stays).
             if held is not None and self._remote_home.get(msg.key) == msg.home:
-                self.remote.add(held.placed(msg.at))
+                self.remote.add(held.placed(msg.at), msg.home)
         elif isinstance(msg, UnsubscribeMsg):
             # A newer version from another home (the subscriber moved) stays.
             if self._remote_home.get(msg.key) == msg.home:

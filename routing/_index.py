@@ -14,6 +14,15 @@ disc around an interior point that lies inside the part, and one holding the
 whole part, both measured in a frame where the part's longitudes are scaled by
 the cosine of its latitude, so that a geodesic circle is nearly round), and
 GEOS decides the rest, which lie in the thin ring between the two discs.
+
+`SubscriptionIndex.match_groups` serves the publisher's broker, which sends one
+delivery message per subscriber broker naming the matched subscriptions: each
+subscription is indexed with a group (its home broker) and the answer comes as
+keys per group, with no `Subscription` touched on the way. The trie nodes of a
+topic, and the keys of the world subscriptions they hold (every lookup of the
+topic returns all of them), grouped and sorted, are cached per topic until the
+trie or its world subscriptions change: an event that matches many world
+subscriptions costs little more than copying their keys.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ _MAX_LEVEL = 14  # cell edge 180 / 2**14 degrees, about 1.2 km
 _VECTOR_MIN = 8  # candidates from which array calls beat per-candidate calls
 _DISC_MARGIN = 1e-9  # degrees: far above the rounding error of the disc test
 _NO_DISC = (0.0, 0.0, 0.0, -1.0, math.inf)  # decides nothing: always ask GEOS
+_TOPIC_CACHE = 4096  # topics whose trie nodes are cached (all forgotten when full)
 
 
 def _level_for(width: float, height: float) -> int:
@@ -81,10 +91,11 @@ def part_discs(part: Polygon) -> tuple[float, float, float, float, float]:
 class _PartStore:
     """Geofence parts of indexed subscriptions packed in arrays, one slot per part."""
 
-    __slots__ = ("discs", "free", "geoms", "multipart", "owners", "slots")
+    __slots__ = ("discs", "free", "geoms", "keys", "multipart", "owners", "slots")
 
     def __init__(self) -> None:
         self.owners: list[Subscription | None] = []
+        self.keys: list[SubKey | None] = []  # owners' keys (a property builds a new tuple)
         self.discs = np.empty((0, 5))
         self.geoms = np.empty(0, dtype=object)
         self.free: list[int] = []
@@ -100,10 +111,12 @@ class _PartStore:
             else:
                 slot = len(self.owners)
                 self.owners.append(None)
+                self.keys.append(None)
                 if slot >= len(self.geoms):
                     self._grow(max(64, 2 * len(self.geoms)))
             shapely.prepare(part)
             self.owners[slot] = sub
+            self.keys[slot] = sub.key
             self.geoms[slot] = part
             self.discs[slot] = part_discs(part)
             out.append((slot, part))
@@ -117,6 +130,7 @@ class _PartStore:
         self.multipart -= len(slots) > 1
         for slot in slots:
             self.owners[slot] = None
+            self.keys[slot] = None
             self.geoms[slot] = None
             self.free.append(slot)
         return slots
@@ -128,8 +142,8 @@ class _PartStore:
         geoms[: len(self.geoms)] = self.geoms
         self.discs, self.geoms = discs, geoms
 
-    def covering(self, slots: list[int], lon: float, lat: float) -> list[Subscription]:
-        """The owners of the parts among `slots` that cover the point (each once)."""
+    def covering(self, slots: list[int], lon: float, lat: float) -> list[int]:
+        """The parts among `slots` that cover the point, one per owner."""
         if len(slots) < _VECTOR_MIN:
             hit = [s for s in slots if self._covers(s, lon, lat)]
         else:
@@ -143,11 +157,11 @@ class _PartStore:
             hit = idx[inside].tolist()
             if len(unsure):
                 hit += unsure[shapely.intersects_xy(self.geoms[unsure], lon, lat)].tolist()
-        owners = self.owners
         if self.multipart:
             # A subscription with several parts can be found through each of them.
-            return list({id(o): o for s in hit if (o := owners[s]) is not None}.values())
-        return [owners[s] for s in hit]  # type: ignore[misc]  # live slots have owners
+            owners = self.owners
+            return list({id(owners[s]): s for s in hit}.values())
+        return hit
 
     def _covers(self, slot: int, lon: float, lat: float) -> bool:
         cx, cy, k, inner2, outer2 = self.discs[slot].tolist()
@@ -229,8 +243,13 @@ class _SpatialBucket:
         one bucket only, so they need neither the covers check nor de-duplication.
         """
         world.extend(self.world.values())
-        if not self.cells:
-            return
+        if self.cells:
+            self.cell_candidates(lon, lat, keys, out)
+
+    def cell_candidates(
+        self, lon: float, lat: float, keys: list[list[_Key] | None], out: list[int]
+    ) -> None:
+        """Add the slots of the geofence parts that may cover the point."""
         for level in self.levels:
             cells = keys[level]
             if cells is None:
@@ -268,7 +287,11 @@ class SubscriptionIndex:
     def __init__(self) -> None:
         self._root = _TrieNode()
         self._subs: dict[SubKey, Subscription] = {}
+        self._groups: dict[SubKey, str] = {}  # each subscription's group (`match_groups`)
         self._parts = _PartStore()
+        self._topics: dict[str, list[_TrieNode]] = {}  # trie nodes by topic, until it changes
+        # World subscription keys by topic and group, sorted, until a world subscription changes.
+        self._world: dict[str, dict[str, list[SubKey]]] = {}
 
     def __len__(self) -> int:
         return len(self._subs)
@@ -283,15 +306,24 @@ class SubscriptionIndex:
         """The subscription with this key, if indexed."""
         return self._subs.get(key)
 
-    def add(self, sub: Subscription) -> Subscription | None:
-        """Index `sub`, replacing any subscription with the same key; return the old one."""
+    def add(self, sub: Subscription, group: str = "") -> Subscription | None:
+        """Index `sub`, replacing any subscription with the same key; return the old one.
+
+        `group` is what `match_groups` files it under (the publisher's broker
+        gives a remote subscription's home broker).
+        """
         old = self.remove(sub.key)
         node = self._root
         for level in sub.topic_filter.split("/"):
             child = node.children.get(level)
             if child is None:
                 child = node.children[level] = _TrieNode()
+                self._topics.clear()
+                self._world.clear()
             node = child
+        if sub.geofence is None:
+            self._world.clear()
+        self._groups[sub.key] = group
         parts = [] if sub.geofence is None else self._parts.add(sub, sub.geofence)
         node.bucket.add(sub, parts)
         self._subs[sub.key] = sub
@@ -302,6 +334,9 @@ class SubscriptionIndex:
         sub = self._subs.pop(key, None)
         if sub is None:
             return None
+        del self._groups[key]
+        if sub.geofence is None:
+            self._world.clear()
         path = [self._root]
         levels = sub.topic_filter.split("/")
         for level in levels:
@@ -313,34 +348,105 @@ class SubscriptionIndex:
             if node.children or node.bucket:
                 break
             del path[depth - 1].children[levels[depth - 1]]
+            self._topics.clear()
+            self._world.clear()
         return sub
 
     def match(self, topic: str, location: LatLon) -> list[Subscription]:
         """Subscriptions passing ContentCheck and Subscription GeoCheck for an event."""
         if not self._subs:
             return []
-        nodes = self._nodes_for(topic)
+        nodes = self._nodes(topic)
         if not nodes:
             return []
         lon, lat = location.lon, location.lat
         keys: list[list[_Key] | None] = [None] * (_MAX_LEVEL + 1)
         slots: list[int] = []
         matched: list[Subscription] = []  # world subscriptions first
-        # dict.fromkeys: a topic holding a wildcard (invalid, but match() is
-        # public) reaches a node twice, which would list its world subs twice.
-        for node in dict.fromkeys(nodes):
+        for node in nodes:
             node.bucket.candidates(lon, lat, keys, slots, matched)
+        if slots:
+            owners = self._parts.owners
+            matched.extend(owners[s] for s in self._covering(slots, lon, lat))  # type: ignore[misc]
+        return matched
+
+    def match_groups(self, topic: str, location: LatLon) -> dict[str, list[SubKey]]:
+        """`match` as subscription keys per group (see `add`); no empty groups.
+
+        In a group the world subscriptions come first, then the geofenced
+        ones, each part sorted (deterministic; sorting the whole would cost
+        more than the rest of the lookup when there are many).
+        """
+        if not self._subs:
+            return {}
+        nodes = self._nodes(topic)
+        if not nodes:
+            return {}
+        world = self._world.get(topic)
+        if world is None:
+            world = self._world_groups(topic, nodes)
+        out = {group: list(keys) for group, keys in world.items()}
+        lon, lat = location.lon, location.lat
+        cells: list[list[_Key] | None] = [None] * (_MAX_LEVEL + 1)
+        slots: list[int] = []
+        for node in nodes:
+            bucket = node.bucket
+            if bucket.cells:
+                bucket.cell_candidates(lon, lat, cells, slots)
         if not slots:
-            return matched
+            return out
+        slot_keys = self._parts.keys
+        groups = self._groups
+        hits: dict[str, list[SubKey]] = {}
+        for slot in self._covering(slots, lon, lat):
+            key: SubKey = slot_keys[slot]  # type: ignore[assignment]  # live slots have keys
+            hits.setdefault(groups[key], []).append(key)
+        for group, keys in hits.items():
+            keys.sort()
+            got = out.get(group)
+            if got is None:
+                out[group] = keys
+            else:
+                got += keys
+        return out
+
+    def _world_groups(self, topic: str, nodes: list[_TrieNode]) -> dict[str, list[SubKey]]:
+        """The world subscriptions matching `topic`, sorted keys by group (cached)."""
+        if len(self._world) >= _TOPIC_CACHE:
+            self._world.clear()
+        world: dict[str, list[SubKey]] = {}
+        groups = self._groups
+        for node in nodes:
+            for key in node.bucket.world:
+                world.setdefault(groups[key], []).append(key)
+        for keys in world.values():
+            keys.sort()
+        self._world[topic] = world
+        return world
+
+    def _covering(self, slots: list[int], lon: float, lat: float) -> list[int]:
+        """The candidate slots whose subscription covers the point, one per subscription."""
         if abs(lon) == 180.0:
             # -180 and 180 are one meridian, and a point there may sit in two cells.
-            owners = {id(o): o for o in (self._parts.owners[s] for s in slots)}
-            matched.extend(
-                s for s in owners.values() if s and s.geofence and s.geofence.covers_xy(lon, lat)
-            )
-            return matched
-        matched.extend(self._parts.covering(slots, lon, lat))
-        return matched
+            owners = self._parts.owners
+            first = {id(owners[s]): s for s in slots}
+            return [
+                s
+                for s in first.values()
+                if (o := owners[s]) and o.geofence and o.geofence.covers_xy(lon, lat)
+            ]
+        return self._parts.covering(slots, lon, lat)
+
+    def _nodes(self, topic: str) -> list[_TrieNode]:
+        """The trie nodes whose filter matches `topic`, each once (cached)."""
+        nodes = self._topics.get(topic)
+        if nodes is None:
+            if len(self._topics) >= _TOPIC_CACHE:
+                self._topics.clear()
+            # dict.fromkeys: a topic holding a wildcard (invalid, but match() is
+            # public) reaches a node twice, which would list its world subs twice.
+            nodes = self._topics[topic] = list(dict.fromkeys(self._nodes_for(topic)))
+        return nodes
 
     def _nodes_for(self, topic: str) -> list[_TrieNode]:
         levels = topic.split("/")

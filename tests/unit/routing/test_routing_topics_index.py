@@ -104,6 +104,22 @@ def _brute(subs: dict[str, Subscription], topic: str, where: LatLon) -> list[str
     return sorted(s.id for s in subs.values() if content_and_subscription_geocheck(event, s))
 
 
+def _brute_groups(
+    subs: dict[str, Subscription], groups: dict[str, str], topic: str, where: LatLon
+) -> dict[str, list[tuple[str, str]]]:
+    """What `match_groups` answers: per group, world keys sorted, then geofenced ones sorted."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for world in (True, False):
+        hits: dict[str, list[tuple[str, str]]] = {}
+        for sub_id in _brute(subs, topic, where):
+            sub = subs[sub_id]
+            if (sub.geofence is None) == world:
+                hits.setdefault(groups[sub_id], []).append(sub.key)
+        for group, keys in hits.items():
+            out.setdefault(group, []).extend(sorted(keys))
+    return out
+
+
 def test_index_basics() -> None:
     idx = SubscriptionIndex()
     paris = latlon(48.8566, 2.3522)
@@ -183,27 +199,39 @@ class IndexMachine(RuleBasedStateMachine):
         super().__init__()
         self.index = SubscriptionIndex()
         self.model: dict[str, Subscription] = {}
+        self.groups: dict[str, str] = {}
 
     @rule(target=ids, sub_id=st.sampled_from([f"s{i}" for i in range(12)]))
     def new_id(self, sub_id: str) -> str:
         return sub_id
 
-    @rule(sub_id=ids, topic_filter=filters(), fence=fences_near_a_few_points())
-    def add(self, sub_id: str, topic_filter: str, fence: Geofence | None) -> None:
-        # Adding an indexed id is an update (new filter and geofence).
-        old = self.index.add(Subscription(sub_id, "c", topic_filter, fence))
+    @rule(
+        sub_id=ids,
+        topic_filter=filters(),
+        fence=fences_near_a_few_points(),
+        group=st.sampled_from(["", "east", "west"]),
+    )
+    def add(self, sub_id: str, topic_filter: str, fence: Geofence | None, group: str) -> None:
+        # Adding an indexed id is an update (new filter, geofence and group).
+        old = self.index.add(Subscription(sub_id, "c", topic_filter, fence), group)
         assert old is self.model.get(sub_id)
         self.model[sub_id] = self.index.get(("c", sub_id))  # type: ignore[assignment]
+        self.groups[sub_id] = group
 
     @rule(sub_id=consumes(ids))
     def remove(self, sub_id: str) -> None:
         assert self.index.remove(("c", sub_id)) is self.model.pop(sub_id, None)
+        self.groups.pop(sub_id, None)
 
     @rule(topic=topics(), where=_probe_points)
     def match(self, topic: str, where: LatLon) -> None:
         got = [s.id for s in self.index.match(topic, where)]
         assert len(got) == len(set(got))
         assert sorted(got) == _brute(self.model, topic, where)
+        # Twice: the second lookup of a topic answers from the caches.
+        for _ in range(2):
+            grouped = self.index.match_groups(topic, where)
+            assert grouped == _brute_groups(self.model, self.groups, topic, where)
 
     @invariant()
     def same_contents(self) -> None:
@@ -225,12 +253,15 @@ def test_index_equals_brute_force_on_bulk_loads(
 ) -> None:
     idx = SubscriptionIndex()
     model = {}
+    groups = {}
     for i, (f, fence) in enumerate(subs):
         s = Subscription(f"s{i}", "c", f, fence)
-        idx.add(s)
+        groups[s.id] = "east" if i % 3 else "west"
+        idx.add(s, groups[s.id])
         model[s.id] = s
     for topic, where in probes:
         assert sorted(s.id for s in idx.match(topic, where)) == _brute(model, topic, where)
+        assert idx.match_groups(topic, where) == _brute_groups(model, groups, topic, where)
 
 
 # --------------------------------------------------------------------------

@@ -1,0 +1,119 @@
+"""CPU time per event of the publisher's broker path, in-process, with a profile.
+
+Not a test: it prints what it measured and appends it to
+``bench/results/node.md`` with the command and the machine.
+
+`node_bench` measures a whole node with its clients on the same cores, so on
+a shared machine its rates say as much about the load as about the code.
+This measures the part of the node's worst case that is the node's own
+Python work, in CPU seconds (``time.process_time``), which the load moves
+much less: `node_bench`'s federation and subscriptions (N remote
+subscriptions from the peer, under ``subscription-geofence``), events without
+geofence (each one matched against all N), and per event what the node does
+between reading a `PublishStream` batch and writing the peer frame:
+converting the event from the wire (`event_from_pb`), matching and routing it
+(`BrokerState.publish`) and adding the delivery message to a frame
+(`add_to_frame`). gRPC, asyncio, metrics and the peer's side are left out.
+``--profile`` adds a cProfile summary (the functions with the most own time).
+
+Usage: ``python -m geofed.bench.publish_cpu_bench [--subs 100000] [--events 5000]
+[--rounds 3] [--profile]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from geofed.routing import BrokerState, GeofenceCache, SubscribeMsg, strategy_for
+from geofed.v1 import client_pb2 as cpb
+from geofed.wire import add_to_frame, event_from_pb, new_frame, publish_batch
+
+from ._machine import record
+from .node_bench import _events, _subscriptions, federation_file
+
+RESULTS = Path(__file__).resolve().parent / "results" / "node.md"
+_FRAME_DELIVERIES = 256  # deliveries per frame before it is serialized and started afresh
+
+
+def _run(core: BrokerState, batch: cpb.PublishBatch, cache: GeofenceCache) -> tuple[float, int]:
+    """CPU seconds for the whole batch, and the subscriptions named in deliveries."""
+    named = 0
+    t0 = time.process_time()
+    frame = new_frame()
+    for pb in batch.events:
+        out = core.publish(event_from_pb(pb, cache, field="event"))
+        for send in out.sends:
+            named += len(send.msg.subs)  # type: ignore[union-attr]
+            add_to_frame(frame, send.msg, "node")
+        if len(frame.deliveries) >= _FRAME_DELIVERIES:
+            frame.SerializeToString()
+            frame = new_frame()
+    frame.SerializeToString()
+    return time.process_time() - t0, named
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--subs", type=int, default=100_000, help="remote subscriptions held")
+    p.add_argument("--events", type=int, default=5_000, help="world-wide events per round")
+    p.add_argument("--rounds", type=int, default=3, help="rounds (the median is reported)")
+    p.add_argument("--profile", action="store_true", help="add a cProfile summary")
+    p.add_argument("--no-record", action="store_true", help="do not append to node.md")
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="geofed-bench-") as tmp:
+        fed = federation_file(Path(tmp) / "federation.geojson", (1, 2), 3)
+    core = BrokerState("node", fed, strategy_for("subscription-geofence", fed))
+    for sub in _subscriptions(args.subs, seed=args.subs):
+        core.on_message("peer", SubscribeMsg(sub, "peer"))
+    batch = publish_batch("bench", _events(args.events, seed=1, world=True))
+    for i, pb in enumerate(batch.events):
+        pb.id = pb.id or f"e{i}"
+    cache = GeofenceCache()
+    _run(core, batch, cache)  # warm the caches, as a running node has them
+    times = []
+    named = 0
+    for _ in range(args.rounds):
+        seconds, named = _run(core, batch, cache)
+        times.append(seconds)
+    n = len(batch.events)
+    per_event = statistics.median(times) / n
+    summary = ""
+    if args.profile:
+        prof = cProfile.Profile()
+        prof.runcall(_run, core, batch, cache)
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(12)
+        summary = "\n\ncProfile, one round, by own time:\n\n```\n" + _trim(text.getvalue()) + "```"
+    body = (
+        f"{args.subs:,} remote subscriptions, {n:,} world-wide events per round,"
+        f" {named / n:.1f} subscriptions named per event; rounds (CPU µs/event):"
+        f" {', '.join(f'{t / n * 1e6:.1f}' for t in times)}; median"
+        f" **{per_event * 1e6:.1f} µs/event = {1 / per_event:,.0f} events per CPU second**"
+        f"{summary}"
+    )
+    print(body)
+    if not args.no_record:
+        record(RESULTS, "geofed.bench.publish_cpu_bench", argv, body)
+    return 0
+
+
+def _trim(text: str) -> str:
+    """The profile's table from its header on, file paths shortened to the package."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if "ncalls" in line), 0)
+    return (
+        "\n".join(re.sub(r"\S*/(geofed|site-packages)/", "", line) for line in lines[start:]) + "\n"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
