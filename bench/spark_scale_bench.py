@@ -301,10 +301,12 @@ def main(argv: list[str] | None = None) -> int:
                 (r["ops"] for r in rows if r["bytes"] == row["bytes"] and r["ops"]), {}
             )
     text = report(rows, env)
+    # The command as run, without this machine's folders.
+    names = {args.workdir: "<workdir>", args.baseline: "<baseline>"}
     record(
         Path(args.results),
         "geofed.bench.spark_scale_bench",
-        given,
+        [names.get(a) or shlex.quote(a) for a in given],
         text,
         title="# Spark analysis: scale benchmark\n",
     )
