@@ -8,17 +8,23 @@ bench/results/spark.md. Generated traces are deleted afterwards unless
 
     python -m geofed.bench.spark_scale_bench            # 1M and 10M events
     python -m geofed.bench.spark_scale_bench --events 100000 --results /tmp/spark.md
+    python -m geofed.bench.spark_scale_bench --baseline /tmp/before/site --reuse --keep
+
+With --baseline (a folder holding an older geofed, put first on PYTHONPATH)
+each size runs that version first and this one right after, on the same
+trace: the machine is shared, so a comparison only holds between runs made
+back to back. Each run records the load average at its start and end.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
+import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -26,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from geofed.bench import WorkloadConfig, generate, write_trace
-from geofed.bench._machine import cpu_model
+from geofed.bench._machine import record
 
 REPO = Path(__file__).resolve().parents[1]
 # Subscribers ask for data from a circle around themselves (10% world-wide),
@@ -35,18 +41,6 @@ SCENARIO = "open-data"
 CLIENTS = 4000  # half publish at 1 Hz: 2000 events per second of trace time
 TARGET_S = 600.0
 TARGET_RATIO = 11.0
-
-
-def machine() -> dict[str, Any]:
-    """Cores, CPU model, RAM and load: the benchmark shares its machine."""
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
-    return {
-        "cores": os.cpu_count(),
-        "cpu": cpu_model(),
-        "ram_gib": round(ram, 1),
-        "python": platform.python_version(),
-        "load": os.getloadavg(),
-    }
 
 
 def generate_trace(events: int, path: Path, seed: int) -> dict[str, Any]:
@@ -70,10 +64,34 @@ def generate_trace(events: int, path: Path, seed: int) -> dict[str, Any]:
     }
 
 
+STAGE_DONE = re.compile(r"^\[geofed analyze +[0-9.]+s\] (.+): done in ([0-9.]+)s$")
+"""A stage's progress line on the job's stderr (`analysis._job.Progress`)."""
+RENAMED = {"workload: validating ops (parse_op in executors)": "workload: validating ops"}
+"""Stages older versions named otherwise: their name now."""
+
+
+def load() -> str:
+    """The 1-minute load average: the machine is shared, every figure carries it."""
+    return f"{os.getloadavg()[0]:.1f}"
+
+
 def run_job(
-    federation: Path, trace: Path, out: Path, master: str, extra: list[str]
-) -> tuple[float, list[str]]:
-    """Run ``geofed analyze`` as a process; return its wall time and command."""
+    federation: Path,
+    trace: Path,
+    out: Path,
+    master: str,
+    extra: list[str],
+    *,
+    pythonpath: str | None = None,
+    stop_after: str | None = None,
+) -> dict[str, Any]:
+    """Run ``geofed analyze`` as a process: its wall time, stage times, command and loads.
+
+    `pythonpath` runs another geofed (an older version, unpacked) with the
+    same command; `stop_after` ends the run once that stage is done (wall
+    time and summary are then missing): the older version may take far
+    longer than the stages compared.
+    """
     cmd = [
         sys.executable,
         "-m",
@@ -86,13 +104,50 @@ def run_job(
         str(trace),
         "-o",
         str(out),
-        "--force",  # the benchmark's own folder
         "--no-plots",
+        *(["--force"] if pythonpath is None else []),  # --force: the benchmark's own folder
         *extra,
     ]
+    if pythonpath is not None:
+        shutil.rmtree(out, ignore_errors=True)  # an older version may lack --force
+    env = dict(os.environ)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath
+    stages: dict[str, float] = {}
+    first = load()
     start = time.monotonic()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    return time.monotonic() - start, cmd
+    stopped = False
+    with subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group: stopping it stops its JVM too
+    ) as proc:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            done = STAGE_DONE.match(line.strip())
+            if done:
+                name = RENAMED.get(done.group(1), done.group(1))
+                stages[name] = float(done.group(2))
+                if name == stop_after:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                    stopped = True
+                    break
+        proc.stderr.close()
+        code = proc.wait()
+    wall = time.monotonic() - start
+    if code != 0 and not stopped:
+        raise subprocess.CalledProcessError(code, cmd)
+    summary = None if stopped else json.loads((out / "summary.json").read_text())
+    return {
+        "wall_s": None if stopped else wall,
+        "timings": stages,
+        "summary": summary,
+        "command": cmd,
+        "load": f"{first} -> {load()}",
+    }
 
 
 def shown(cmd: list[str], workdir: str) -> str:
@@ -103,56 +158,53 @@ def shown(cmd: list[str], workdir: str) -> str:
     return " ".join(shlex.quote(c) if "<workdir>" not in c else c for c in words)
 
 
-def report(rows: list[dict[str, Any]], env: dict[str, Any], argv: list[str]) -> str:
-    """The results page."""
+def report(rows: list[dict[str, Any]], env: dict[str, Any]) -> str:
+    """The body of the results section (`record` writes command and machine above it)."""
     lines = [
-        "# Spark analysis: scale benchmark",
-        "",
-        f"Date: {env['date']}. Machine: {env['machine']['cores']} cores ({env['machine']['cpu']}),"
-        f" {env['machine']['ram_gib']} GiB RAM, Python {env['machine']['python']}."
-        f" Load average before / after: {env['load_before']} / {env['load_after']}"
-        " (the machine is shared; other jobs ran alongside).",
-        "",
-        "Reproduce:",
-        "",
-        "```",
-        "python -m geofed.bench.spark_scale_bench " + " ".join(shlex.quote(a) for a in argv),
-        "```",
-        "",
         f"Workload: `geofed.bench.workload`, scenario `{SCENARIO}`, {CLIENTS} clients (half publish"
         " at 1 Hz, half hold two subscriptions each, 10% world-wide), JSON Lines; federation"
         f" `{env['federation']}`; Spark `{env['master']}`, one process per run"
-        " (JVM start included).",
+        " (JVM start included). The machine is shared: load is the 1-minute load average"
+        " at each run's start -> end.",
         "",
-        "| events | ops | trace size | wall time | events/s |",
-        "|---:|---:|---:|---:|---:|",
+        "| run | ops | trace size | wall time | events/s | load |",
+        "|---|---:|---:|---:|---:|---|",
     ]
     for r in rows:
+        wall = r["wall_s"]
         lines.append(
-            f"| {r['events']:,} | {sum(r['ops'].values()):,} | {r['bytes'] / 1e9:.2f} GB"
-            f" | {r['wall_s']:.0f} s | {r['events'] / r['wall_s']:,.0f} |"
+            f"| {r['label']} | {sum(r['ops'].values()):,} | {r['bytes'] / 1e9:.2f} GB"
+            + (
+                f" | {wall:.0f} s | {r['events'] / wall:,.0f}"
+                if wall is not None
+                else f" | stopped after {r['stop_after']!r} | -"
+            )
+            + f" | {r['load']} |"
         )
-    lines += ["", "Where the time goes (seconds per stage of the job, from its summary.json):", ""]
+    lines += ["", "Where the time goes (seconds per stage of the job):", ""]
     lines.append("| stage | " + " | ".join(r["label"] for r in rows) + " |")
     lines.append("|---|" + "---:|" * len(rows))
-    for stage in rows[0]["timings"]:
+    stages = list(dict.fromkeys(stage for r in rows for stage in r["timings"]))
+    for stage in stages:
+        cells = [r["timings"].get(stage) for r in rows]
         lines.append(
-            f"| {stage} | " + " | ".join(f"{r['timings'].get(stage, 0):.1f}" for r in rows) + " |"
+            f"| {stage} | " + " | ".join("-" if c is None else f"{c:.1f}" for c in cells) + " |"
         )
     lines.append("")
-    by = {r["label"]: r for r in rows}
-    if "1M" in by and "10M" in by:
-        ratio = by["10M"]["wall_s"] / by["1M"]["wall_s"]
-        ten = by["10M"]["wall_s"]
+    walls = {r["label"]: r["wall_s"] for r in rows if r["wall_s"] is not None}
+    if "1M" in walls and "10M" in walls:
+        ratio = walls["10M"] / walls["1M"]
         lines += [
             f"1M -> 10M time ratio: **{ratio:.2f}x** (target <= {TARGET_RATIO:g}x:"
             f" {'met' if ratio <= TARGET_RATIO else 'missed'}).",
-            f"10M events: **{ten:.0f} s** (target < {TARGET_S:.0f} s:"
-            f" {'met' if ten < TARGET_S else 'missed'}).",
+            f"10M events: **{walls['10M']:.0f} s** (target < {TARGET_S:.0f} s:"
+            f" {'met' if walls['10M'] < TARGET_S else 'missed'}).",
             "",
         ]
-    lines += ["Commands run (from the repository's root; <workdir> is --workdir):", ""]
-    lines += [f"- {r['label']}: `{shown(r['command'], env['workdir'])}`" for r in rows]
+    lines += ["Runs (from the repository's root; <workdir> is --workdir):", ""]
+    for r in rows:
+        where = " (`PYTHONPATH=<baseline>`)" if r["baseline"] else ""
+        lines.append(f"- {r['label']}{where}: `{shown(r['command'], env['workdir'])}`")
     lines.append("")
     return "\n".join(lines)
 
@@ -175,63 +227,89 @@ def main(argv: list[str] | None = None) -> int:
         help="analyze a trace left in --workdir by an earlier --keep run instead of generating it",
     )
     parser.add_argument("--conf", action="append", default=[], help="passed to geofed analyze")
+    parser.add_argument(
+        "--baseline",
+        help="a folder with an older geofed (e.g. an unpacked wheel): run it on PYTHONPATH"
+        " right before this version, on the same trace",
+    )
+    parser.add_argument(
+        "--baseline-stop-after",
+        metavar="STAGE",
+        help="end the baseline's runs once this stage is done (e.g. 'workload: validating ops')",
+    )
     args = parser.parse_args(argv)
     given = list(argv if argv is not None else sys.argv[1:])
 
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     env: dict[str, Any] = {
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": machine(),
         "federation": os.path.relpath(args.federation, REPO),
         "master": args.master,
         "workdir": str(work),
     }
-    env["load_before"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
     rows: list[dict[str, Any]] = []
     extra = [x for c in args.conf for x in ("--conf", c)]
+    versions: list[str | None] = [args.baseline, None] if args.baseline else [None]
     for n in args.events:
-        label = f"{n // 1_000_000}M" if n % 1_000_000 == 0 else f"{n:,}"
+        size = f"{n // 1_000_000}M" if n % 1_000_000 == 0 else f"{n:,}"
         trace = work / f"trace-{n}.jsonl"
-        out = work / f"out-{n}"
         if args.reuse and trace.exists():
             info = {"ops": None, "bytes": trace.stat().st_size, "generate_s": 0.0}
         else:
-            print(f"[bench] generating {label} events -> {trace}", file=sys.stderr, flush=True)
+            print(f"[bench] generating {size} events -> {trace}", file=sys.stderr, flush=True)
             info = generate_trace(n, trace, args.seed)
-        print(
-            f"[bench] {info['ops']} in {info['generate_s']} s; analyzing",
-            file=sys.stderr,
-            flush=True,
-        )
         try:
-            wall, cmd = run_job(Path(args.federation), trace, out, args.master, extra)
+            for baseline in versions:
+                label = size + (" before" if baseline else " after" if args.baseline else "")
+                out = work / f"out-{n}"
+                stop = args.baseline_stop_after if baseline else None
+                print(f"[bench] analyzing {label}", file=sys.stderr, flush=True)
+                run = run_job(
+                    Path(args.federation),
+                    trace,
+                    out,
+                    args.master,
+                    extra,
+                    pythonpath=baseline,
+                    stop_after=stop,
+                )
+                summary = run["summary"]
+                rows.append(
+                    {
+                        **run,
+                        "label": label,
+                        "baseline": baseline is not None,
+                        "stop_after": stop,
+                        "events": summary["events"] if summary else None,
+                        "ops": info["ops"] or (summary or {}).get("ops", {}).get("by_op", {}),
+                        "bytes": info["bytes"],
+                    }
+                )
+                print(
+                    f"[bench] {label}: {run['wall_s']} s, load {run['load']}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                if not args.keep:
+                    shutil.rmtree(out, ignore_errors=True)
         finally:
             if not args.keep:
                 trace.unlink(missing_ok=True)
-        summary = json.loads((out / "summary.json").read_text())
-        rows.append(
-            {
-                "label": label,
-                "events": summary["events"],
-                "ops": info["ops"] or summary["ops"]["by_op"],
-                "bytes": info["bytes"],
-                "wall_s": wall,
-                "timings": summary["timings_s"],
-                "command": cmd,
-                "matching": summary["matching"],
-            }
-        )
-        print(
-            f"[bench] {label}: {wall:.0f} s, {summary['events'] / wall:,.0f} events/s",
-            file=sys.stderr,
-            flush=True,
-        )
-        if not args.keep:
-            shutil.rmtree(out, ignore_errors=True)
-    env["load_after"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    text = report(rows, env, given)
-    Path(args.results).write_text(text)
+    for row in rows:  # a stopped run counts the ops its pair counted
+        if not row["ops"]:
+            row["ops"] = next(
+                (r["ops"] for r in rows if r["bytes"] == row["bytes"] and r["ops"]), {}
+            )
+    text = report(rows, env)
+    # The command as run, without this machine's folders.
+    names = {args.workdir: "<workdir>", args.baseline: "<baseline>"}
+    record(
+        Path(args.results),
+        "geofed.bench.spark_scale_bench",
+        [names.get(a) or shlex.quote(a) for a in given],
+        text,
+        title="# Spark analysis: scale benchmark\n",
+    )
     print(text)
     return 0
 

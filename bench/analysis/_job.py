@@ -284,15 +284,20 @@ def analyze(spark: SparkSession, cfg: AnalysisConfig, progress: Progress | None 
             r["op"]: int(r["n"])
             for r in parsed.groupBy("op").agg(F.count(F.lit(1)).alias("n")).collect()
         }
-        bad = by_op.pop(None, 0)
-        errors = [
-            {"file": inputs.name(r["file"]), "line": int(r["line"]), "error": r["err"]}
-            for r in parsed.where(F.col("err").isNotNull())
-            .orderBy("k")
-            .select("file", "line", "err")
-            .limit(cfg.max_errors)
-            .collect()
-        ]
+        bad = by_op.pop(None, 0)  # error rows have no op
+        # Each query reads the whole checkpoint back: none for a clean trace.
+        errors = (
+            [
+                {"file": inputs.name(r["file"]), "line": int(r["line"]), "error": r["err"]}
+                for r in parsed.where(F.col("err").isNotNull())
+                .orderBy("k")
+                .select("file", "line", "err")
+                .limit(cfg.max_errors)
+                .collect()
+            ]
+            if bad
+            else []
+        )
         roaming = (
             parsed.where(F.col("err").contains(io.ROAMING_UNSUPPORTED))
             .orderBy("k")

@@ -15,6 +15,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -22,7 +23,7 @@ from spark_helpers import THREE, write_jsonl
 from test_spark_known import AROUND_FRANKFURT, THREE_TRACE
 
 from geofed.bench.analysis import load_federation
-from geofed.bench.analysis._io import parse_workload, read_numbered, workload_records
+from geofed.bench.analysis._io import _per_point, parse_workload, read_numbered, workload_records
 from geofed.bench.analysis._job import PARSED_DDL
 from geofed.routing import GeofedError, GeofenceCache, parse_op
 
@@ -225,3 +226,24 @@ def test_parquet_rows_parse_as_the_core_does(spark: Any, tmp_path: Path) -> None
     differ = {n: (got[n], want[n]) for n in want if not _same(got[n], want[n])}
     assert not differ, differ
     assert sum(1 for v in want.values() if v[-1]) == 6
+
+
+def test_per_point_asks_once_per_distinct_point() -> None:
+    """Home and H3 cell are asked once per point of a batch, told apart by their bits
+    (-0.0 is not 0.0, a NaN is a point of its own), and handed back to every row."""
+
+    def key(a: np.ndarray, b: np.ndarray, asked: list[int]) -> np.ndarray:
+        asked.append(len(a))
+        pairs = zip(a.tolist(), b.tolist(), strict=True)
+        return np.array([hash((x.hex(), y.hex())) for x, y in pairs])
+
+    rng = np.random.default_rng(7)
+    for n in (0, 1, 2, 7, 5000):
+        lat = rng.choice(np.array([0.0, -0.0, 1.5, np.nan, -90.0]), n)
+        lon = rng.choice(np.array([0.0, -0.0, 180.0, 13.25]), n)
+        asked: list[int] = []
+        got = _per_point(lat, lon, lambda a, b, asked=asked: key(a, b, asked))
+        want = [hash((x.hex(), y.hex())) for x, y in zip(lat.tolist(), lon.tolist(), strict=True)]
+        assert got.tolist() == want
+        bits = zip(lat.view(np.int64).tolist(), lon.view(np.int64).tolist(), strict=True)
+        assert asked == [len(set(bits))]
