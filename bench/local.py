@@ -22,17 +22,18 @@ import sys
 import tempfile
 import time
 import urllib.parse
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
 from geofed.client import TLSConfig, health_status
 from geofed.node import CA, PEER_CONNECTED, TLSFiles, issue_client, issue_federation
-from geofed.routing import Federation, GeofedError
+from geofed.routing import Federation, GeofedError, Kind
 from geofed.wire import FEDERATION_SERVICE
 
 from .faultproxy import FaultProxy, ProxyHost
-from .scrape import Quiescence, metric
+from .scrape import Quiescence, metric, peer_message_counts
 
 
 @dataclass(frozen=True)
@@ -294,6 +295,16 @@ class LocalFederation:
     def metrics_urls(self) -> dict[str, str]:
         """Each broker's /metrics URL by broker id (what `wait_quiescent` reads)."""
         return {b: n.metrics_url for b, n in self.nodes.items()}
+
+    def total(self, name: str) -> float:
+        """Metric `name` summed over every broker and every label (each must answer)."""
+        return sum(metric(url, name) for url in self.metrics_urls().values())
+
+    def sent(self) -> Counter[tuple[str, str, str]]:
+        """Logical inter-broker messages sent so far by (kind, src, dst): what the cost model
+        counts (control frames left out)."""
+        counts = peer_message_counts(self.metrics_urls())["sent"]
+        return Counter({k: int(v) for k, v in counts.items() if k[0] != Kind.CONTROL})
 
     def _live_urls(self) -> dict[str, str]:
         return {b: n.metrics_url for b, n in self.nodes.items() if n.process.poll() is None}

@@ -86,10 +86,6 @@ def local_subs(fed: LocalFederation, broker: str) -> float:
     return metric(fed.nodes[broker].metrics_url, SUBSCRIPTIONS, scope="local")
 
 
-def total(fed: LocalFederation, name: str) -> float:
-    return sum(metric(url, name) for url in fed.metrics_urls().values())
-
-
 def mosquitto(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(args, capture_output=True, text=True, timeout=HANG_S, check=False)
 
@@ -199,7 +195,7 @@ def test_mqtt_and_grpc_clients_see_each_others_events_across_regions(
     sensors/de/temp.
     """
     before = {b: local_subs(fed, b) for b in fed.nodes}
-    delivered = total(fed, DELIVERIES)
+    delivered = fed.total(DELIVERIES)
     # A: mosquitto_sub 3.1.1 in New York, location and filter in the $geofed/ prefix.
     a = subprocess.Popen(
         [
@@ -263,7 +259,7 @@ def test_mqtt_and_grpc_clients_see_each_others_events_across_regions(
             ) as pub:
                 await pub.publish("sensors/de/temp", b"e3")
             d_got = [(await d.next(HANG_S)).payload.decode()]
-            await asyncio.to_thread(until, lambda: total(fed, DELIVERIES) - delivered >= 7, "7")
+            await asyncio.to_thread(until, lambda: fed.total(DELIVERIES) - delivered >= 7, "7")
             await fed.quiescent(HANG_S)
             del c  # it gets nothing: the delivery count below holds every delivery made
             return {"c": [], "d": d_got}
@@ -279,7 +275,7 @@ def test_mqtt_and_grpc_clients_see_each_others_events_across_regions(
     }
     expected = {"a": ["e1", "e2", "e3"], "b": ["e1", "e3"], "c": [], "d": ["e1"], "e": ["e1"]}
     assert {k: sorted(v) for k, v in got.items()} == expected
-    assert total(fed, DELIVERIES) - delivered == 7
+    assert fed.total(DELIVERIES) - delivered == 7
     b.close()
     e.close()
 
@@ -415,7 +411,7 @@ def test_websocket_clients_and_tcp_and_grpc_see_each_others_events(fed: LocalFed
     New York. X takes publishers in Europe only: w1, w2, w3; Y and Z all four.
     """
     before = {b: local_subs(fed, b) for b in fed.nodes}
-    delivered = total(fed, DELIVERIES)
+    delivered = fed.total(DELIVERIES)
     x = Paho("x-ws-sub", websocket=True)
     assert (
         x.connect(fed.nodes["us"].mqtt_ws, user(PacketTypes.CONNECT, geofed_location=NEW_YORK)) == 0
@@ -469,7 +465,7 @@ def test_websocket_clients_and_tcp_and_grpc_see_each_others_events(fed: LocalFed
         "z": ["w1", "w2", "w3", "w4"],
     }
     asyncio.run(fed.quiescent(HANG_S))
-    assert total(fed, DELIVERIES) - delivered == 11  # nothing else was delivered
+    assert fed.total(DELIVERIES) - delivered == 11  # nothing else was delivered
     assert [m.qos for m in x.messages] == [1, 1, 1]
     for c in (x, y, w):
         c.close()
@@ -746,7 +742,7 @@ def test_a_roaming_geofence_follows_an_mqtt_subscriber_across_an_area_edge(
     edge = eu_ap_edge
     roam = "roam:circle:200000"
     ops: list[TraceOp] = []
-    delivered = total(fed, DELIVERIES)
+    delivered = fed.total(DELIVERIES)
     held = local_subs(fed, "eu")
     earlier: list[str] = []  # received on a connection that has ended
 
@@ -766,7 +762,7 @@ def test_a_roaming_geofence_follows_an_mqtt_subscriber_across_an_area_edge(
     def settle(sub: Paho) -> None:
         asyncio.run(fed.quiescent(HANG_S))
         want = len(reference_deliveries(ops))
-        until(lambda: total(fed, DELIVERIES) - delivered == want, f"{want} deliveries made")
+        until(lambda: fed.total(DELIVERIES) - delivered == want, f"{want} deliveries made")
         until(lambda: len(earlier) + len(sub.messages) >= want, f"{want} received", sub.step)
 
     def publish_both(n: int, sub: Paho) -> None:
@@ -802,7 +798,7 @@ def test_a_roaming_geofence_follows_an_mqtt_subscriber_across_an_area_edge(
     assert {e[-1] for e in expected} == {"w", "e"} and len(expected) == 9
     received = earlier + [m.payload.decode() for m in sub.messages]
     assert sorted(received) == expected
-    assert total(fed, DELIVERIES) - delivered == len(expected)
+    assert fed.total(DELIVERIES) - delivered == len(expected)
     sub.close()
 
 

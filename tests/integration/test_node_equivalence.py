@@ -23,11 +23,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import geofed
-from geofed.bench import LocalFederation, Replayer, metric, peer_message_counts, wait_quiescent
+from geofed.bench import LocalFederation, Replayer, wait_quiescent
 from geofed.node import DELIVERIES, SUBSCRIPTIONS
 from geofed.routing import (
     STRATEGIES,
-    Kind,
     LatLon,
     Roaming,
     TraceOp,
@@ -139,21 +138,6 @@ def federation(
 WAIT_S = 60.0  # safety net of every wait on state; none is expected to come near it
 
 
-def _sent(fed: LocalFederation) -> Counter[tuple[str, str, str]]:
-    return Counter(
-        {
-            k: int(v)
-            for k, v in peer_message_counts(fed.metrics_urls())["sent"].items()
-            if k[0] != Kind.CONTROL
-        }
-    )
-
-
-def _total(fed: LocalFederation, name: str) -> float:
-    """A metric summed over every node (and every label)."""
-    return sum(metric(url, name) for url in fed.metrics_urls().values())
-
-
 async def _until(cond: Callable[[], bool], what: str) -> None:
     """Poll `cond` (in a thread: it scrapes metrics) until it holds."""
     deadline = time.monotonic() + WAIT_S
@@ -168,23 +152,23 @@ async def _replay(
     """Replay `ops`; the deliveries, how many the brokers made, and the messages sent."""
     urls = fed.metrics_urls()
     r = Replayer(fed.federation, barrier=lambda: wait_quiescent(urls, timeout=WAIT_S))
-    before = await asyncio.to_thread(_sent, fed)
-    made_before = await asyncio.to_thread(_total, fed, DELIVERIES)
+    before = await asyncio.to_thread(fed.sent)
+    made_before = await asyncio.to_thread(fed.total, DELIVERIES)
     try:
         await r.run(ops)
         # The barrier after the last action: every delivery has been pushed to a
         # stream. The streams may still carry some: wait until every delivery the
         # brokers made for this example has reached its client.
-        made = await asyncio.to_thread(_total, fed, DELIVERIES) - made_before
+        made = await asyncio.to_thread(fed.total, DELIVERIES) - made_before
         await _until(lambda: r.received >= made, f"{made:g} deliveries reach the clients")
-        after = await asyncio.to_thread(_sent, fed)
+        after = await asyncio.to_thread(fed.sent)
     finally:
         await r.close()  # cancels the streams: their subscriptions are withdrawn
         # A broker withdraws a subscription when it sees its stream end, after
         # `close` returned: wait for that, then for what it sent to its peers,
         # so that none of it is counted in the next example.
         await _until(
-            lambda: _total(fed, SUBSCRIPTIONS) == 0, "every broker has withdrawn every subscription"
+            lambda: fed.total(SUBSCRIPTIONS) == 0, "every broker has withdrawn every subscription"
         )
         await wait_quiescent(urls, timeout=WAIT_S)
     assert not r.errors, r.errors
@@ -279,7 +263,7 @@ def test_a_connect_at_a_new_place_moves_roaming_geofences_too(
         finally:
             await again.close()
             await first.close()
-            await _until(lambda: _total(federation, SUBSCRIPTIONS) == 0, "withdrawn")
+            await _until(lambda: federation.total(SUBSCRIPTIONS) == 0, "withdrawn")
             await federation.quiescent(WAIT_S)
 
     assert asyncio.run(scenario()).payload == b"near enough now"

@@ -35,11 +35,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import geofed
-from geofed.bench import LocalFederation, Replayer, metric, peer_message_counts, wait_quiescent
+from geofed.bench import LocalFederation, Replayer, metric, wait_quiescent
 from geofed.node import DELIVERIES, SUBSCRIPTIONS
 from geofed.routing import (
     STRATEGIES,
-    Kind,
     StrategyTable,
     TraceOp,
     Transition,
@@ -73,15 +72,6 @@ def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFedera
         yield fed
 
 
-def _total(fed: LocalFederation, name: str) -> float:
-    return sum(metric(url, name) for url in fed.metrics_urls().values())
-
-
-def _sent(fed: LocalFederation) -> Counter[tuple[str, str, str]]:
-    counts = peer_message_counts(fed.metrics_urls())["sent"]
-    return Counter({k: int(v) for k, v in counts.items() if k[0] != Kind.CONTROL})
-
-
 async def _until(cond: Callable[[], bool], what: str) -> None:
     deadline = time.monotonic() + WAIT_S
     while not await asyncio.to_thread(cond):
@@ -106,6 +96,22 @@ def _serving(fed: LocalFederation, broker: str) -> bool:
     except OSError:
         return False
     return True
+
+
+async def _all_delivered(fed: LocalFederation, r: Replayer, made_before: float) -> float:
+    """The deliveries the brokers made since `made_before`, once all reached `r`'s clients."""
+    made = await asyncio.to_thread(fed.total, DELIVERIES) - made_before
+    await _until(lambda: r.received >= made, f"{made:g} deliveries reach the clients")
+    return made
+
+
+async def _wind_down(fed: LocalFederation, *clients: Replayer | geofed.Client) -> None:
+    """Close the replayers and clients, then wait until their subscriptions are withdrawn
+    everywhere and the links are quiet (nothing of this run counted in the next)."""
+    for c in clients:
+        await c.close()
+    await _until(lambda: fed.total(SUBSCRIPTIONS) == 0, "subscriptions withdrawn")
+    await fed.quiescent(WAIT_S)
 
 
 async def _change(
@@ -181,8 +187,8 @@ def test_barrier_synchronised_transitions_match_oracle_and_cost_model(
         await _change(federation, admin, "a/#", old)
         await _change(federation, admin, "a/b", None)
         start_table = await admin.strategy_table()
-        before = await asyncio.to_thread(_sent, federation)
-        made_before = await asyncio.to_thread(_total, federation, DELIVERIES)
+        before = await asyncio.to_thread(federation.sent)
+        made_before = await asyncio.to_thread(federation.total, DELIVERIES)
         changes = [("a/#", new), ("a/b", old), ("a/#", old)]
         try:
             for i, seg in enumerate(segments):
@@ -192,14 +198,10 @@ def test_barrier_synchronised_transitions_match_oracle_and_cost_model(
                     await _change(federation, admin, topic_filter, strategy)
                 await r.run(seg)
                 ops.extend(seg)
-            made = await asyncio.to_thread(_total, federation, DELIVERIES) - made_before
-            await _until(lambda: r.received >= made, f"{made:g} deliveries reach the clients")
-            after = await asyncio.to_thread(_sent, federation)
+            made = await _all_delivered(federation, r, made_before)
+            after = await asyncio.to_thread(federation.sent)
         finally:
-            await r.close()
-            await admin.close()
-            await _until(lambda: _total(federation, SUBSCRIPTIONS) == 0, "subscriptions withdrawn")
-            await federation.quiescent(WAIT_S)
+            await _wind_down(federation, r, admin)
         assert not r.errors, r.errors
         assert r.received == made
         return r.deliveries, ops, transitions, after - before, start_table
@@ -248,7 +250,7 @@ def test_events_flowing_through_transitions_are_delivered_exactly(
             client_id=f"r{run}admin", location=HOMES["eu"], federation=where
         )
         first = await _change(federation, admin, "a/#", tour[0])
-        made_before = await asyncio.to_thread(_total, federation, DELIVERIES)
+        made_before = await asyncio.to_thread(federation.total, DELIVERIES)
         try:
             await r.run(subs)
 
@@ -260,14 +262,9 @@ def test_events_flowing_through_transitions_are_delivered_exactly(
             await asyncio.gather(pub.run(publishes), changes())
             last = await _change(federation, admin, "a/#", tour[-1])  # every change finished
             assert last == first + len(PAIRS)  # one epoch each, none lost
-            made = await asyncio.to_thread(_total, federation, DELIVERIES) - made_before
-            await _until(lambda: r.received >= made, f"{made:g} deliveries reach the clients")
+            made = await _all_delivered(federation, r, made_before)
         finally:
-            await pub.close()
-            await r.close()
-            await admin.close()
-            await _until(lambda: _total(federation, SUBSCRIPTIONS) == 0, "subscriptions withdrawn")
-            await federation.quiescent(WAIT_S)
+            await _wind_down(federation, pub, r, admin)
         assert not r.errors and not pub.errors, (r.errors, pub.errors)
         return r.deliveries, int(made)
 
@@ -496,22 +493,18 @@ def test_random_transition_points_match_oracle_and_cost_model(
             client_id="admin-random", location=HOMES["eu"], federation=where
         )
         start = await admin.strategy_table()
-        before = await asyncio.to_thread(_sent, federation)
-        made_before = await asyncio.to_thread(_total, federation, DELIVERIES)
+        before = await asyncio.to_thread(federation.sent)
+        made_before = await asyncio.to_thread(federation.total, DELIVERIES)
         try:
             for i, op in enumerate(ops):
                 for t in transitions:
                     if t.before == i:
                         await _change(federation, admin, t.topic_filter, t.strategy)
                 await r.run([op])
-            made = await asyncio.to_thread(_total, federation, DELIVERIES) - made_before
-            await _until(lambda: r.received >= made, f"{made:g} deliveries reach the clients")
-            after = await asyncio.to_thread(_sent, federation)
+            made = await _all_delivered(federation, r, made_before)
+            after = await asyncio.to_thread(federation.sent)
         finally:
-            await r.close()
-            await admin.close()
-            await _until(lambda: _total(federation, SUBSCRIPTIONS) == 0, "subscriptions withdrawn")
-            await federation.quiescent(WAIT_S)
+            await _wind_down(federation, r, admin)
         assert not r.errors, r.errors
         assert r.received == made
         return r.deliveries, after - before, start
