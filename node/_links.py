@@ -31,7 +31,7 @@ import logging
 import random
 import re
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from typing import Any, Protocol
 
 import grpc
@@ -60,6 +60,7 @@ from geofed.wire import (
 
 from ._budget import ByteBudget
 from ._config import NodeConfig
+from ._dedup import DedupWindow
 from ._metrics import NodeMetrics
 
 log = logging.getLogger("geofed.node.links")
@@ -208,7 +209,7 @@ class PeerLink:
         self._writing = 0  # messages in the frame being written
         self._restart_reason = ""
         self._unacked: deque[tuple[int, list[PeerMessage]]] = deque(maxlen=_UNACKED_FRAMES)
-        self._seen: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self.window = DedupWindow(cfg.dedup_window)  # what came over this link (node/_dedup.py)
         self._seq = 0
         self._ack_pending = 0
         self._last_flush = 0.0
@@ -629,17 +630,6 @@ class PeerLink:
             if frame.seq:
                 self._ack_pending = frame.seq
                 self._wake.set()
-
-    def seen(self, kind: Kind, event_id: str) -> bool:
-        """True if this event (or a delivery of it) already came over this link."""
-        return (kind.value, event_id) in self._seen
-
-    def remember(self, kind: Kind, event_id: str) -> tuple[str, str] | None:
-        """Add to the duplicate window; return the (kind, id) it forgot, if any."""
-        self._seen[(kind.value, event_id)] = None
-        if len(self._seen) > self.node.config.dedup_window:
-            return self._seen.popitem(last=False)[0]
-        return None
 
 
 def _size(msg: PeerMessage) -> int:

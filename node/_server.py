@@ -10,7 +10,7 @@ import logging
 import math
 import time
 import uuid
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,6 +106,7 @@ from geofed.wire import (
 from ._auth import Principal, Security, add_port
 from ._budget import ByteBudget
 from ._config import NodeConfig
+from ._dedup import DedupWindow
 from ._errors import Guarded, abort, streaming, unary
 from ._history import HistoryAnswer, HistoryLog, open_backend
 from ._links import PROTOCOL_VERSION, SERVER_OPTIONS, ContextTransport, PeerLink
@@ -352,7 +353,7 @@ class BrokerServer(Guarded):
         self._streams: dict[SubKey, _Stream] = {}
         self._sessions: dict[str, _Session] = {}
         self.pending: dict[SubKey, PendingInfo] = {}  # persistent subscriptions' queues
-        self._published: OrderedDict[str, None] = OrderedDict()  # recent local event ids
+        self._published = DedupWindow(config.dedup_window)  # recent local event ids
         self._next_oid = 1
         self._next_seen = 1
         self._reaper: asyncio.Task[None] | None = None
@@ -751,7 +752,7 @@ class BrokerServer(Guarded):
             if not rejected and not frame.HasField("snapshot"):
                 self.metrics.peer_received.labels(peer=peer, kind=Kind.CONTROL.value).inc()
             return
-        link = self.links[peer]
+        window = self.links[peer].window
         staged = _Staged()
         in_frame: set[tuple[Kind, str]] = set()
         changed = False
@@ -759,7 +760,7 @@ class BrokerServer(Guarded):
             try:
                 if isinstance(msg, EventMsg | DeliveryMsg):
                     key = (msg.kind, msg.event.id)
-                    if link.seen(*key) or key in in_frame:
+                    if window.seen(*key) or key in in_frame:
                         self.metrics.peer_duplicates.labels(peer=peer).inc()
                         staged.received.append(msg.kind)
                         continue
@@ -813,10 +814,9 @@ class BrokerServer(Guarded):
         logged: list[HistoryRecord] = []
         try:
             for event in events:
-                if event.id in self._published:
+                if not self._remember(_LOCAL, Kind.EVENT, event.id):
                     self.metrics.publish_duplicates.inc()
                     continue
-                self._remember(_LOCAL, Kind.EVENT, event.id)
                 fresh.append(event.id)
                 if self.history is not None:
                     logged.append(
@@ -838,7 +838,7 @@ class BrokerServer(Guarded):
             await self._commit(staged)
         except BaseException:
             for event_id in fresh:  # not published: a retry must go through
-                self._published.pop(event_id, None)
+                self._published.forget(Kind.EVENT, event_id)
             raise
         self.metrics.events_published.inc(len(fresh))
         if self.history is not None:
@@ -942,23 +942,23 @@ class BrokerServer(Guarded):
         for peer, kind, event_id in staged.seen:
             self._remember(peer, kind, event_id, stored=True)
 
-    def _remember(self, peer: str, kind: Kind, event_id: str, stored: bool = False) -> None:
-        """Add an event id to a duplicate window (the store's copy too, when durable).
+    def _remember(self, peer: str, kind: Kind, event_id: str, stored: bool = False) -> bool:
+        """Add an event id to a duplicate window, and to the store's copy; False if it was there.
 
-        `stored`: its store copy was written already (`_commit`).
+        `stored`: its store copy was written already (`_commit`). The store's
+        copy is trimmed to the window's newest `dedup_window` ids every quarter
+        window, so it holds at most 1.25 windows per peer: a superset of the
+        window, of which a restart keeps the newest (`_restore`).
         """
-        forgot: tuple[str, str] | None = None
-        if peer == _LOCAL:
-            self._published[event_id] = None
-            if len(self._published) > self.config.dedup_window:
-                forgot = (Kind.EVENT.value, self._published.popitem(last=False)[0])
-        else:
-            forgot = self.links[peer].remember(kind, event_id)
+        window = self._published if peer == _LOCAL else self.links[peer].window
+        if not window.add(kind, event_id):
+            return False
         if self.durable:
             if not stored:
                 self._store_seen(peer, kind, event_id)
-            if forgot is not None:
-                self.store.delete_seen(peer, *forgot)
+            if window.added % max(1, window.size // 4) == 0:
+                self.store.trim_seen(peer, window.size)
+        return True
 
     def _store_seen(self, peer: str, kind: Kind, event_id: str) -> None:
         self.store.put_seen(peer, kind.value, event_id, self._next_seen)
@@ -1028,11 +1028,12 @@ class BrokerServer(Guarded):
         for home, data in loaded.remote:
             self.core.on_message(home, message_from_bytes(data, self.peer_geofences))
         for peer, keys in loaded.seen.items():
-            for kind, event_id in keys:
-                if peer == _LOCAL:
-                    self._published[event_id] = None
-                elif peer in self.links:
-                    self.links[peer].remember(Kind(kind), event_id)
+            window = self._published if peer == _LOCAL else None
+            if peer in self.links:
+                window = self.links[peer].window
+            if window is not None:
+                for kind, event_id in keys:  # oldest first: the window keeps the newest
+                    window.add(kind, event_id)
         self._next_oid = loaded.next_oid
         self._next_seen = loaded.next_seen
         if self.durable:

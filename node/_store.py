@@ -13,7 +13,8 @@ What a broker must not lose lives here (docs/design.md §8):
 * ``remote`` — the subscriptions peers forwarded, so that a restarted broker
   matches for them before the peers' snapshots arrive;
 * ``seen`` — the recent event ids per peer (and of local publishes), the
-  duplicate windows, so that a restart does not let a resend through.
+  duplicate windows, so that a restart does not let a resend through (trimmed
+  to the newest window's worth every quarter window: at most 1.25 windows).
 
 Without a data directory the same tables live in an in-memory database: the
 node runs one code path, and only the outbox is left out (peer queues are then
@@ -155,6 +156,7 @@ CREATE TABLE IF NOT EXISTS mqtt_qos (key TEXT PRIMARY KEY, qos INTEGER NOT NULL)
 CREATE TABLE IF NOT EXISTS seen (
     peer TEXT NOT NULL, kind TEXT NOT NULL, event_id TEXT NOT NULL, n INTEGER NOT NULL,
     PRIMARY KEY (peer, kind, event_id)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS seen_order ON seen (peer, n);
 """
 
 _FILE = "geofed.db"
@@ -362,9 +364,12 @@ class Store:
     def put_seen(self, peer: str, kind: str, event_id: str, n: int) -> None:
         self._write("INSERT OR REPLACE INTO seen VALUES (?, ?, ?, ?)", (peer, kind, event_id, n))
 
-    def delete_seen(self, peer: str, kind: str, event_id: str) -> None:
+    def trim_seen(self, peer: str, keep: int) -> None:
+        """Keep only the newest `keep` ids `peer`'s duplicate window added."""
         self._write(
-            "DELETE FROM seen WHERE peer = ? AND kind = ? AND event_id = ?", (peer, kind, event_id)
+            "DELETE FROM seen WHERE peer = ? AND n <"
+            " (SELECT n FROM seen WHERE peer = ? ORDER BY n DESC LIMIT 1 OFFSET ?)",
+            (peer, peer, keep - 1),
         )
 
     # -- commit and reads -------------------------------------------------

@@ -157,8 +157,7 @@ class FakeHost:
     async def receive_frame(self, peer: str, frame: fpb.Frame) -> None:
         self.frames += 1
         for m in gw.messages_from_frame(frame, self.geofences):
-            if isinstance(m, EventMsg) and not self.link.seen(m.kind, m.event.id):
-                self.link.remember(m.kind, m.event.id)
+            if isinstance(m, EventMsg) and self.link.window.add(m.kind, m.event.id):
                 self.applied.append(m.event.id)
         self._poke.set()
 
@@ -274,16 +273,16 @@ def test_unacknowledged_events_are_resent_after_reconnect_acknowledged_ones_are_
 def test_duplicate_window_remembers_event_ids_per_kind() -> None:
     """An event id seen on the link is a duplicate (per kind) until dedup_window newer keys
     pushed it out; so the host drops an event the peer resends on a new session."""
-    link = FakeHost(dedup_window=3).make_link()
-    assert not link.seen(Kind.EVENT, "e1")
-    assert link.remember(Kind.EVENT, "e1") is None
-    assert link.seen(Kind.EVENT, "e1")
-    assert not link.seen(Kind.DELIVERY, "e1")  # a delivery of e1 is another message
-    assert link.remember(Kind.DELIVERY, "e1") is None
-    assert link.remember(Kind.EVENT, "e2") is None
-    assert link.remember(Kind.EVENT, "e3") == ("event", "e1")  # the oldest is forgotten
-    assert not link.seen(Kind.EVENT, "e1")
-    assert link.seen(Kind.EVENT, "e3")
+    window = FakeHost(dedup_window=3).make_link().window
+    assert not window.seen(Kind.EVENT, "e1")
+    assert window.add(Kind.EVENT, "e1")
+    assert window.seen(Kind.EVENT, "e1")
+    assert not window.seen(Kind.DELIVERY, "e1")  # a delivery of e1 is another message
+    assert window.add(Kind.DELIVERY, "e1")
+    assert window.add(Kind.EVENT, "e2")
+    assert window.add(Kind.EVENT, "e3")  # the oldest is forgotten
+    assert not window.seen(Kind.EVENT, "e1")
+    assert window.seen(Kind.EVENT, "e3")
 
     async def test() -> None:
         host = FakeHost()
