@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ import geofed
 from geofed.bench import LocalFederation, metric
 from geofed.bench.faults import until
 from geofed.client import Publication, RetryConfig, Subscription
-from geofed.node import PUBLISH_DUPLICATES, SESSIONS, SESSIONS_EXPIRED
+from geofed.node import EVENTS_PUBLISHED, PUBLISH_DUPLICATES, SESSIONS, SESSIONS_EXPIRED
 from geofed.routing import STRATEGIES
 
 pytestmark = pytest.mark.integration
@@ -246,9 +247,64 @@ def test_a_full_store_refuses_publishes_and_keeps_what_it_acknowledged(tmp_path:
             await until(
                 lambda: metric(eu, "geofed_peer_queue_length", peer="us") == 0, "drained", HANG_S
             )
+            # The refused event's id was taken out of the duplicate window: its retry goes
+            # through rather than being dropped as a duplicate.
+            refused = f"f{len(acked)}"
+            assert await pub.publish("d/x", b"retry", event_id=refused) == refused
+            assert (await sub.next(timeout=HANG_S)).event_id == refused
             assert await pub.publish("d/x", b"again", event_id="again") == "again"
             assert (await sub.next(timeout=HANG_S)).event_id == "again"
             await pub.close()
+            await sub_client.close()
+
+        asyncio.run(run())
+
+
+def test_a_restarted_broker_drops_retries_within_its_window_and_its_store_keeps_no_more(
+    tmp_path: Path,
+) -> None:
+    """dedup_window 8: eu publishes 20 events, one by one, and is killed right after the
+    last answer; restarted, it still drops a retry of the oldest id of the last 8 and
+    takes the id before it as new. The store's copies of the windows (eu's own, ap's for
+    what came from eu) hold at most 1.25 windows (trimmed every quarter window)."""
+    env = ENV | {"GEOFED_DEDUP_WINDOW": "8"}
+    with LocalFederation(THREE, "event-geofence", tmp_path, durable=True, extra_env=env) as fed:
+
+        def seen_rows(broker: str, peer: str) -> int:
+            db = sqlite3.connect(fed.data_dir(broker) / "geofed.db")
+            try:
+                return int(
+                    db.execute("SELECT COUNT(*) FROM seen WHERE peer = ?", (peer,)).fetchone()[0]
+                )
+            finally:
+                db.close()
+
+        async def run() -> None:
+            sub_client = await client(fed, "win-sub", SINGAPORE)
+            sub = await sub_client.subscribe("d/#")
+            await fed.quiescent(HANG_S)  # the subscription is forwarded
+            pub = await client(fed, "win-pub", PARIS)
+            for i in range(20):
+                await pub.publish("d/x", b"w", event_id=f"w{i}")
+            assert [m.event_id for m in await collect(sub, 20)] == [f"w{i}" for i in range(20)]
+            await pub.close()
+            assert 8 <= seen_rows("eu", "") <= 10
+            assert 8 <= seen_rows("ap", "eu") <= 10
+            fed.stop_node("eu", signal.SIGKILL)
+            fed.start_node("eu")
+            fed.wait_ready(HANG_S)
+            eu = fed.nodes["eu"].metrics_url
+            # A new subscriber (the first one's client drops ids it has had already).
+            late_client = await client(fed, "win-late", SINGAPORE)
+            late = await late_client.subscribe("d/#")
+            await fed.quiescent(HANG_S)
+            pub = await client(fed, "win-pub-2", PARIS)
+            assert await pub.publish("d/x", b"retry", event_id="w12") == "w12"
+            assert await pub.publish("d/x", b"new", event_id="w11") == "w11"
+            assert (await late.next(timeout=HANG_S)).event_id == "w11"  # w12 went nowhere
+            assert (metric(eu, PUBLISH_DUPLICATES), metric(eu, EVENTS_PUBLISHED)) == (1, 1)
+            await pub.close()
+            await late_client.close()
             await sub_client.close()
 
         asyncio.run(run())
