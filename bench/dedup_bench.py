@@ -4,12 +4,13 @@ Not a test: it prints what it measured and appends it to
 ``bench/results/dedup.md`` with the command and the machine.
 
 Each window takes `--messages` fresh event ids (new str objects, as decoded
-from the wire, so their hash is not cached yet) the way the node does:
-for the local window a lookup then an add (`BrokerServer.publish`), for a
-peer window a lookup of (kind, id) at receive time and an add after the
-commit (`receive_frame`, `_commit`). The baseline is the code before
-node/_dedup.py, kept here only to compare with: an OrderedDict of ids (local)
-or of (kind.value, id) tuples (per peer), popping the oldest past the size.
+from the wire, so their hash is not cached yet) the way the node does, with
+its calls: for the local window a lookup and an add (`BrokerServer.publish`,
+`_remember`), for a peer window a lookup of (kind, id) at receive time and an
+add after the commit (`receive_frame`, `_commit`, `_remember`). The baseline
+is the code before node/_dedup.py, kept here only to compare with: an
+OrderedDict of ids (local) or of (kind.value, id) tuples (per peer, behind
+`PeerLink.seen` and `remember`), popping the oldest past the size.
 CPU is `time.process_time` over the ids (construction not included: once
 per process), the best of `--rounds`;
 memory is what tracemalloc sees allocated after construction and after the
@@ -40,16 +41,25 @@ Feed = Callable[[list[str]], object]  # takes the ids, answers the window (kept 
 Make = Callable[[int], Feed]  # builds a window of a size (not timed), answers its feed
 
 
+# Each feed has the shape of the node's code: `remember` stands for
+# `BrokerServer._remember` (durable off), `link_seen`/`link_remember` for the
+# `PeerLink.seen`/`remember` methods the ordered dict had.
+
+
 def _ordered_local(size: int) -> Feed:
     published: OrderedDict[str, None] = OrderedDict()
+
+    def remember(event_id: str) -> tuple[str, str] | None:
+        published[event_id] = None
+        if len(published) > size:
+            return (Kind.EVENT.value, published.popitem(last=False)[0])
+        return None
 
     def feed(ids: list[str]) -> object:
         for event_id in ids:
             if event_id in published:
                 continue
-            published[event_id] = None
-            if len(published) > size:
-                published.popitem(last=False)
+            remember(event_id)
         return published
 
     return feed
@@ -58,14 +68,21 @@ def _ordered_local(size: int) -> Feed:
 def _ordered_peer(size: int) -> Feed:
     seen: OrderedDict[tuple[str, str], None] = OrderedDict()
 
+    def link_seen(kind: Kind, event_id: str) -> bool:
+        return (kind.value, event_id) in seen
+
+    def link_remember(kind: Kind, event_id: str) -> tuple[str, str] | None:
+        seen[(kind.value, event_id)] = None
+        if len(seen) > size:
+            return seen.popitem(last=False)[0]
+        return None
+
     def feed(ids: list[str]) -> object:
         kind = Kind.EVENT
         for event_id in ids:
-            if (kind.value, event_id) in seen:
+            if link_seen(kind, event_id):
                 continue
-            seen[(kind.value, event_id)] = None
-            if len(seen) > size:
-                seen.popitem(last=False)
+            link_remember(kind, event_id)  # through _remember, which added a call
         return seen
 
     return feed
@@ -74,9 +91,12 @@ def _ordered_peer(size: int) -> Feed:
 def _window_local(size: int) -> Feed:
     published = DedupWindow(size)
 
+    def remember(kind: Kind, event_id: str) -> bool:
+        return published.add(kind, event_id)
+
     def feed(ids: list[str]) -> object:
         for event_id in ids:
-            if not published.add(Kind.EVENT, event_id):
+            if not remember(Kind.EVENT, event_id):
                 continue
         return published
 
@@ -86,12 +106,15 @@ def _window_local(size: int) -> Feed:
 def _window_peer(size: int) -> Feed:
     window = DedupWindow(size)
 
+    def remember(kind: Kind, event_id: str) -> bool:
+        return window.add(kind, event_id)
+
     def feed(ids: list[str]) -> object:
         kind = Kind.EVENT
         for event_id in ids:
             if window.seen(kind, event_id):
                 continue
-            window.add(kind, event_id)
+            remember(kind, event_id)
         return window
 
     return feed
