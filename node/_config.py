@@ -119,7 +119,7 @@ class NodeConfig:
     )
     dedup_window: int = _doc(
         "recent event ids remembered per peer (and of local publishes) to drop duplicates;"
-        " ~9 MiB per 100,000, allocated at start for each of the 1 + peers windows",
+        " ~10 MiB per 100,000, allocated at start for each of the 1 + peers windows",
         default=100_000,
     )
     wan_latency: str = _doc(
