@@ -485,8 +485,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--dedup-window",
         type=int,
-        help="the nodes' dedup_window (default 100,000 ids per link: at 30 events/s the"
-        " windows fill for hours, so memory levels off only after that)",
+        help="the nodes' dedup_window (default 100,000 ids per window; each window's"
+        " memory is allocated when the node starts)",
     )
     p.add_argument("--out", type=Path, default=Path("bench/results/soak.md"))
     p.add_argument("--workdir", type=Path, help="node logs and data (default: a temporary folder)")
