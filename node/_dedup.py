@@ -23,7 +23,9 @@ they were added. Both are filled at construction with N placeholders (ints of
 the digests' size that no digest can equal), so the set's table, the ring and
 the int objects are all allocated before the first message: taking a message
 replaces one key by another, and memory stays where it started (about 92
-bytes a key as allocated, 100 in resident memory: 10 MiB for 100,000). The
+bytes a key as allocated, 100 in resident memory: 10 MiB for 100,000; the
+set's table is rebuilt now and then to shed deleted slots, and the first
+rebuild leaves the allocator holding one more table, 4 MiB once). The
 lookups and updates are the same C set and list operations an ordered dict of
 ids used, on a key hashed once.
 """
