@@ -9,7 +9,6 @@ import json
 import logging
 import math
 import time
-import uuid
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -57,6 +56,7 @@ from geofed.routing import (
     great_circle_m,
     history_targets,
     merge_history,
+    new_event_id,
     parse_scheme,
     require_h3,
     scheme_for_load,
@@ -1329,7 +1329,7 @@ class BrokerServer(Guarded):
             raise TooLarge(f"{field}.payload", len(pb.payload), self.config.max_payload_bytes)
         await self.parse_ahead(pb.geofence, f"{field}.geofence")
         if not pb.id:
-            pb.id = uuid.uuid4().hex
+            pb.id = new_event_id()
         pb.publish_time = time.time()
         event = event_from_pb(pb, self.geofences, field=field)
         self.security.may_publish(who, client, event.topic, event.location)

@@ -95,6 +95,7 @@ from ._model import (
     make_event,
     make_subscription,
     matches,
+    new_event_id,
     validate_id,
 )
 from ._oracle import reference_deliveries, reference_topic_match
@@ -227,6 +228,7 @@ __all__ = [
     "is_roaming",
     "latlon",
     "make_event",
+    "new_event_id",
     "make_subscription",
     "matches",
     "merge_history",

@@ -91,19 +91,20 @@ def part_discs(part: Polygon) -> tuple[float, float, float, float, float]:
 class _PartStore:
     """Geofence parts of indexed subscriptions packed in arrays, one slot per part."""
 
-    __slots__ = ("discs", "free", "geoms", "keys", "multipart", "owners", "slots")
+    __slots__ = ("discs", "free", "geoms", "groups", "keys", "multipart", "owners", "slots")
 
     def __init__(self) -> None:
         self.owners: list[Subscription | None] = []
         self.keys: list[SubKey | None] = []  # owners' keys (a property builds a new tuple)
+        self.groups: list[str | None] = []  # owners' groups (`SubscriptionIndex.add`)
         self.discs = np.empty((0, 5))
         self.geoms = np.empty(0, dtype=object)
         self.free: list[int] = []
         self.slots: dict[SubKey, list[int]] = {}  # subscription key -> its slots
         self.multipart = 0  # subscriptions with several parts (may be found twice)
 
-    def add(self, sub: Subscription, fence: Geofence) -> list[tuple[int, Polygon]]:
-        """Give each part of `fence` a slot; return (slot, part) pairs."""
+    def add(self, sub: Subscription, fence: Geofence, group: str) -> list[tuple[int, Polygon]]:
+        """Give each part of `fence` a slot (filed under `group`); return (slot, part) pairs."""
         out = []
         for part in fence.parts:
             if self.free:
@@ -112,11 +113,13 @@ class _PartStore:
                 slot = len(self.owners)
                 self.owners.append(None)
                 self.keys.append(None)
+                self.groups.append(None)
                 if slot >= len(self.geoms):
                     self._grow(max(64, 2 * len(self.geoms)))
             shapely.prepare(part)
             self.owners[slot] = sub
             self.keys[slot] = sub.key
+            self.groups[slot] = group
             self.geoms[slot] = part
             self.discs[slot] = part_discs(part)
             out.append((slot, part))
@@ -131,6 +134,7 @@ class _PartStore:
         for slot in slots:
             self.owners[slot] = None
             self.keys[slot] = None
+            self.groups[slot] = None
             self.geoms[slot] = None
             self.free.append(slot)
         return slots
@@ -324,7 +328,7 @@ class SubscriptionIndex:
         if sub.geofence is None:
             self._world.clear()
         self._groups[sub.key] = group
-        parts = [] if sub.geofence is None else self._parts.add(sub, sub.geofence)
+        parts = [] if sub.geofence is None else self._parts.add(sub, sub.geofence, group)
         node.bucket.add(sub, parts)
         self._subs[sub.key] = sub
         return old
@@ -396,11 +400,11 @@ class SubscriptionIndex:
         if not slots:
             return out
         slot_keys = self._parts.keys
-        groups = self._groups
+        slot_groups = self._parts.groups  # per slot: no look-up in a dict of every subscription
         hits: dict[str, list[SubKey]] = {}
         for slot in self._covering(slots, lon, lat):
             key: SubKey = slot_keys[slot]  # type: ignore[assignment]  # live slots have keys
-            hits.setdefault(groups[key], []).append(key)
+            hits.setdefault(slot_groups[slot], []).append(key)  # type: ignore[arg-type]
         for group, keys in hits.items():
             keys.sort()
             got = out.get(group)

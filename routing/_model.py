@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -86,6 +87,17 @@ def validate_id(value: object, field: str) -> str:
     if _CONTROL.search(value):
         raise InvalidInput(field, "must not contain control characters")
     return value
+
+
+def new_event_id() -> str:
+    """A fresh event id: 128 random bits as 32 hex digits (unique in practice).
+
+    The one maker of ids for events published without one (the client
+    library, the node for MQTT and id-less gRPC publishes). Not `uuid.uuid4`:
+    the same text without its version digit, at a fifth of the cost on the
+    publish path.
+    """
+    return os.urandom(16).hex()
 
 
 def make_event(
