@@ -809,7 +809,7 @@ class BrokerServer(Guarded):
             StorageFailed: the store did not keep them: none was published.
         """
         staged = _Staged()
-        fresh: list[str] = []
+        fresh: list[Event] = []
         logged: list[HistoryRecord] = []
         try:
             for event in events:
@@ -817,7 +817,7 @@ class BrokerServer(Guarded):
                     self.metrics.publish_duplicates.inc()
                     continue
                 self._remember(_LOCAL, Kind.EVENT, event.id)
-                fresh.append(event.id)
+                fresh.append(event)
                 if self.history is not None:
                     logged.append(
                         HistoryRecord(
@@ -830,15 +830,20 @@ class BrokerServer(Guarded):
                             event.geofence,
                         )
                     )
-                with self.metrics.match_seconds.time():
-                    out = self.core.publish(event)
-                self._stage_deliveries(out.deliveries, self.broker_id, staged)
-                self._stage_sends(out.sends, staged)
+            if fresh:
+                # Matched as one batch (the index tests its geometry in one go):
+                # the histogram gets the batch's time per event, once per batch.
+                t0 = time.perf_counter()
+                outs = self.core.publish_many(fresh)
+                self.metrics.match_seconds.observe((time.perf_counter() - t0) / len(fresh))
+                for out in outs:
+                    self._stage_deliveries(out.deliveries, self.broker_id, staged)
+                    self._stage_sends(out.sends, staged)
             self.metrics.sync_filter(self.core.last_mile)
             await self._commit(staged)
         except BaseException:
-            for event_id in fresh:  # not published: a retry must go through
-                self._published.pop(event_id, None)
+            for event in fresh:  # not published: a retry must go through
+                self._published.pop(event.id, None)
             raise
         self.metrics.events_published.inc(len(fresh))
         if self.history is not None:

@@ -257,3 +257,37 @@ def test_flooding_events_keeps_subscriptions_local() -> None:
     out = mid.publish(Event("e1", "a", IN_MID, MID_ONLY))
     assert [d.subscription for d in out.deliveries] == ["s1"]
     assert [(s.dst, s.msg.kind) for s in out.sends] == [("east", Kind.EVENT), ("west", Kind.EVENT)]
+
+
+@pytest.mark.parametrize(
+    "strategy", ["subscription-geofence", "flooding-subscriptions", "event-geofence"]
+)
+def test_publish_many_gives_what_each_publish_gives(strategy: str) -> None:
+    # One broker matches a batch at once; the answer is each event's own, in order.
+    mid = core("mid", strategy)
+    for i, (where, fence) in enumerate(
+        [(IN_MID, None), (IN_MID, MID_ONLY), (latlon(45, 0), MID_AND_EAST), (IN_MID, MID_AND_EAST)]
+    ):
+        mid.connect(f"c{i}", where)
+        mid.subscribe(Subscription(f"s{i}", f"c{i}", "a/+", fence))
+    for home, where, fence in [("east", IN_EAST, MID_AND_EAST), ("west", IN_WEST, None)]:
+        remote = Subscription("r", f"x-{home}", "a/#", fence)
+        mid.on_message(home, SubscribeMsg(remote.placed(where), home))
+    events = [
+        Event(f"e{i}", topic, where, geofence)
+        for i, (topic, where, geofence) in enumerate(
+            [
+                ("a/b", IN_MID, None),
+                ("a/b", latlon(45, 0), MID_ONLY),
+                ("a/b", IN_MID, None),  # the first's topic and point again
+                ("b/c", IN_MID, None),
+                ("a/c", latlon(45, 55), MID_AND_EAST),
+                ("a/b", IN_MID, MID_AND_EAST),
+            ]
+        )
+    ]
+    batch = mid.publish_many(events)
+    assert batch == [mid.publish(e) for e in events]
+    assert any(o.deliveries for o in batch) and any(o.sends for o in batch)
+    with pytest.raises(WrongBroker):  # nothing of a batch is matched when one is misplaced
+        mid.publish_many([*events, Event("far", "a/b", IN_EAST)])
