@@ -90,7 +90,8 @@ def validate_id(value: object, field: str) -> str:
 
 
 _IDS: list[str] = []  # fresh ids, made in bulk: one system call for 256
-os.register_at_fork(after_in_child=_IDS.clear)  # a child must not hand out its parent's
+if hasattr(os, "register_at_fork"):  # no fork, no hook (Windows)
+    os.register_at_fork(after_in_child=_IDS.clear)  # a child must not hand out its parent's
 
 
 def new_event_id() -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from geofed.routing import (
@@ -19,6 +21,7 @@ from geofed.routing import (
     UnsubscribeMsg,
     WrongBroker,
     latlon,
+    new_event_id,
     parse_wkt,
     strategy_for,
 )
@@ -291,3 +294,20 @@ def test_publish_many_gives_what_each_publish_gives(strategy: str) -> None:
     assert any(o.deliveries for o in batch) and any(o.sends for o in batch)
     with pytest.raises(WrongBroker):  # nothing of a batch is matched when one is misplaced
         mid.publish_many([*events, Event("far", "a/b", IN_EAST)])
+
+
+def test_new_event_ids_are_fresh_in_a_forked_child() -> None:
+    # Ids are made in bulk: a child process must not hand out its parent's.
+    new_event_id()  # the parent holds a bulk of ids now
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report its next id and leave at once
+        os.write(write, new_event_id().encode())
+        os._exit(0)
+    os.close(write)
+    child = os.read(read, 64).decode()
+    os.waitpid(pid, 0)
+    os.close(read)
+    ids = {new_event_id() for _ in range(300)}  # more than one bulk
+    assert len(ids) == 300 and all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+    assert len(child) == 32 and child not in ids
