@@ -406,7 +406,9 @@ class BrokerServer(Guarded):
         )
         self._client_server = grpc.aio.server(options=client_options)
         _add_client_service(self._client_server, _ClientServicer(self))
-        self._peer_server = grpc.aio.server(options=SERVER_OPTIONS)
+        self._peer_server = grpc.aio.server(
+            options=SERVER_OPTIONS, interceptors=self.security.peer_interceptors()
+        )
         fpb_grpc.add_FederationServiceServicer_to_server(
             _FederationServicer(self), self._peer_server
         )
@@ -420,10 +422,8 @@ class BrokerServer(Guarded):
                     (service, health.SERVICE_NAME, reflection.SERVICE_NAME), server
                 )
         bind = self.security.bind
-        self.client_port = bind(
-            self._client_server, self.config.client_listen, "client_listen", peer=False
-        )
-        self.peer_port = bind(self._peer_server, self.config.peer_listen, "peer_listen", peer=True)
+        self.client_port = bind(self._client_server, self.config.client_listen, "client_listen")
+        self.peer_port = await self.security.bind_peers(self._peer_server, self.config.peer_listen)
         if self.config.health_listen:
             # Health only, plaintext: probes that cannot present a certificate.
             self._health_server = grpc.aio.server()
@@ -501,6 +501,7 @@ class BrokerServer(Guarded):
         for server in (self._client_server, self._peer_server, self._health_server):
             if server is not None:
                 await server.stop(grace)
+        await self.security.close()  # the peer port's TLS front, after gRPC said goodbye
         await self.store.close()
         if self.history is not None:
             await self.history.close()
