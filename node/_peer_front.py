@@ -135,7 +135,8 @@ class PeerFront:
         self._names = names
         self._timeout = handshake_timeout_s
         self._server: asyncio.Server | None = None
-        self._inner_port = 0
+        self.inner_port = 0
+        """The loopback port of the gRPC peer server behind the front (0 before `start`)."""
         self._callers: dict[str, list[str]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -147,7 +148,7 @@ class PeerFront:
         Raises:
             InvalidInput: naming ``peer_listen`` when `listen` cannot be bound.
         """
-        self._inner_port = inner_port
+        self.inner_port = inner_port
         host, _, port = listen.rpartition(":")
         try:
             if host in _WILDCARD and socket.has_dualstack_ipv6():
@@ -197,7 +198,7 @@ class PeerFront:
         names = self._names(writer.get_extra_info("ssl_object"))
         try:
             inner_reader, inner_writer = await asyncio.open_connection(
-                INNER_HOST, self._inner_port, limit=_CHUNK
+                INNER_HOST, self.inner_port, limit=_CHUNK
             )
         except OSError as exc:
             log.error("peer connection from %s: cannot reach the peer server: %s", caller, exc)
