@@ -31,7 +31,7 @@ from ._config import (
     from_args,
 )
 from ._history import HistoryBackend, HistoryLog, PostgisHistory, SqliteHistory
-from ._links import LinkHost, PeerLink, Transport
+from ._links import PROTOCOL_VERSION, LinkHost, PeerLink, Transport
 from ._metrics import (
     AUTH_REFUSED,
     DELIVERIES,
@@ -107,6 +107,7 @@ __all__ = [
     "AUTH_REFUSED",
     "PEER_LINK_FAILURES",
     "PEER_REFUSED",
+    "PROTOCOL_VERSION",
     # the node
     "BrokerServer",
     "ByteBudget",

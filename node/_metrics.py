@@ -178,9 +178,11 @@ class NodeMetrics:
         )
         self.peer_refused = Counter(
             PEER_REFUSED,
-            "Peer links refused because of who the peer is, by reason (unauthenticated: no"
-            " certificate; identity: its certificate names another broker; tls: this broker's"
-            " dial failed the TLS handshake).",
+            "Peer links refused because of who the peer is, by reason. At the peer port:"
+            " plaintext, no_certificate, unknown_ca, expired, bad_certificate, handshake (the"
+            " TLS handshake failed); identity (the certificate names another broker);"
+            " unauthenticated (no certificate). Dialling: tls (this broker's dial failed the"
+            " TLS handshake).",
             ["reason"],
             registry=registry,
         )

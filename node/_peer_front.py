@@ -138,7 +138,7 @@ class PeerFront:
         self.inner_port = 0
         """The loopback port of the gRPC peer server behind the front (0 before `start`)."""
         self._callers: dict[str, list[str]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._open: dict[asyncio.Task[None], list[asyncio.StreamWriter]] = {}  # by connection
 
     # -- serving -------------------------------------------------------------
 
@@ -170,11 +170,12 @@ class PeerFront:
         """Stop listening and close every forwarded connection (idempotent)."""
         if self._server is not None:
             self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        # Closed, not cancelled: asyncio (3.11) logs a cancelled connection task as an error.
+        for writers in self._open.values():
+            for writer in writers:
+                writer.transport.abort()
+        if self._open:
+            await asyncio.wait(list(self._open))
         self._server = None
 
     def identities(self, peer: str) -> list[str] | None:
@@ -183,11 +184,21 @@ class PeerFront:
         return self._callers.get(peer)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        # asyncio runs each connection in a task; kept so that stop() can end them.
+        # asyncio runs each connection in a task; its streams are kept for stop().
         task = asyncio.current_task()
-        if task is not None:
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        assert task is not None
+        self._open[task] = streams = [writer]
+        try:
+            await self._serve(reader, writer, streams)
+        finally:
+            del self._open[task]
+
+    async def _serve(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        streams: list[asyncio.StreamWriter],
+    ) -> None:
         caller = _address(writer.get_extra_info("peername"))
         try:
             await writer.start_tls(self._context, ssl_handshake_timeout=self._timeout)
@@ -204,6 +215,7 @@ class PeerFront:
             log.error("peer connection from %s: cannot reach the peer server: %s", caller, exc)
             writer.transport.abort()
             return
+        streams.append(inner_writer)
         host, port = inner_writer.get_extra_info("sockname")[:2]
         key = f"ipv4:{host}:{port}"
         self._callers[key] = names  # before any byte goes in: the hello check finds it
