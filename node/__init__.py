@@ -7,6 +7,7 @@ runs one, configured by a `NodeConfig` from flags, ``GEOFED_*`` environment
 variables or a JSON file.
 """
 
+from ._auth import Security
 from ._budget import ByteBudget
 from ._certs import (
     CA,
@@ -110,6 +111,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     # the node
     "BrokerServer",
+    "Security",
     "ByteBudget",
     "LinkHost",
     "NodeConfig",

@@ -19,8 +19,8 @@ the reason, and counted in ``geofed_peer_refused_total{reason}``:
 * ``unknown_ca``: a certificate that does not chain to the federation's CA;
 * ``expired``: a certificate past its ``not_after`` (or before ``not_before``);
 * ``bad_certificate``: any other certificate the CA check refuses;
-* ``handshake``: the handshake failed otherwise (closed midway, no common
-  protocol version or cipher, no hello within the handshake timeout).
+* ``handshake``: the handshake failed otherwise (an alert from the caller, no
+  common protocol version or cipher, not done within the handshake timeout).
 
 A caller that just closes the connection before the handshake is done (a
 TCP probe, a port scan) is logged at INFO and not counted.
@@ -38,14 +38,15 @@ every RPC on the peer server, health and reflection included, answers
 only callers that passed the TLS handshake.
 
 **Rotation.** The SSL context follows the certificate files as the other
-listeners beside gRPC do (`Security.server_ssl_context`): each handshake
-takes the files as they are now.
+listeners beside gRPC do (`Security._following`): each handshake takes the
+files as they are now.
+
+The handshake must be done within ``peer_timeout_s`` (60 s when that is 0).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 import socket
@@ -138,7 +139,7 @@ class PeerFront:
         self.inner_port = 0
         """The loopback port of the gRPC peer server behind the front (0 before `start`)."""
         self._callers: dict[str, list[str]] = {}
-        self._open: dict[asyncio.Task[None], list[asyncio.StreamWriter]] = {}  # by connection
+        self._open: dict[asyncio.Task[None], list[asyncio.Transport]] = {}  # by connection
 
     # -- serving -------------------------------------------------------------
 
@@ -149,6 +150,7 @@ class PeerFront:
             InvalidInput: naming ``peer_listen`` when `listen` cannot be bound.
         """
         self.inner_port = inner_port
+        loop = asyncio.get_running_loop()
         host, _, port = listen.rpartition(":")
         try:
             if host in _WILDCARD and socket.has_dualstack_ipv6():
@@ -157,10 +159,10 @@ class PeerFront:
                 sock = socket.create_server(
                     ("", int(port)), family=socket.AF_INET6, dualstack_ipv6=True
                 )
-                self._server = await asyncio.start_server(self._accept, sock=sock)
+                self._server = await loop.create_server(self._connection, sock=sock)
             else:
                 bind = None if host in _WILDCARD else host.strip("[]")
-                self._server = await asyncio.start_server(self._accept, bind, int(port))
+                self._server = await loop.create_server(self._connection, bind, int(port))
         except (OSError, ValueError) as exc:
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             raise InvalidInput("peer_listen", f"cannot listen on {listen}: {why}") from None
@@ -170,10 +172,9 @@ class PeerFront:
         """Stop listening and close every forwarded connection (idempotent)."""
         if self._server is not None:
             self._server.close()
-        # Closed, not cancelled: asyncio (3.11) logs a cancelled connection task as an error.
-        for writers in self._open.values():
-            for writer in writers:
-                writer.transport.abort()
+        for transports in self._open.values():
+            for transport in transports:
+                transport.abort()
         if self._open:
             await asyncio.wait(list(self._open))
         self._server = None
@@ -183,45 +184,50 @@ class PeerFront:
         None when that connection did not come through the front."""
         return self._callers.get(peer)
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        # asyncio runs each connection in a task; its streams are kept for stop().
-        task = asyncio.current_task()
-        assert task is not None
-        self._open[task] = streams = [writer]
-        try:
-            await self._serve(reader, writer, streams)
-        finally:
-            del self._open[task]
+    def _connection(self) -> _Pipe:
+        return _Pipe(made=self._accept)
+
+    def _accept(self, outer: _Pipe, raw: asyncio.Transport) -> None:
+        # A task per connection; its transports are kept for stop().
+        transports: list[asyncio.Transport] = [raw]
+        task = asyncio.get_running_loop().create_task(self._serve(outer, raw, transports))
+        self._open[task] = transports
+        task.add_done_callback(self._open.pop)
 
     async def _serve(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        streams: list[asyncio.StreamWriter],
+        self, outer: _Pipe, raw: asyncio.Transport, transports: list[asyncio.Transport]
     ) -> None:
-        caller = _address(writer.get_extra_info("peername"))
+        caller = _address(raw.get_extra_info("peername"))
+        loop = asyncio.get_running_loop()
         try:
-            await writer.start_tls(self._context, ssl_handshake_timeout=self._timeout)
-        except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
+            tls = await loop.start_tls(
+                raw, outer, self._context, server_side=True, ssl_handshake_timeout=self._timeout
+            )
+        except (OSError, TimeoutError) as exc:
             self._refused(caller, exc)
-            writer.transport.abort()
+            raw.abort()
             return
-        names = self._names(writer.get_extra_info("ssl_object"))
+        if tls is None:  # closed meanwhile
+            return
+        outer.transport = tls
+        transports.append(tls)
+        names = self._names(tls.get_extra_info("ssl_object"))
         try:
-            inner_reader, inner_writer = await asyncio.open_connection(
-                INNER_HOST, self.inner_port, limit=_CHUNK
+            inner_transport, inner = await loop.create_connection(
+                _Pipe, INNER_HOST, self.inner_port
             )
         except OSError as exc:
             log.error("peer connection from %s: cannot reach the peer server: %s", caller, exc)
-            writer.transport.abort()
+            tls.abort()
             return
-        streams.append(inner_writer)
-        host, port = inner_writer.get_extra_info("sockname")[:2]
+        transports.append(inner_transport)
+        host, port = inner_transport.get_extra_info("sockname")[:2]
         key = f"ipv4:{host}:{port}"
         self._callers[key] = names  # before any byte goes in: the hello check finds it
         log.debug("peer connection from %s (%s) via %s", caller, ", ".join(names), key)
         try:
-            await _splice((reader, writer), (inner_reader, inner_writer))
+            outer.join(inner)
+            await asyncio.wait([outer.closed, inner.closed])
         finally:
             del self._callers[key]
 
@@ -259,7 +265,7 @@ class PeerFront:
         )
 
 
-_SILENT = (ConnectionResetError, BrokenPipeError, asyncio.IncompleteReadError, ssl.SSLEOFError)
+_SILENT = (ConnectionResetError, BrokenPipeError, ssl.SSLEOFError)
 
 
 def _closed_silently(exc: BaseException) -> bool:
@@ -268,30 +274,66 @@ def _closed_silently(exc: BaseException) -> bool:
     return isinstance(exc, _SILENT)
 
 
-async def _splice(
-    outer: tuple[asyncio.StreamReader, asyncio.StreamWriter],
-    inner: tuple[asyncio.StreamReader, asyncio.StreamWriter],
-) -> None:
-    """Copy both ways until either side closes, then close both."""
-    copies = [
-        asyncio.ensure_future(_copy(outer[0], inner[1])),
-        asyncio.ensure_future(_copy(inner[0], outer[1])),
-    ]
-    try:
-        await asyncio.wait(copies, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for copy in copies:
-            copy.cancel()
-        for _, writer in (outer, inner):
-            writer.transport.abort()
-        await asyncio.gather(*copies, return_exceptions=True)
+class _Pipe(asyncio.Protocol):
+    """One side of a forwarded connection: what it receives, the other side sends.
 
+    Flow control both ways: a side whose transport's write buffer fills
+    pauses reading on the other side. Until the other side is joined
+    (`join`), received bytes wait here (a little: the caller's HTTP/2 flow
+    control window), reading paused past `_CHUNK`. When one side closes, the
+    other closes after sending what it has.
+    """
 
-async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    with contextlib.suppress(OSError):  # a reset or TLS error after the handshake: just close
-        while data := await reader.read(_CHUNK):
-            writer.write(data)
-            await writer.drain()
+    def __init__(self, made: Callable[[_Pipe, asyncio.Transport], None] | None = None) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.other: _Pipe | None = None
+        self.made = made
+        """Called with the caller's plain TCP transport (the front's side, before TLS)."""
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending: list[bytes] = []
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        if self.made is not None:
+            self.made(self, transport)
+        else:
+            self.transport = transport
+
+    def join(self, other: _Pipe) -> None:
+        self.other, other.other = other, self
+        assert other.transport is not None and self.transport is not None
+        for data in self._pending:
+            other.transport.write(data)
+        self._pending.clear()
+        if self.closed.done():  # closed while the other side was being connected
+            other.transport.close()
+        else:
+            self.transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self.other is not None and self.other.transport is not None:
+            self.other.transport.write(data)
+            return
+        self._pending.append(data)
+        if self.transport is not None and sum(map(len, self._pending)) > _CHUNK:
+            self.transport.pause_reading()
+
+    def eof_received(self) -> bool:
+        return False  # close
+
+    def pause_writing(self) -> None:
+        if self.other is not None and self.other.transport is not None:
+            self.other.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.other is not None and self.other.transport is not None:
+            self.other.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+        if self.other is not None and self.other.transport is not None:
+            self.other.transport.close()
 
 
 Behaviour = Callable[..., Any]
