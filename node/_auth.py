@@ -1,11 +1,11 @@
 """Who may talk to a broker, and what they may do: TLS, identities and the policy.
 
 One object per node (`Security`) built from its config: it binds the two gRPC
-ports (mutual TLS on the peer port, through its TLS front `_peer_front`; TLS on
-the client port; or plaintext without ``tls_dir``), dials peers, holds a peer's hello against its
-certificate, tells who a client is (its certificate or its bearer token) and
-asks the policy whether that identity may publish, subscribe or claim a
-location. Every refusal raises the typed error the client sees
+ports (mutual TLS on the peer port, through its TLS front `_peer_front`; TLS
+on the client port; or plaintext without ``tls_dir``), dials peers, holds a
+peer's hello against its certificate, tells who a client is (its certificate
+or its bearer token) and asks the policy whether that identity may publish,
+subscribe or claim a location. Every refusal raises the typed error the client sees
 (`Unauthenticated`, `PermissionDenied` naming the rule) and is counted.
 
 The building blocks are `_tls` (credentials, names), `_tokens` (JWT) and

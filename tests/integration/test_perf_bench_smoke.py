@@ -146,3 +146,54 @@ def test_node_bench_tiny_run_delivers_locally() -> None:
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| 200 |")]
     assert len(rows) == 1, proc.stdout
     assert " to 3 (0) |" in rows[0]  # every local delivery arrived
+
+
+@pytest.mark.timeout(600)
+def test_node_bench_peer_dials_through_the_tls_front() -> None:
+    """--peer-dials --tls on: the peer's link enters through the node's TLS front and
+    carries the subscriptions in and the deliveries out."""
+    proc = _run(
+        "geofed.bench.node_bench",
+        "--subs",
+        "200",
+        "--events",
+        "500",
+        "--world-events",
+        "--local-subs",
+        "2",
+        "--local-events",
+        "200",
+        "--durability",
+        "off",
+        "--tls",
+        "on",
+        "--peer-dials",
+        "--rate",
+        "100",
+        "--seconds",
+        "1",
+        "--no-record",
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (row,) = [line for line in proc.stdout.splitlines() if line.startswith("| 200 | off | on |")]
+    # The bench waited for the 200 subscriptions to arrive and for the peer to receive
+    # every delivery message the node counted as sent; some did.
+    deliveries = int(row.split("|")[10].strip().replace(",", ""))
+    assert deliveries > 0, row
+
+
+@pytest.mark.timeout(600)
+def test_peer_tls_bench_tiny_run() -> None:
+    proc = _run(
+        "geofed.bench.peer_tls_bench",
+        "--mib",
+        "2",
+        "--pings",
+        "100",
+        "--rounds",
+        "1",
+        "--no-record",
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = {line.split("|")[1].strip(): line for line in proc.stdout.splitlines() if "|" in line}
+    assert {"plaintext", "grpc-tls", "front"} <= set(rows), proc.stdout
