@@ -3,9 +3,8 @@ subscriptions, however many subscriptions come and go."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry
+from node_fixtures import unstarted_node
 
-from geofed.node import BrokerServer, NodeConfig
 from geofed.node._mqtt import _QOS_SWEEP_AT, MqttListener
 from geofed.routing import LatLon, Subscription
 
@@ -13,15 +12,7 @@ PARIS = LatLon(48.85, 2.35)
 
 
 def listener() -> MqttListener:
-    config = NodeConfig(
-        broker_id="eu",
-        federation="three",
-        client_listen="127.0.0.1:0",
-        peer_listen="127.0.0.1:0",
-        metrics_listen="127.0.0.1:0",
-        mqtt_listen="127.0.0.1:0",
-    )
-    return MqttListener(BrokerServer(config, CollectorRegistry()))
+    return MqttListener(unstarted_node(mqtt_listen="127.0.0.1:0"))
 
 
 def test_entries_of_ended_subscriptions_are_swept_and_live_ones_kept() -> None:
