@@ -889,6 +889,8 @@ class _Connection:
             packet.properties.user.extend(
                 [("geofed-event-id", event.id), ("geofed-origin", event.origin)]
             )
+            if item.filter_scheme:  # matched approximately (docs/design.md §14)
+                packet.properties.user.append(("geofed-filter-scheme", item.filter_scheme))
         if qos:
             await self.window.acquire()
             packet.packet_id = self._packet_id()
