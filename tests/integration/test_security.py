@@ -529,16 +529,36 @@ def test_the_broker_dialled_logs_and_counts_every_refused_peer_handshake(
     asyncio.run(run())
 
 
+def test_the_tls_peer_port_binds_every_interface_and_names_a_port_in_use(tmp_path: Path) -> None:
+    """``[::]`` (every interface, as gRPC binds it) serves the TLS front on IPv4 loopback
+    too; a port already taken stops the node naming ``peer_listen``."""
+    issue_federation("three", tmp_path / "certs")
+    eu = tmp_path / "certs" / "brokers" / "eu"
+    ap = TLSFiles.in_dir(tmp_path / "certs" / "brokers" / "ap")
+    tls = TLSConfig(ca_file=str(ap.ca), cert_file=str(ap.cert), key_file=str(ap.key))
+
+    async def run() -> None:
+        config = lone_eu(tls_dir=str(eu), peer_listen="[::]:0")
+        async with BrokerServer(config, CollectorRegistry()) as node:
+            front = f"127.0.0.1:{node.peer_port}"
+            assert await asyncio.to_thread(health_status, front, "", HANG_S, tls) == "SERVING"
+            taken = lone_eu(tls_dir=str(eu), peer_listen=f"127.0.0.1:{node.peer_port}")
+            with pytest.raises(geofed.InvalidInput) as info:
+                await BrokerServer(taken, CollectorRegistry()).start()
+            assert info.value.field == "peer_listen"
+
+    asyncio.run(run())
+
+
 def lone_eu(**settings: Any) -> NodeConfig:
     """Broker eu of `three` on free loopback ports, in-process, without its peers."""
+    ports = {"client_listen": "127.0.0.1:0", "peer_listen": "127.0.0.1:0"}
     return NodeConfig(
         broker_id="eu",
         federation="three",
-        client_listen="127.0.0.1:0",
-        peer_listen="127.0.0.1:0",
         metrics_listen="127.0.0.1:0",
         peer_timeout_s=0,
-        **settings,
+        **(ports | settings),
     )
 
 
