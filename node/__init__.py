@@ -33,6 +33,12 @@ from ._config import (
 from ._history import HistoryBackend, HistoryLog, PostgisHistory, SqliteHistory
 from ._links import LinkHost, PeerLink, Transport
 from ._metrics import (
+    ADAPTIVE_DEFERRED,
+    ADAPTIVE_KEYS,
+    ADAPTIVE_PREDICTED,
+    ADAPTIVE_SAVING,
+    ADAPTIVE_SWITCHES,
+    ADAPTIVE_WINDOWS,
     AUTH_REFUSED,
     DELIVERIES,
     EVENTS_PUBLISHED,
@@ -95,6 +101,12 @@ from ._tls import (
 from ._tokens import ALGORITHMS, TokenClaims, TokenVerifier, bearer_token
 
 __all__ = [
+    "ADAPTIVE_DEFERRED",
+    "ADAPTIVE_KEYS",
+    "ADAPTIVE_PREDICTED",
+    "ADAPTIVE_SAVING",
+    "ADAPTIVE_SWITCHES",
+    "ADAPTIVE_WINDOWS",
     # certificates (a federation's own CA)
     "CA",
     "CA_VALID",

@@ -776,6 +776,8 @@ class FederatedController:
         self._moved: dict[str, dict[str, dict[str, int]]] = {}  # broker -> key -> candidate
         self.owned: dict[str, str] = {}
         """Entries the controller set, and their strategy."""
+        self.deferred: list[Switch] = []
+        """The switches the last `close_window` did not make (``may_switch`` False)."""
         n = len(federation)
         self.protocol_cost = 2 * n * (n - 1)
         """PREPARED and SWITCHED messages of one transition."""
@@ -821,6 +823,7 @@ class FederatedController:
         entries = dict(table.entries)
         reports: list[KeyWindow] = []
         switches: list[Switch] = []
+        self.deferred = []
         for key in sorted(set(self._keys) | set(self._window)):
             report = self._window.pop(key, None)
             strategy = entries.get(key, table.default)
@@ -845,7 +848,9 @@ class FederatedController:
             if may_set and not self.pinned(table, key):
                 cost = functools.partial(self.transition_cost, key)
                 switch = _decide(cfg, key, k, report, now, cost)
-                if switch is not None and may_switch:
+                if switch is not None and not may_switch:
+                    self.deferred.append(switch)
+                elif switch is not None:
                     switches.append(switch)
                     k.strategy, k.since_switch = switch.new, 0
                     self.owned[key] = switch.new

@@ -93,6 +93,18 @@ def test_window_predictions_add_up_to_predict_of_each_key(ops: list[TraceOp], wi
         assert lower[f"{key}/#"] == predict(FED, "event-geofence", mine).lower_bound_total
 
 
+def eager(width: float, **more: object) -> AdaptiveConfig:
+    """Settings under which keys switch often, between every pair of strategies."""
+    base = {
+        "hysteresis": 0.0,
+        "min_saving": 0,
+        "dwell_windows": 0,
+        "horizon_windows": 1000,
+        "average_windows": 1,
+    }
+    return AdaptiveConfig(window_s=width, **(base | more))  # type: ignore[arg-type]
+
+
 def closed_window(ops: list[TraceOp], width: float, repeats: int) -> list[TraceOp]:
     """`ops` on one key, made to end where they started, repeated `repeats` windows.
 
@@ -302,15 +314,7 @@ def test_a_transition_costs_the_moved_copies_and_its_protocol_messages() -> None
 def test_adaptive_runs_deliver_exactly_and_cost_what_the_model_says(
     ops: list[TraceOp], width: float, default: str
 ) -> None:
-    # Eager settings, so that keys switch often, between every pair of strategies.
-    config = AdaptiveConfig(
-        window_s=width,
-        hysteresis=0.0,
-        min_saving=0,
-        dwell_windows=0,
-        horizon_windows=1000,
-        average_windows=1,
-    )
+    config = eager(width)
     ops = keyed(ops)
     run = simulate_adaptive(FED, ops, default, config)
     assert sorted(run.result.deliveries) == sorted(reference_deliveries(ops))
@@ -459,17 +463,8 @@ def federated_run(
 def test_the_brokers_shares_add_up_to_the_single_controllers_figures(
     ops: list[TraceOp], width: float, default: str, fed: Federation
 ) -> None:
-    # Eager settings, so that keys switch often and shares are measured under every table.
-    config = AdaptiveConfig(
-        window_s=width,
-        hysteresis=0.0,
-        min_saving=0,
-        dwell_windows=0,
-        horizon_windows=1000,
-        average_windows=1,
-        idle_windows=1000,
-        candidates=tuple(STRATEGIES),
-    )
+    # Shares are measured under every table the switches make.
+    config = eager(width, idle_windows=1000, candidates=tuple(STRATEGIES))
     windows = federated_run(fed, keyed(ops), default, config, pinned={"y/a/#": "flooding-events"})
     for _reports, switches, fed_switches in windows:
         assert fed_switches == sorted(switches, key=lambda s: s.key)  # keys in order

@@ -1,0 +1,136 @@
+"""The adaptive controller in the node (issue #17, docs/design.md §13 "Where it runs").
+
+Real nodes with ``adaptive`` on and one-second windows: each broker measures its
+share of every topic key's window and sends it to the sequencer, which sums the
+shares, predicts each strategy's cost with the cost model and switches a key
+through the transition protocol when the rule says so.
+
+Traffic that makes subscription forwarding clearly cheaper for ``t/#`` (world-wide
+events published in Frankfurt, a subscriber in Tokyo that wants only what is
+published near Frankfurt): the controller switches ``t/#`` from event-geofence to
+subscription-geofence while events flow, the deliveries equal the oracle's (recall
+1, precision 1, no duplicates), and afterwards the messages the nodes count are
+the cost model's under the new table. ``p/#`` gets the same traffic but an
+operator pinned it with ``set_strategy``: the controller leaves it alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from test_strategy_transitions import HOMES, WAIT_S, _all_delivered, _change, _finished, _until
+
+import geofed
+from geofed.bench import LocalFederation, Replayer, metric, wait_quiescent
+from geofed.node import ADAPTIVE_SWITCHES, ADAPTIVE_WINDOWS, DELIVERIES, SUBSCRIPTIONS
+from geofed.routing import StrategyTable, TraceOp, parse_geofence, predict, reference_deliveries
+
+ROOT = Path(__file__).resolve().parents[2]
+THREE = ROOT / "deploy" / "federations" / "three.geojson"
+
+pytestmark = pytest.mark.integration
+
+# Short windows; one window of history and of dwell, any positive saving: the
+# test waits for the first switch the rule allows, and the hysteresis still applies.
+ADAPTIVE = {
+    "GEOFED_ADAPTIVE": "on",
+    "GEOFED_ADAPTIVE_CONFIG": json.dumps(
+        {"window_s": 1.0, "average_windows": 1, "dwell_windows": 1, "min_saving": 0}
+    ),
+}
+NEAR_EU = parse_geofence({"circle": {"lat": 50.1, "lon": 8.7, "radius_m": 300_000}})
+NEAR_AP = parse_geofence({"circle": {"lat": 35.7, "lon": 139.7, "radius_m": 300_000}})
+
+
+def _subscriptions() -> list[TraceOp]:
+    return [
+        # Wants what is published near Frankfurt, lives in Tokyo: subscription
+        # forwarding sends it one delivery per event, event forwarding every event.
+        TraceOp(0, "subscribe", "far", HOMES["ap"], "s-t", "t/x", NEAR_EU),
+        TraceOp(0, "subscribe", "far", HOMES["ap"], "s-p", "p/x", NEAR_EU),
+        TraceOp(0, "subscribe", "local", HOMES["eu"], "s-local", "#"),  # spans keys
+        TraceOp(0, "subscribe", "none", HOMES["us"], "s-none", "t/x", NEAR_AP),  # never matches
+    ]
+
+
+def _publishes(batch: int, topics: tuple[str, ...] = ("t/x", "p/x"), n: int = 4) -> list[TraceOp]:
+    return [
+        TraceOp(0, "publish", "pub", HOMES["eu"], f"e{batch}-{i}-{topic}", topic, None, 8)
+        for i in range(n)
+        for topic in topics
+    ]
+
+
+def _entries(state: dict) -> dict[str, str]:  # type: ignore[type-arg]
+    return {e["topic_filter"]: e["strategy"] for e in state["table"]["entries"]}
+
+
+def test_the_controller_switches_a_topic_exactly_and_leaves_a_pinned_one(tmp_path: Path) -> None:
+    with LocalFederation(THREE, "event-geofence", tmp_path, extra_env=ADAPTIVE) as fed:
+        urls = fed.metrics_urls()
+        where = str(fed.federation_path)
+        sequencer = min(fed.federation.ids)
+
+        async def scenario() -> None:
+            subs = Replayer(fed.federation, barrier=lambda: wait_quiescent(urls, timeout=WAIT_S))
+            pub = Replayer(fed.federation)  # no barrier: events in flight through the switch
+            admin = await geofed.connect(client_id="admin", location=HOMES["us"], federation=where)
+            ops = _subscriptions()
+            try:
+                pinned_epoch = await _change(fed, admin, "p/#", "event-geofence")
+                made_before = await asyncio.to_thread(fed.total, DELIVERIES)
+                await subs.run(ops)
+                # Publish until the controller has switched t/# (state, not time).
+                deadline = time.monotonic() + WAIT_S
+                batch = 0
+                while True:
+                    seg = _publishes(batch)
+                    await pub.run(seg)
+                    ops += seg
+                    batch += 1
+                    state = await admin.strategy_table()
+                    if _entries(state).get("t/#") == "subscription-geofence":
+                        break
+                    assert time.monotonic() < deadline, f"no switch within {WAIT_S:g}s: {state}"
+                epoch = int(state["newest"]["epoch"])
+                assert epoch > pinned_epoch
+                await _until(lambda: _finished(fed, epoch), f"every broker finished {epoch}")
+                await fed.quiescent(WAIT_S)
+                table = StrategyTable.from_dict((await admin.strategy_table())["table"])
+                assert dict(table.entries) == {
+                    "p/#": "event-geofence",  # pinned by the operator: left alone
+                    "t/#": "subscription-geofence",
+                }
+                # After the switch: t/x costs what the cost model says under the new table.
+                sent_before = await asyncio.to_thread(fed.sent)
+                after = _publishes(batch, ("t/x",), n=10)
+                await pub.run(after)
+                await fed.quiescent(WAIT_S)
+                sent = await asyncio.to_thread(fed.sent) - sent_before
+                state_ops = _subscriptions()
+                model = predict(fed.federation, table, [*state_ops, *after])
+                base = predict(fed.federation, table, state_ops)
+                assert sent == model.messages - base.messages
+                assert sent == Counter({("delivery", "eu", "ap"): 10})
+                ops += after
+                made = await _all_delivered(fed, subs, made_before)
+                assert subs.received == made
+            finally:
+                for client in (subs, pub, admin):
+                    await client.close()
+                await _until(lambda: fed.total(SUBSCRIPTIONS) == 0, "subscriptions withdrawn")
+            assert not subs.errors and not pub.errors, subs.errors + pub.errors
+            expected = reference_deliveries(ops)
+            # recall 1, precision 1, no duplicates: through the switch and after it
+            assert Counter(subs.deliveries) == Counter(expected)
+            assert any(sid == "s-t" for _e, sid in expected)
+
+        asyncio.run(scenario())
+        assert metric(urls[sequencer], ADAPTIVE_SWITCHES, strategy="subscription-geofence") == 1
+        assert fed.total(ADAPTIVE_SWITCHES) == 1  # t/# once; p/# never
+        assert all(metric(u, ADAPTIVE_WINDOWS) >= 1 for u in urls.values())
