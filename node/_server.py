@@ -38,6 +38,7 @@ from geofed.routing import (
     HistoryQuery,
     HistoryRecord,
     InvalidInput,
+    KeyWindow,
     Kind,
     LatLon,
     NotFound,
@@ -663,7 +664,8 @@ class BrokerServer(Guarded):
         Windows end at multiples of `window_s` on the wall clock, so the brokers
         close theirs together; each sends its share to the sequencer, which
         decides half a window later, once the shares have arrived (one that
-        arrives later counts in the next window: every action is counted once).
+        arrives later counts in the next window: every action is counted once),
+        and then tells every broker the keys it decides on (a report of keys alone).
         """
         meter = self.core.meter
         assert meter is not None
@@ -683,6 +685,13 @@ class BrokerServer(Guarded):
                 self.controller.add(self.broker_id, shares)
                 await asyncio.sleep(max(0.0, (window + 0.5) * width - time.time()))
                 await self._adaptive_decide(time.time())
+                # Every broker measures the keys decided on, so that a subscription
+                # filter spanning keys counts under each of them everywhere.
+                keys = tuple(KeyWindow(k, s) for k, s in sorted(self.controller.keys.items()))
+                meter.track(k.key for k in keys)
+                for link in self.links.values():
+                    if link.connected:
+                        link.enqueue(ReportMsg(window, keys))
             except Exception:  # a bug: keep the trace and the controller running
                 log.exception("adaptive controller window failed")
 
@@ -851,8 +860,11 @@ class BrokerServer(Guarded):
                             self.controller.released(msg.topic_filter)  # an operator's: pinned
                     self._transition(self.core.on_message(peer, msg).sends)
                 elif isinstance(msg, ReportMsg):
-                    if self.controller is not None:
+                    if self.controller is not None:  # a broker's share
                         self.controller.add(peer, msg.shares)
+                    elif self.core.meter is not None and peer == self.core.sequencer:
+                        # The keys the sequencer decides on: measured here too (§13).
+                        self.core.meter.track(w.key for w in msg.shares)
                 else:
                     changed = True
                     self._apply_subscription_change(peer, msg)
