@@ -636,10 +636,16 @@ class ShareMeter:
         """An event published here; `by_home`: the remote copies matching it, by home,
         when this broker matches it for a subscription strategy (None: an event strategy)."""
         fed, strats = state.federation, state.strategies
-        copies = {
-            home: [s for k in keys if (s := state.remote.get(k)) is not None]
-            for home, keys in (by_home or {}).items()
-        }
+        copies = by_home or {}
+
+        def placed_here(table: StrategyTable, home: str, keys: list[SubKey]) -> bool:
+            # One copy placed here is enough: usually the first (copies are fetched lazily).
+            for key in keys:
+                sub = state.remote.get(key)
+                if sub is not None and state.id in placement(strats, (table,), home, sub):
+                    return True
+            return False
+
         for w in self._keys_of(event.topic):
             w.events += 1
             w.event_reach += len(fed.brokers_meeting(event.geofence))
@@ -648,11 +654,7 @@ class ShareMeter:
                 x = state.strategies[table.strategy_for(event.topic)]
                 n = len(x.event_targets(state.id, event.geofence))
                 if x.matches_at_publisher and copies:
-                    homes = {
-                        home
-                        for home, subs in copies.items()
-                        if any(state.id in placement(strats, (table,), home, s) for s in subs)
-                    }
+                    homes = {h for h, keys in copies.items() if placed_here(table, h, keys)}
                     n += len(x.delivery_targets(state.id, event.geofence, homes))
                 return n
 
