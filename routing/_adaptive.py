@@ -33,12 +33,18 @@ Why the cost model and not a rule of thumb: `predict` is what the simulator,
 the live federation and the Spark job are held to message for message, so a
 prediction made from a window's actions is exactly what that window would
 have cost (the unit tests hold the two equal).
+
+In a federation no broker sees every action: `ShareMeter` measures one
+broker's exact share of each key's window from what the broker does, and
+`FederatedController` sums the shares at the sequencer and applies the same
+decision rule (docs/design.md §13, "Where it runs"; the node runs both).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -792,7 +798,7 @@ class FederatedController:
     def add(self, broker: str, shares: Iterable[KeyWindow]) -> None:
         """Take `broker`'s shares of its last window (they count in the window being summed)."""
         moved = self._moved[broker] = {}
-        for share in shares:
+        for share in itertools.islice(shares, self.config.max_keys):  # bounded whatever it sent
             w = self._window.setdefault(share.key, KeyWindow(share.key, share.strategy))
             w.add(dataclasses.replace(share, moved={}))
             moved[share.key] = dict(share.moved)
