@@ -11,7 +11,9 @@ published near Frankfurt): the controller switches ``t/#`` from event-geofence t
 subscription-geofence while events flow, the deliveries equal the oracle's (recall
 1, precision 1, no duplicates), and afterwards the messages the nodes count are
 the cost model's under the new table. ``p/#`` gets the same traffic but an
-operator pinned it with ``set_strategy``: the controller leaves it alone.
+operator pinned it with ``set_strategy``: the controller leaves it alone. And
+the reverse: a topic whose subscriptions churn world-wide while its events stay
+local goes from subscription-geofence to event-geofence, exactly.
 """
 
 from __future__ import annotations
@@ -134,3 +136,55 @@ def test_the_controller_switches_a_topic_exactly_and_leaves_a_pinned_one(tmp_pat
         assert metric(urls[sequencer], ADAPTIVE_SWITCHES, strategy="subscription-geofence") == 1
         assert fed.total(ADAPTIVE_SWITCHES) == 1  # t/# once; p/# never
         assert all(metric(u, ADAPTIVE_WINDOWS) >= 1 for u in urls.values())
+
+
+def test_the_controller_moves_a_churning_topic_back_to_event_forwarding(tmp_path: Path) -> None:
+    # The reverse direction: under subscription-geofence every world-wide
+    # subscription made or withdrawn at ap costs a copy at each other broker, and
+    # the events (published at eu for subscribers near eu) would cost nothing
+    # under event-geofence: the controller switches a/# there, exactly.
+    with LocalFederation(THREE, "subscription-geofence", tmp_path, extra_env=ADAPTIVE) as fed:
+        urls = fed.metrics_urls()
+        where = str(fed.federation_path)
+
+        async def scenario() -> list[TraceOp]:
+            subs = Replayer(fed.federation, barrier=lambda: wait_quiescent(urls, timeout=WAIT_S))
+            admin = await geofed.connect(client_id="admin", location=HOMES["us"], federation=where)
+            ops = [TraceOp(0, "subscribe", "local", HOMES["eu"], "s-local", "a/x")]
+            try:
+                made_before = await asyncio.to_thread(fed.total, DELIVERIES)
+                await subs.run(ops)
+                deadline = time.monotonic() + WAIT_S
+                batch = 0
+                while True:
+                    seg = [
+                        TraceOp(0, "subscribe", "churn", HOMES["ap"], f"c{batch}", "a/x"),
+                        TraceOp(0, "publish", "pub", HOMES["eu"], f"e{batch}", "a/x", NEAR_EU, 8),
+                        TraceOp(0, "unsubscribe", "churn", id=f"c{batch}"),
+                    ]
+                    await subs.run(seg)
+                    ops += seg
+                    batch += 1
+                    state = await admin.strategy_table()
+                    if _entries(state).get("a/#") == "event-geofence":
+                        break
+                    assert time.monotonic() < deadline, f"no switch within {WAIT_S:g}s: {state}"
+                epoch = int(state["newest"]["epoch"])
+                await _until(lambda: _finished(fed, epoch), f"every broker finished {epoch}")
+                await fed.quiescent(WAIT_S)
+                made = await _all_delivered(fed, subs, made_before)
+                assert subs.received == made
+            finally:
+                for client in (subs, admin):
+                    await client.close()
+                await _until(lambda: fed.total(SUBSCRIPTIONS) == 0, "subscriptions withdrawn")
+            assert not subs.errors, subs.errors
+            expected = reference_deliveries(ops)
+            assert expected  # the local subscriber gets every event; the churn none
+            assert Counter(subs.deliveries) == Counter(expected)
+            return ops
+
+        ops = asyncio.run(scenario())
+        assert any(op.op == "publish" for op in ops)
+        assert fed.total(ADAPTIVE_SWITCHES) == 1
+        assert metric(urls[min(fed.federation.ids)], ADAPTIVE_SWITCHES, strategy="event-geofence")
