@@ -22,6 +22,7 @@ import asyncio
 import json
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,32 @@ def _entries(state: dict) -> dict[str, str]:  # type: ignore[type-arg]
     return {e["topic_filter"]: e["strategy"] for e in state["table"]["entries"]}
 
 
+async def _until_switched(
+    fed: LocalFederation,
+    admin: geofed.Client,
+    replayer: Replayer,
+    segment: Callable[[int], list[TraceOp]],
+    key: str,
+    strategy: str,
+) -> tuple[list[TraceOp], int]:
+    """Replay `segment(0)`, `segment(1)`, … until the controller has switched `key` to
+    `strategy` (state, not time) and every broker finished that epoch; the actions
+    replayed and the epoch."""
+    deadline = time.monotonic() + WAIT_S
+    ops: list[TraceOp] = []
+    while True:
+        seg = segment(len(ops))
+        await replayer.run(seg)
+        ops += seg
+        state = await admin.strategy_table()
+        if _entries(state).get(key) == strategy:
+            break
+        assert time.monotonic() < deadline, f"no switch within {WAIT_S:g}s: {state}"
+    epoch = int(state["newest"]["epoch"])
+    await _until(lambda: _finished(fed, epoch), f"every broker finished epoch {epoch}")
+    return ops, epoch
+
+
 def test_the_controller_switches_a_topic_exactly_and_leaves_a_pinned_one(tmp_path: Path) -> None:
     with LocalFederation(THREE, "event-geofence", tmp_path, extra_env=ADAPTIVE) as fed:
         urls = fed.metrics_urls()
@@ -87,21 +114,12 @@ def test_the_controller_switches_a_topic_exactly_and_leaves_a_pinned_one(tmp_pat
                 pinned_epoch = await _change(fed, admin, "p/#", "event-geofence")
                 made_before = await asyncio.to_thread(fed.total, DELIVERIES)
                 await subs.run(ops)
-                # Publish until the controller has switched t/# (state, not time).
-                deadline = time.monotonic() + WAIT_S
-                batch = 0
-                while True:
-                    seg = _publishes(batch)
-                    await pub.run(seg)
-                    ops += seg
-                    batch += 1
-                    state = await admin.strategy_table()
-                    if _entries(state).get("t/#") == "subscription-geofence":
-                        break
-                    assert time.monotonic() < deadline, f"no switch within {WAIT_S:g}s: {state}"
-                epoch = int(state["newest"]["epoch"])
+                sent_ops, epoch = await _until_switched(
+                    fed, admin, pub, _publishes, "t/#", "subscription-geofence"
+                )
+                ops += sent_ops
+                batch = len(sent_ops)
                 assert epoch > pinned_epoch
-                await _until(lambda: _finished(fed, epoch), f"every broker finished {epoch}")
                 await fed.quiescent(WAIT_S)
                 table = StrategyTable.from_dict((await admin.strategy_table())["table"])
                 assert dict(table.entries) == {
@@ -154,23 +172,18 @@ def test_the_controller_moves_a_churning_topic_back_to_event_forwarding(tmp_path
             try:
                 made_before = await asyncio.to_thread(fed.total, DELIVERIES)
                 await subs.run(ops)
-                deadline = time.monotonic() + WAIT_S
-                batch = 0
-                while True:
-                    seg = [
+
+                def churn(batch: int) -> list[TraceOp]:
+                    return [
                         TraceOp(0, "subscribe", "churn", HOMES["ap"], f"c{batch}", "a/x"),
                         TraceOp(0, "publish", "pub", HOMES["eu"], f"e{batch}", "a/x", NEAR_EU, 8),
                         TraceOp(0, "unsubscribe", "churn", id=f"c{batch}"),
                     ]
-                    await subs.run(seg)
-                    ops += seg
-                    batch += 1
-                    state = await admin.strategy_table()
-                    if _entries(state).get("a/#") == "event-geofence":
-                        break
-                    assert time.monotonic() < deadline, f"no switch within {WAIT_S:g}s: {state}"
-                epoch = int(state["newest"]["epoch"])
-                await _until(lambda: _finished(fed, epoch), f"every broker finished {epoch}")
+
+                sent_ops, _epoch = await _until_switched(
+                    fed, admin, subs, churn, "a/#", "event-geofence"
+                )
+                ops += sent_ops
                 await fed.quiescent(WAIT_S)
                 made = await _all_delivered(fed, subs, made_before)
                 assert subs.received == made
