@@ -30,7 +30,14 @@ from test_strategy_transitions import HOMES, WAIT_S, _all_delivered, _change, _f
 
 import geofed
 from geofed.bench import LocalFederation, Replayer, metric, wait_quiescent
-from geofed.node import ADAPTIVE_SWITCHES, ADAPTIVE_WINDOWS, DELIVERIES, SUBSCRIPTIONS
+from geofed.node import (
+    ADAPTIVE_DEFERRED,
+    ADAPTIVE_SWITCHES,
+    ADAPTIVE_WINDOWS,
+    DELIVERIES,
+    PEER_CONNECTED,
+    SUBSCRIPTIONS,
+)
 from geofed.routing import StrategyTable, TraceOp, parse_geofence, predict, reference_deliveries
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -201,3 +208,59 @@ def test_the_controller_moves_a_churning_topic_back_to_event_forwarding(tmp_path
         assert any(op.op == "publish" for op in ops)
         assert fed.total(ADAPTIVE_SWITCHES) == 1
         assert metric(urls[min(fed.federation.ids)], ADAPTIVE_SWITCHES, strategy="event-geofence")
+
+
+def test_the_controller_waits_while_a_link_of_the_sequencer_is_down(tmp_path: Path) -> None:
+    # The link between the sequencer (ap) and us is cut: the rule asks for the
+    # switch but the controller defers it (a transition would wait for us); once
+    # the link is back it switches, and the deliveries are exact throughout.
+    with LocalFederation(THREE, "event-geofence", tmp_path, extra_env=ADAPTIVE, links=True) as fed:
+        urls = fed.metrics_urls()
+        where = str(fed.federation_path)
+        sequencer = min(fed.federation.ids)
+        link = fed.link(sequencer, "us")
+
+        async def scenario() -> None:
+            subs = Replayer(fed.federation, barrier=lambda: wait_quiescent(urls, timeout=WAIT_S))
+            pub = Replayer(fed.federation)
+            admin = await geofed.connect(client_id="admin", location=HOMES["eu"], federation=where)
+            ops = [
+                _subscriptions()[0],
+                TraceOp(0, "subscribe", "local", HOMES["eu"], "s-local", "t/#"),
+            ]
+            try:
+                made_before = await asyncio.to_thread(fed.total, DELIVERIES)
+                await subs.run(ops)
+                link.partition()
+                await _until(
+                    lambda: metric(urls[sequencer], PEER_CONNECTED, peer="us") == 0,
+                    "the sequencer's link to us is down",
+                )
+                deadline = time.monotonic() + WAIT_S
+                while await asyncio.to_thread(metric, urls[sequencer], ADAPTIVE_DEFERRED) < 1:
+                    seg = _publishes(len(ops), ("t/x",))
+                    await pub.run(seg)
+                    ops += seg
+                    assert time.monotonic() < deadline, "the rule never asked for the switch"
+                assert "t/#" not in _entries(await admin.strategy_table())
+                link.heal()
+                sent_ops, _epoch = await _until_switched(
+                    fed,
+                    admin,
+                    pub,
+                    lambda i: _publishes(len(ops) + i, ("t/x",)),
+                    "t/#",
+                    "subscription-geofence",
+                )
+                ops += sent_ops
+                await fed.quiescent(WAIT_S)
+                made = await _all_delivered(fed, subs, made_before)
+                assert subs.received == made
+            finally:
+                for client in (subs, pub, admin):
+                    await client.close()
+            assert not subs.errors and not pub.errors, subs.errors + pub.errors
+            assert Counter(subs.deliveries) == Counter(reference_deliveries(ops))
+
+        asyncio.run(scenario())
+        assert fed.total(ADAPTIVE_SWITCHES) == 1
