@@ -629,7 +629,10 @@ class BrokerServer(Guarded):
         """Hand a transition step's messages to the links and keep its state (§3)."""
         self.dispatch(sends)
         if self.durable:
-            self.store.put_strategy_state(json.dumps(self.core.transition_state()))
+            state = self.core.transition_state()
+            if self.controller is not None:  # which entries are the controller's, not pinned
+                state["adaptive_owned"] = self.controller.owned
+            self.store.put_strategy_state(json.dumps(state))
         epoch, phase = self.core.progress
         self.metrics.strategy_epoch.set(epoch)
         self.metrics.strategy_phase.set(int(phase) if len(self.core.placing) > 1 else 0)
@@ -1106,7 +1109,11 @@ class BrokerServer(Guarded):
         """Rebuild the state a store kept (nothing to do for a new or in-memory one)."""
         if loaded.strategy_state:
             # Before the subscriptions: they are placed for the tables in force.
-            self.core.restore_transition_state(json.loads(loaded.strategy_state))
+            state = json.loads(loaded.strategy_state)
+            self.core.restore_transition_state(state)
+            owned = state.get("adaptive_owned")
+            if self.controller is not None and isinstance(owned, dict):
+                self.controller.owned = {str(k): str(v) for k, v in owned.items()}
             self._transition([])
             epoch, phase = self.core.progress
             log.info("strategy table restored: epoch %d, %s", epoch, phase.name.lower())

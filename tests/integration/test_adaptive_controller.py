@@ -264,3 +264,50 @@ def test_the_controller_waits_while_a_link_of_the_sequencer_is_down(tmp_path: Pa
 
         asyncio.run(scenario())
         assert fed.total(ADAPTIVE_SWITCHES) == 1
+
+
+def test_a_durable_sequencer_remembers_which_entries_are_the_controllers(tmp_path: Path) -> None:
+    # The controller switches t/#, the sequencer restarts from its store, and t/# is
+    # still the controller's (not taken for an operator's pin): when the traffic
+    # turns, the restarted sequencer switches it back.
+    with LocalFederation(
+        THREE, "event-geofence", tmp_path, extra_env=ADAPTIVE, durable=True
+    ) as fed:
+        where = str(fed.federation_path)
+        sequencer = min(fed.federation.ids)
+
+        async def phase(ops: list[TraceOp], traffic: Callable[[int], list[TraceOp]], new: str):  # type: ignore[no-untyped-def]
+            # The federation's barrier: it holds across the sequencer's restart.
+            subs = Replayer(fed.federation, barrier=lambda: fed.quiescent(WAIT_S))
+            admin = await geofed.connect(client_id="admin", location=HOMES["eu"], federation=where)
+            try:
+                made_before = await asyncio.to_thread(fed.total, DELIVERIES)
+                await subs.run(ops)
+                sent_ops, _epoch = await _until_switched(fed, admin, subs, traffic, "t/#", new)
+                ops = [*ops, *sent_ops]
+                await fed.quiescent(WAIT_S)
+                made = await _all_delivered(fed, subs, made_before)
+                assert subs.received == made
+            finally:
+                for client in (subs, admin):
+                    await client.close()
+                await _until(lambda: fed.total(SUBSCRIPTIONS) == 0, "subscriptions withdrawn")
+            assert not subs.errors, subs.errors
+            assert Counter(subs.deliveries) == Counter(reference_deliveries(ops))
+
+        first = [_subscriptions()[0]]
+        asyncio.run(phase(first, lambda i: _publishes(i, ("t/x",)), "subscription-geofence"))
+        fed.stop_node(sequencer)
+        fed.start_node(sequencer)
+        fed.wait_ready(WAIT_S)
+        local = [TraceOp(0, "subscribe", "local", HOMES["eu"], "s-local", "t/x")]
+
+        def churn(i: int) -> list[TraceOp]:
+            return [
+                TraceOp(0, "subscribe", "churn", HOMES["us"], f"c{i}", "t/x"),
+                TraceOp(0, "publish", "pub", HOMES["eu"], f"r{i}", "t/x", NEAR_EU, 8),
+                TraceOp(0, "unsubscribe", "churn", id=f"c{i}"),
+            ]
+
+        asyncio.run(phase(local, churn, "event-geofence"))
+        assert metric(fed.metrics_urls()[sequencer], ADAPTIVE_SWITCHES) == 1  # since the restart
