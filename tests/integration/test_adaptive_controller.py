@@ -19,6 +19,7 @@ local goes from subscription-geofence to event-geofence, exactly.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from collections import Counter
@@ -106,6 +107,54 @@ async def _until_switched(
     return ops, epoch
 
 
+def _churn(topic: str, home: str) -> Callable[[int], list[TraceOp]]:
+    """Traffic that makes event forwarding cheaper for `topic`: a world-wide subscription
+    made and withdrawn at `home`, between them one event for subscribers near eu."""
+
+    def segment(i: int) -> list[TraceOp]:
+        return [
+            TraceOp(0, "subscribe", "churn", HOMES[home], f"c{i}", topic),
+            TraceOp(0, "publish", "pub", HOMES["eu"], f"e{i}", topic, NEAR_EU, 8),
+            TraceOp(0, "unsubscribe", "churn", id=f"c{i}"),
+        ]
+
+    return segment
+
+
+async def _adapt_phase(
+    fed: LocalFederation,
+    subscriptions: list[TraceOp],
+    traffic: Callable[[int], list[TraceOp]],
+    key: str,
+    strategy: str,
+) -> list[TraceOp]:
+    """Subscribe, replay `traffic` until the controller switched `key` to `strategy`,
+    then withdraw everything; the deliveries must be the oracle's. The actions."""
+    # The federation's barrier (it holds across a restart of a broker).
+    subs = Replayer(fed.federation, barrier=lambda: fed.quiescent(WAIT_S))
+    admin = await geofed.connect(
+        client_id="admin", location=HOMES["eu"], federation=str(fed.federation_path)
+    )
+    ops = list(subscriptions)
+    try:
+        made_before = await asyncio.to_thread(fed.total, DELIVERIES)
+        await subs.run(ops)
+        sent_ops, _epoch = await _until_switched(fed, admin, subs, traffic, key, strategy)
+        ops += sent_ops
+        await fed.quiescent(WAIT_S)
+        made = await _all_delivered(fed, subs, made_before)
+        assert subs.received == made
+    finally:
+        for client in (subs, admin):
+            await client.close()
+        await _until(lambda: fed.total(SUBSCRIPTIONS) == 0, "subscriptions withdrawn")
+    assert not subs.errors, subs.errors
+    expected = reference_deliveries(ops)
+    assert expected
+    assert Counter(subs.deliveries) == Counter(expected)  # recall 1, precision 1, no dups
+    return ops
+
+
 def test_the_controller_switches_a_topic_exactly_and_leaves_a_pinned_one(tmp_path: Path) -> None:
     with LocalFederation(THREE, "event-geofence", tmp_path, extra_env=ADAPTIVE) as fed:
         urls = fed.metrics_urls()
@@ -169,45 +218,11 @@ def test_the_controller_moves_a_churning_topic_back_to_event_forwarding(tmp_path
     # the events (published at eu for subscribers near eu) would cost nothing
     # under event-geofence: the controller switches a/# there, exactly.
     with LocalFederation(THREE, "subscription-geofence", tmp_path, extra_env=ADAPTIVE) as fed:
-        urls = fed.metrics_urls()
-        where = str(fed.federation_path)
-
-        async def scenario() -> list[TraceOp]:
-            subs = Replayer(fed.federation, barrier=lambda: wait_quiescent(urls, timeout=WAIT_S))
-            admin = await geofed.connect(client_id="admin", location=HOMES["us"], federation=where)
-            ops = [TraceOp(0, "subscribe", "local", HOMES["eu"], "s-local", "a/x")]
-            try:
-                made_before = await asyncio.to_thread(fed.total, DELIVERIES)
-                await subs.run(ops)
-
-                def churn(batch: int) -> list[TraceOp]:
-                    return [
-                        TraceOp(0, "subscribe", "churn", HOMES["ap"], f"c{batch}", "a/x"),
-                        TraceOp(0, "publish", "pub", HOMES["eu"], f"e{batch}", "a/x", NEAR_EU, 8),
-                        TraceOp(0, "unsubscribe", "churn", id=f"c{batch}"),
-                    ]
-
-                sent_ops, _epoch = await _until_switched(
-                    fed, admin, subs, churn, "a/#", "event-geofence"
-                )
-                ops += sent_ops
-                await fed.quiescent(WAIT_S)
-                made = await _all_delivered(fed, subs, made_before)
-                assert subs.received == made
-            finally:
-                for client in (subs, admin):
-                    await client.close()
-                await _until(lambda: fed.total(SUBSCRIPTIONS) == 0, "subscriptions withdrawn")
-            assert not subs.errors, subs.errors
-            expected = reference_deliveries(ops)
-            assert expected  # the local subscriber gets every event; the churn none
-            assert Counter(subs.deliveries) == Counter(expected)
-            return ops
-
-        ops = asyncio.run(scenario())
-        assert any(op.op == "publish" for op in ops)
+        local = [TraceOp(0, "subscribe", "local", HOMES["eu"], "s-local", "a/x")]
+        asyncio.run(_adapt_phase(fed, local, _churn("a/x", "ap"), "a/#", "event-geofence"))
         assert fed.total(ADAPTIVE_SWITCHES) == 1
-        assert metric(urls[min(fed.federation.ids)], ADAPTIVE_SWITCHES, strategy="event-geofence")
+        sequencer = fed.metrics_urls()[min(fed.federation.ids)]
+        assert metric(sequencer, ADAPTIVE_SWITCHES, strategy="event-geofence") == 1
 
 
 def test_the_controller_waits_while_a_link_of_the_sequencer_is_down(tmp_path: Path) -> None:
@@ -273,41 +288,13 @@ def test_a_durable_sequencer_remembers_which_entries_are_the_controllers(tmp_pat
     with LocalFederation(
         THREE, "event-geofence", tmp_path, extra_env=ADAPTIVE, durable=True
     ) as fed:
-        where = str(fed.federation_path)
         sequencer = min(fed.federation.ids)
-
-        async def phase(ops: list[TraceOp], traffic: Callable[[int], list[TraceOp]], new: str):  # type: ignore[no-untyped-def]
-            # The federation's barrier: it holds across the sequencer's restart.
-            subs = Replayer(fed.federation, barrier=lambda: fed.quiescent(WAIT_S))
-            admin = await geofed.connect(client_id="admin", location=HOMES["eu"], federation=where)
-            try:
-                made_before = await asyncio.to_thread(fed.total, DELIVERIES)
-                await subs.run(ops)
-                sent_ops, _epoch = await _until_switched(fed, admin, subs, traffic, "t/#", new)
-                ops = [*ops, *sent_ops]
-                await fed.quiescent(WAIT_S)
-                made = await _all_delivered(fed, subs, made_before)
-                assert subs.received == made
-            finally:
-                for client in (subs, admin):
-                    await client.close()
-                await _until(lambda: fed.total(SUBSCRIPTIONS) == 0, "subscriptions withdrawn")
-            assert not subs.errors, subs.errors
-            assert Counter(subs.deliveries) == Counter(reference_deliveries(ops))
-
-        first = [_subscriptions()[0]]
-        asyncio.run(phase(first, lambda i: _publishes(i, ("t/x",)), "subscription-geofence"))
+        far = [_subscriptions()[0]]
+        publishes = functools.partial(_publishes, topics=("t/x",))
+        asyncio.run(_adapt_phase(fed, far, publishes, "t/#", "subscription-geofence"))
         fed.stop_node(sequencer)
         fed.start_node(sequencer)
         fed.wait_ready(WAIT_S)
         local = [TraceOp(0, "subscribe", "local", HOMES["eu"], "s-local", "t/x")]
-
-        def churn(i: int) -> list[TraceOp]:
-            return [
-                TraceOp(0, "subscribe", "churn", HOMES["us"], f"c{i}", "t/x"),
-                TraceOp(0, "publish", "pub", HOMES["eu"], f"r{i}", "t/x", NEAR_EU, 8),
-                TraceOp(0, "unsubscribe", "churn", id=f"c{i}"),
-            ]
-
-        asyncio.run(phase(local, churn, "event-geofence"))
+        asyncio.run(_adapt_phase(fed, local, _churn("t/x", "us"), "t/#", "event-geofence"))
         assert metric(fed.metrics_urls()[sequencer], ADAPTIVE_SWITCHES) == 1  # since the restart
