@@ -413,12 +413,7 @@ class NodeConfig:
         Raises:
             InvalidInput: naming ``strategy_table`` (and the bad entry).
         """
-        try:
-            return StrategyTable.build(self.strategy, _table_entries(self.strategy_table))
-        except InvalidInput as exc:
-            if exc.field == "strategy_table":
-                raise
-            raise exc.within("strategy_table") from None
+        return StrategyTable.from_json(self.strategy, self.strategy_table, "strategy_table")
 
     def adaptive_settings(self) -> AdaptiveConfig:
         """`adaptive_config` as the routing core's `AdaptiveConfig` (defaults for fields left out).
@@ -482,18 +477,6 @@ def _check_listen(name: str, value: str) -> None:
     _, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
         raise InvalidInput(name, f"must be 'host:port' (port 0 = any free port), got {value!r}")
-
-
-def _table_entries(text: str) -> dict[str, Any]:
-    if not text:
-        return {}
-    try:
-        entries = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidInput("strategy_table", f"not JSON: {exc}") from None
-    if not isinstance(entries, dict):
-        raise InvalidInput("strategy_table", "must be a JSON object: topic filter -> strategy")
-    return entries
 
 
 def _coerce(f: dataclasses.Field[Any], raw: Any, where: str) -> Any:

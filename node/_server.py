@@ -1410,15 +1410,23 @@ class BrokerServer(Guarded):
         self.dispatch(self.core.disconnect(client))
         self._update_sub_gauges()
 
-    def client_unsubscribe(self, who: Principal, client: str, sub_id: str) -> None:
-        """Withdraw a subscription, end its stream and forget its queue."""
+    def client_unsubscribe(self, who: Principal, client: str, sub_id: str) -> bool:
+        """Withdraw a subscription, end its stream and forget its queue.
+
+        False if the client holds no subscription with that id: an unsubscribe
+        retried after its answer was lost is not an error (MQTT's "no
+        subscription existed" answer, the same idea).
+        """
         self.check_owner(who, client)
+        if self.core.local.get((client, sub_id)) is None:
+            return False
         self.dispatch(self.core.unsubscribe(client, sub_id))
         self.forget_queue((client, sub_id))
         stream = self._streams.pop((client, sub_id), None)
         if stream is not None:
             stream.close(None)
         self._update_sub_gauges()
+        return True
 
     async def client_event(self, who: Principal, client: str, pb: gpb.Event, field: str) -> Event:
         """Validate, authorize and convert one event a client publishes (state untouched).
@@ -1872,8 +1880,8 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
         _decoded(request, "request")
         client = validate_id(request.client, "client")
         sub_id = validate_id(request.subscription_id, "subscription_id")
-        node.client_unsubscribe(node.security.principal(context), client, sub_id)
-        return unsubscribe_response(True)
+        existed = node.client_unsubscribe(node.security.principal(context), client, sub_id)
+        return unsubscribe_response(existed)
 
     @unary
     async def Ack(self, request: cpb.AckRequest, context: Any) -> cpb.AckResponse:
