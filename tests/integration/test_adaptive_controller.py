@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from test_strategy_transitions import HOMES, WAIT_S, _all_delivered, _change, _finished, _until
+from test_strategy_transitions import HOMES, WAIT_S, _all_delivered, _change, _finished, until
 
 import geofed
 from geofed.bench import LocalFederation, Replayer, metric, wait_quiescent
@@ -103,7 +103,7 @@ async def _until_switched(
             break
         assert time.monotonic() < deadline, f"no switch within {WAIT_S:g}s: {state}"
     epoch = int(state["newest"]["epoch"])
-    await _until(lambda: _finished(fed, epoch), f"every broker finished epoch {epoch}")
+    await until(lambda: _finished(fed, epoch), f"every broker finished epoch {epoch}")
     return ops, epoch
 
 
@@ -147,7 +147,7 @@ async def _adapt_phase(
     finally:
         for client in (subs, admin):
             await client.close()
-        await _until(lambda: fed.total(SUBSCRIPTIONS) == 0, "subscriptions withdrawn")
+        await until(lambda: fed.total(SUBSCRIPTIONS) == 0, "subscriptions withdrawn")
     assert not subs.errors, subs.errors
     expected = reference_deliveries(ops)
     assert expected
@@ -199,7 +199,7 @@ def test_the_controller_switches_a_topic_exactly_and_leaves_a_pinned_one(tmp_pat
             finally:
                 for client in (subs, pub, admin):
                     await client.close()
-                await _until(lambda: fed.total(SUBSCRIPTIONS) == 0, "subscriptions withdrawn")
+                await until(lambda: fed.total(SUBSCRIPTIONS) == 0, "subscriptions withdrawn")
             assert not subs.errors and not pub.errors, subs.errors + pub.errors
             expected = reference_deliveries(ops)
             # recall 1, precision 1, no duplicates: through the switch and after it
@@ -247,7 +247,7 @@ def test_the_controller_waits_while_a_link_of_the_sequencer_is_down(tmp_path: Pa
                 made_before = await asyncio.to_thread(fed.total, DELIVERIES)
                 await subs.run(ops)
                 link.partition()
-                await _until(
+                await until(
                     lambda: metric(urls[sequencer], PEER_CONNECTED, peer="us") == 0,
                     "the sequencer's link to us is down",
                 )
