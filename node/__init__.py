@@ -34,6 +34,12 @@ from ._config import (
 from ._history import HistoryBackend, HistoryLog, PostgisHistory, SqliteHistory
 from ._links import PROTOCOL_VERSION, LinkHost, PeerLink, Transport
 from ._metrics import (
+    ADAPTIVE_DEFERRED,
+    ADAPTIVE_KEYS,
+    ADAPTIVE_PREDICTED,
+    ADAPTIVE_SAVING,
+    ADAPTIVE_SWITCHES,
+    ADAPTIVE_WINDOWS,
     AUTH_REFUSED,
     DELIVERIES,
     EVENTS_PUBLISHED,
@@ -96,6 +102,12 @@ from ._tls import (
 from ._tokens import ALGORITHMS, TokenClaims, TokenVerifier, bearer_token
 
 __all__ = [
+    "ADAPTIVE_DEFERRED",
+    "ADAPTIVE_KEYS",
+    "ADAPTIVE_PREDICTED",
+    "ADAPTIVE_SAVING",
+    "ADAPTIVE_SWITCHES",
+    "ADAPTIVE_WINDOWS",
     # certificates (a federation's own CA)
     "CA",
     "CA_VALID",

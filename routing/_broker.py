@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._errors import InvalidInput, NotFound, WrongBroker
 from ._federation import Federation
@@ -22,6 +22,9 @@ from ._model import Event, SubKey, Subscription, matches
 from ._schemes import LastMile, Scheme, TransitionReport
 from ._strategies import Strategy, all_strategies
 from ._table import StrategyTable, placement
+
+if TYPE_CHECKING:  # the meter's module imports this one
+    from ._adaptive import KeyWindow, ShareMeter
 
 
 class Kind(StrEnum):
@@ -117,8 +120,28 @@ class ProposeMsg:
     kind = Kind.TRANSITION
 
 
+@dataclass(frozen=True, slots=True)
+class ReportMsg:
+    """The sender's share of its last adaptive-controller window, for the sequencer (§13).
+
+    Control traffic: the node sends it and the sequencer's controller takes it;
+    the broker core ignores it, and the cost model leaves it out.
+    """
+
+    window: int
+    shares: tuple[KeyWindow, ...]
+    kind = Kind.CONTROL
+
+
 PeerMessage = (
-    EventMsg | SubscribeMsg | UnsubscribeMsg | RelocateMsg | DeliveryMsg | TableMsg | ProposeMsg
+    EventMsg
+    | SubscribeMsg
+    | UnsubscribeMsg
+    | RelocateMsg
+    | DeliveryMsg
+    | TableMsg
+    | ProposeMsg
+    | ReportMsg
 )
 
 MessageKey = tuple[str, str, str]
@@ -221,6 +244,8 @@ class BrokerState:
         self.last_mile = LastMile(Scheme.EXACT, exact=self.local)
         self.audit_every = 16  # recall audit: the exact matcher on one event in this many
         self._audit_count = 0
+        self.meter: ShareMeter | None = None
+        """With the adaptive controller on: measures this broker's share (docs/design.md §13)."""
 
     # -- client side -----------------------------------------------------
 
@@ -287,6 +312,8 @@ class BrokerState:
         if old is not None:
             gone = self._placement(old) - targets
             sends.extend(Send(dst, UnsubscribeMsg(sub.key, self.id)) for dst in sorted(gone))
+        if self.meter is not None:
+            self.meter.subscribed(self, sub, old)
         return sends
 
     def unsubscribe(self, client: str, sub_id: str) -> list[Send]:
@@ -302,6 +329,8 @@ class BrokerState:
         self.local.remove(sub.key)
         self.last_mile.remove(sub.key)
         targets = self._placement(sub)
+        if self.meter is not None:
+            self.meter.unsubscribed(self, sub)
         return [Send(dst, UnsubscribeMsg(sub.key, self.id)) for dst in sorted(targets)]
 
     def publish(self, event: Event) -> Outcome:
@@ -320,14 +349,19 @@ class BrokerState:
             # Remote subscriptions are indexed by home (`on_message`), so the
             # index answers with sorted keys per home.
             reachable = strategy.delivery_targets(self.id, event.geofence, self.federation.ids)
+            by_home: dict[str, list[SubKey]] = {}
             if reachable:
                 by_home = self.remote.match_groups(event.topic, event.location)
                 for dst in sorted(by_home):
                     if dst in reachable:
                         out.sends.append(Send(dst, DeliveryMsg(event, tuple(by_home[dst]))))
+            if self.meter is not None:
+                self.meter.published(self, event, by_home)
         else:
             for dst in sorted(strategy.event_targets(self.id, event.geofence)):
                 out.sends.append(Send(dst, EventMsg(event)))
+            if self.meter is not None:
+                self.meter.published(self, event, None)
         return out
 
     def check_publisher(self, event: Event, field: str = "event.publisher") -> None:
@@ -341,6 +375,8 @@ class BrokerState:
     def on_message(self, src: str, msg: PeerMessage) -> Outcome:
         """Apply a message from broker `src`."""
         if isinstance(msg, EventMsg):
+            if self.meter is not None:
+                self.meter.received(self, src, msg.event)
             return Outcome(deliveries=self._match_local(msg.event))
         if isinstance(msg, DeliveryMsg):
             return Outcome(deliveries=self._deliver(msg))
@@ -572,6 +608,8 @@ class BrokerState:
             self._client_subs[client][sub.id] = new
             before = self._placement(sub)
             after = self._placement(new)
+            if self.meter is not None:
+                self.meter.relocated(self, sub, new)
             for dst in sorted(before | after):
                 msg: PeerMessage
                 if dst not in before:
