@@ -16,9 +16,12 @@ converting the event from the wire (`event_from_pb`), matching and routing it
 the events of one `PublishStream` message) and adding the delivery message to a frame
 (`add_to_frame`). gRPC, asyncio, metrics and the peer's side are left out.
 ``--profile`` adds a cProfile summary (the functions with the most own time).
+``--adaptive`` runs the adaptive controller's measurement too (a `ShareMeter`
+in the broker, as a node with ``adaptive=on`` has; docs/design.md §13): what it
+adds per event is the price of running the controller.
 
 Usage: ``python -m geofed.bench.publish_cpu_bench [--subs 100000] [--events 5000]
-[--rounds 3] [--batch 1000] [--profile]``
+[--rounds 3] [--batch 1000] [--profile] [--adaptive]``
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import time
 from pathlib import Path
 
 from geofed.client import DEFAULT_BATCH_SIZE
-from geofed.routing import BrokerState, GeofenceCache, SubscribeMsg, strategy_for
+from geofed.routing import BrokerState, GeofenceCache, ShareMeter, SubscribeMsg, strategy_for
 from geofed.v1 import client_pb2 as cpb
 from geofed.wire import add_to_frame, event_from_pb, new_frame, publish_batch
 
@@ -83,11 +86,16 @@ def main(argv: list[str] | None = None) -> int:
         help="events matched together, as one PublishStream message (the client's default)",
     )
     p.add_argument("--profile", action="store_true", help="add a cProfile summary")
+    p.add_argument(
+        "--adaptive", action="store_true", help="measure the adaptive controller's share too"
+    )
     p.add_argument("--no-record", action="store_true", help="do not append to node.md")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="geofed-bench-") as tmp:
         fed = federation_file(Path(tmp) / "federation.geojson", (1, 2), 3)
     core = BrokerState("node", fed, strategy_for("subscription-geofence", fed))
+    if args.adaptive:
+        core.meter = ShareMeter()
     for sub in _subscriptions(args.subs, seed=args.subs):
         core.on_message("peer", SubscribeMsg(sub, "peer"))
     batch = publish_batch("bench", _events(args.events, seed=1, world=True))
@@ -112,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     body = (
         f"{args.subs:,} remote subscriptions, {n:,} world-wide events per round"
         f" in batches of {args.batch:,},"
-        f" {named / n:.1f} subscriptions named per event; rounds (CPU µs/event):"
+        f" {named / n:.1f} subscriptions named per event"
+        f"{', adaptive controller on' if args.adaptive else ''}; rounds (CPU µs/event):"
         f" {', '.join(f'{t / n * 1e6:.1f}' for t in times)}; median"
         f" **{per_event * 1e6:.1f} µs/event = {1 / per_event:,.0f} events per CPU second**"
         f"{summary}"
