@@ -10,15 +10,19 @@ sleep), and on exit stop the process and remove the folder::
         client.connect(mqtt.host, mqtt.port)
 
 The brokers run with their defaults but for what a benchmark on loopback
-needs (anonymous access, no persistence). A missing binary is a
-`BrokerUnavailable` naming the Debian package.
+needs (anonymous access, no persistence); `Mosquitto` also runs with a store
+that survives its restart, one password user or a TLS-only listener, as the
+bridge's tests need. A missing binary is a `BrokerUnavailable` naming the
+Debian package.
 """
 
 from __future__ import annotations
 
+import getpass
 import json
 import shutil
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -47,15 +51,21 @@ class _Broker:
     package = ""
 
     def __init__(
-        self, extra: list[str] | None = None, start_timeout: float = 30.0, port: int = 0
+        self,
+        extra: list[str] | None = None,
+        start_timeout: float = 30.0,
+        port: int = 0,
+        workdir: Path | None = None,
     ) -> None:
         self.extra = list(extra or [])  # more lines for the configuration file
         self.host = "127.0.0.1"
-        self.port = port  # 0: a free one is picked at start
+        self.port = port  # 0: a free one is picked at the first start, kept by restarts
         self.start_timeout = start_timeout
         self.process: subprocess.Popen[bytes] | None = None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
-        self.workdir: Path | None = None
+        # Given: the caller's folder, kept across restarts (and never removed).
+        self._own_workdir = workdir
+        self.workdir: Path | None = workdir
 
     @property
     def address(self) -> str:
@@ -83,8 +93,10 @@ class _Broker:
     def start(self) -> Self:
         """Start the broker and wait until it answers on its port."""
         exe = self.executable()
-        self._tmp = tempfile.TemporaryDirectory(prefix=f"geofed-{self.name}-")
-        self.workdir = Path(self._tmp.name)
+        if self._own_workdir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix=f"geofed-{self.name}-")
+            self.workdir = Path(self._tmp.name)
+        assert self.workdir is not None
         if not self.port:
             self.port = free_ports(1)[0]
         cmd = [exe, *self.config(self.workdir)]
@@ -152,23 +164,80 @@ class _Broker:
 _MQTT_CONNECT = bytes([0x10, 17, 0, 4, *b"MQTT", 4, 0x02, 0, 10, 0, 5, *b"ready"])
 
 
+def _connack(sock: socket.socket) -> bool:
+    """MQTT CONNECT gets a CONNACK on `sock` (a refusal for want of a password too)."""
+    sock.sendall(_MQTT_CONNECT)
+    return sock.recv(4)[:1] == b"\x20"
+
+
 class Mosquitto(_Broker):
     """Debian's ``mosquitto`` (MQTT 3.1.1 / 5.0) on a free loopback port.
 
     Args:
         extra: more lines for ``mosquitto.conf`` (e.g. ``max_queued_messages 0``).
+        workdir: keep the configuration, log and (`persistent`) store here
+            rather than in a temporary folder; with `persistent`, a restart
+            (`stop`, then `start`: SIGTERM, on which mosquitto writes its
+            store) keeps sessions and their queued messages.
+        password: (user, password): that one user may connect, nobody else.
+        tls: a folder with ``ca.pem``, ``cert.pem`` and ``key.pem``: the listener
+            speaks TLS only.
     """
 
     name = "mosquitto"
     binary = "mosquitto"
     package = "mosquitto"
 
+    def __init__(
+        self,
+        extra: list[str] | None = None,
+        start_timeout: float = 30.0,
+        port: int = 0,
+        workdir: Path | None = None,
+        persistent: bool = False,
+        password: tuple[str, str] | None = None,
+        tls: Path | None = None,
+    ) -> None:
+        super().__init__(extra, start_timeout, port, workdir)
+        if persistent and workdir is None:
+            raise InvalidInput("workdir", "a persistent mosquitto needs a folder of its own")
+        self.persistent = persistent
+        self.password = password
+        self.tls = tls
+
+    @property
+    def tls_ca(self) -> Path | None:
+        """The CA a client trusts to reach a TLS listener."""
+        return None if self.tls is None else self.tls / "ca.pem"
+
     def config(self, workdir: Path) -> list[str]:
         conf = workdir / "mosquitto.conf"
-        lines = [
-            f"listener {self.port} {self.host}",
-            "allow_anonymous true",
-            "persistence false",
+        lines = [f"listener {self.port} {self.host}"]
+        if self.password is None:
+            lines.append("allow_anonymous true")
+        else:
+            users = workdir / "passwd"
+            subprocess.run(
+                ["mosquitto_passwd", "-b", "-c", str(users), *self.password],
+                check=True,
+                capture_output=True,
+                timeout=self.start_timeout,
+            )
+            lines += ["allow_anonymous false", f"password_file {users}"]
+        if self.tls is not None:
+            lines += [
+                f"cafile {self.tls}/ca.pem",
+                f"certfile {self.tls}/cert.pem",
+                f"keyfile {self.tls}/key.pem",
+            ]
+        if self.persistent:
+            lines += ["persistence true", f"persistence_location {workdir}/"]
+        else:
+            lines.append("persistence false")
+        lines += [
+            # Run as root, mosquitto would switch to its own user, which cannot
+            # write the caller's folder.
+            f"user {getpass.getuser()}",
             "log_dest stdout",
             "log_type error",
             "log_type warning",
@@ -178,8 +247,12 @@ class Mosquitto(_Broker):
         return ["-c", str(conf)]
 
     def answers(self, sock: socket.socket) -> bool:
-        sock.sendall(_MQTT_CONNECT)
-        return sock.recv(4)[:1] == b"\x20"  # CONNACK
+        if self.tls is not None:
+            context = ssl.create_default_context(cafile=self.tls_ca)
+            context.check_hostname = False
+            with context.wrap_socket(sock) as sealed:
+                return _connack(sealed)
+        return _connack(sock)
 
 
 class NatsServer(_Broker):

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -63,6 +64,7 @@ from geofed.errors import DeadlineExceeded
 from geofed.node import (
     PEER_MESSAGES_SENT,
     PEER_QUEUE_LENGTH,
+    PROTOCOL_VERSION,
     SUBSCRIPTIONS,
     TLSFiles,
     issue_federation,
@@ -89,10 +91,13 @@ _LOCAL_IDLE_S = 10.0  # a local subscriber that got nothing for this long has lo
 DURABILITY = ("off", "normal", "full")
 """Persistence modes: no data_dir, or a store with that ``store_sync``."""
 PARIS = LatLon(48.85, 2.35)
+STRATEGY = "subscription-geofence"
 PEER_BOX = [[-10.0, -89.0], [10.0, -89.0], [10.0, -85.0], [-10.0, -85.0], [-10.0, -89.0]]
 
 
-def federation_file(path: Path, node_ports: tuple[int, int], peer_port: int) -> Federation:
+def federation_file(
+    path: Path, node_ports: tuple[int, int], peer_port: int, peer_id: str = "peer"
+) -> Federation:
     """Write the two-broker federation and return it."""
     world = [[-180.0, -90.0], [180.0, -90.0], [180.0, 90.0], [-180.0, 90.0], [-180.0, -90.0]]
     doc = {
@@ -110,7 +115,7 @@ def federation_file(path: Path, node_ports: tuple[int, int], peer_port: int) -> 
             {
                 "type": "Feature",
                 "properties": {
-                    "id": "peer",
+                    "id": peer_id,
                     "endpoint": f"127.0.0.1:{peer_port}",
                     "client_endpoint": "127.0.0.1:1",
                 },
@@ -123,28 +128,45 @@ def federation_file(path: Path, node_ports: tuple[int, int], peer_port: int) -> 
 
 
 class FakePeer(fpb_grpc.FederationServiceServicer):
-    """The other broker: accepts the node's link, sends subscriptions, counts deliveries."""
+    """The other broker: accepts the node's link (or dials it: `dial`), sends
+    subscriptions, counts deliveries."""
 
-    def __init__(self, fed: Federation, subs: list[Subscription]) -> None:
+    def __init__(self, fed: Federation, subs: list[Subscription], broker_id: str = "peer") -> None:
         self.fed = fed
         self.subs = subs
+        self.id = broker_id
         self.deliveries = 0
         self.loaded = asyncio.Event()
 
-    async def Link(self, request_iterator: Any, context: Any) -> None:
+    async def dial(self, endpoint: str, tls: TLSConfig | None) -> None:
+        """Dial the node's peer port (its id sorts after ours) and run the link."""
+        channel = (
+            grpc.aio.insecure_channel(endpoint)
+            if tls is None
+            else grpc.aio.secure_channel(endpoint, tls.credentials(), options=tls.options())
+        )
+        async with channel:
+            call = fpb_grpc.FederationServiceStub(channel).Link()
+            await call.write(
+                hello_frame(self.id, STRATEGY, self.fed.digest, PROTOCOL_VERSION, time.time_ns())
+            )
+            await self.Link(None, call, hello_sent=True)
+
+    async def Link(self, request_iterator: Any, context: Any, hello_sent: bool = False) -> None:
         first = await context.read()
         hello = first.hello  # answered in kind: the node's strategy and protocol version
-        await context.write(
-            hello_frame(
-                "peer", hello.strategy, self.fed.digest, hello.protocol_version, time.time_ns()
+        if not hello_sent:
+            await context.write(
+                hello_frame(
+                    self.id, hello.strategy, self.fed.digest, hello.protocol_version, time.time_ns()
+                )
             )
-        )
         for frame, _, _ in snapshot_frames([], 1):  # an empty snapshot: we held nothing
             await context.write(frame)
         for seq, i in enumerate(range(0, len(self.subs), 2000), start=1):
             frame = new_frame()
             for s in self.subs[i : i + 2000]:
-                add_to_frame(frame, SubscribeMsg(s, "peer"), "peer")
+                add_to_frame(frame, SubscribeMsg(s, self.id), self.id)
             frame.seq = seq
             await context.write(frame)
         self.loaded.set()
@@ -219,19 +241,23 @@ async def _run(
     durability: str,
     tls: bool = False,
     local: tuple[int, int] = (10, 20_000),
+    peer_dials: bool = False,
 ) -> dict[str, Any]:
     """One configuration; `subs` and `events` are emptied (the latency run needs the memory).
 
     With `tls` the node runs with mutual TLS to the peer and TLS to its clients
-    (certificates from a throw-away CA).
+    (certificates from a throw-away CA). With `peer_dials` the peer (``edge``)
+    dials the node, so the link comes in through the node's peer port.
     """
     client_port, peer_listen, metrics_port, fake_port = free_ports(4)
     metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
-    fed = federation_file(workdir / "federation.geojson", (client_port, peer_listen), fake_port)
+    peer_id = "edge" if peer_dials else "peer"  # the broker whose id sorts first dials
+    fed_path = workdir / "federation.geojson"
+    fed = federation_file(fed_path, (client_port, peer_listen), fake_port, peer_id)
     n_subs = len(subs)
     n_loaded, n_sent = len(subs), len(events)
     tag = f"[{n_subs} subs, persistence {durability}, TLS {'on' if tls else 'off'}]"
-    peer = FakePeer(fed, subs)
+    peer = FakePeer(fed, subs, peer_id)
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])
     fpb_grpc.add_FederationServiceServicer_to_server(peer, server)
     certs = workdir / "certs"
@@ -239,7 +265,7 @@ async def _run(
     peer_tls: TLSConfig | None = None
     if tls:
         issue_federation(workdir / "federation.geojson", certs)
-        peer_files = TLSFiles.in_dir(certs / "brokers" / "peer")
+        peer_files = TLSFiles.in_dir(certs / "brokers" / peer_id)
         server.add_secure_port(
             f"127.0.0.1:{fake_port}", server_credentials(peer_files, require_client_auth=True)
         )
@@ -253,7 +279,7 @@ async def _run(
         {
             "GEOFED_BROKER_ID": "node",
             "GEOFED_FEDERATION": str(workdir / "federation.geojson"),
-            "GEOFED_STRATEGY": "subscription-geofence",
+            "GEOFED_STRATEGY": STRATEGY,
             "GEOFED_CLIENT_LISTEN": f"127.0.0.1:{client_port}",
             "GEOFED_PEER_LISTEN": f"127.0.0.1:{peer_listen}",
             "GEOFED_METRICS_LISTEN": f"127.0.0.1:{metrics_port}",
@@ -268,8 +294,13 @@ async def _run(
     if tls:
         env["GEOFED_TLS_DIR"] = str(certs / "brokers" / "node")
     proc = subprocess.Popen([sys.executable, "-m", "geofed.node"], env=env)
+    dialling: asyncio.Task[None] | None = None
     try:
         node_peer = f"127.0.0.1:{peer_listen}"
+        if peer_dials:
+            while health_status(node_peer, tls=peer_tls) != "SERVING":
+                await asyncio.sleep(0.1)
+            dialling = asyncio.create_task(peer.dial(node_peer, peer_tls))
         while health_status(node_peer, FEDERATION_SERVICE, tls=peer_tls) != "SERVING":
             await asyncio.sleep(0.1)
         t0 = time.perf_counter()
@@ -322,6 +353,10 @@ async def _run(
     finally:
         proc.terminate()
         proc.wait(30)
+        if dialling is not None:
+            dialling.cancel()
+            with contextlib.suppress(BaseException):
+                await dialling
         await server.stop(None)
     lat_ms = sorted(x * 1000 for x in latencies)
     store = sum(f.stat().st_size for f in data_dir.iterdir()) if durability != "off" else None
@@ -474,6 +509,12 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated: off (plaintext), on (mutual TLS to the peer, TLS to clients)",
     )
     p.add_argument(
+        "--peer-dials",
+        action="store_true",
+        help="the peer dials the node, so the link enters through the node's peer port"
+        " (with TLS: its TLS front); by default the node dials the peer",
+    )
+    p.add_argument(
         "--rounds", type=int, default=1, help="runs of every configuration (order rotated)"
     )
     p.add_argument(
@@ -519,6 +560,7 @@ def main(argv: list[str] | None = None) -> int:
                             mode,
                             tls == "on",
                             (args.local_subs, args.local_events),
+                            args.peer_dials,
                         )
                     )
                     rows.append(row | {"order": len(rows) + 1})

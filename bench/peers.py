@@ -107,6 +107,7 @@ from . import brokers_bench
 from ._machine import describe, record
 from .brokers import BrokerUnavailable, Mosquitto, NatsServer, nats_subject
 from .faultproxy import ProxyHost
+from .faults import until
 from .trace import read_trace_file, write_trace
 from .workload import SCENARIOS, WorkloadConfig, generate
 
@@ -497,14 +498,6 @@ def _hub(fed: Federation) -> str:
     return min(sorted(sites), key=total)
 
 
-async def _until(cond: Callable[[], bool], what: str, timeout: float = _HANG_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"hung waiting for {what}")
-        await asyncio.sleep(_POLL_S)
-
-
 class MosquittoStar(_System):
     """Mosquitto per region, leaves bridged to the hub with ``topic # both 0``."""
 
@@ -538,7 +531,9 @@ class MosquittoStar(_System):
             self.brokers[region] = Mosquitto(extra=sys_conf + bridge).start()
         # Ready: every bridge's SUBSCRIBE to # answered (SUBACK crossed its link).
         links = len(ids) - 1
-        await _until(lambda: self.counts.snapshot()["interest"][0] >= 2 * links, "the bridges")
+        await until(
+            lambda: self.counts.snapshot()["interest"][0] >= 2 * links, "the bridges", _HANG_S
+        )
         self.clients: dict[str, Any] = {}
         self.sys = await asyncio.to_thread(self._read_sys)
 
@@ -615,7 +610,7 @@ class MosquittoStar(_System):
         c.connect(broker.host, broker.port)
         c.loop_start()
         self.clients[client] = c
-        await _until(c.is_connected, f"client {client}")
+        await until(c.is_connected, f"client {client}", _HANG_S)
 
     async def publish(self, op: TraceOp) -> None:
         self.clients[op.client].publish(op.topic, _payload(op), qos=0)
@@ -626,7 +621,7 @@ class MosquittoStar(_System):
         u = c.user_data_get()
         before = u["subacks"]
         call()
-        await _until(lambda: u["subacks"] > before, "SUBACK")
+        await until(lambda: u["subacks"] > before, "SUBACK", _HANG_S)
 
     async def subscribe(self, sub_id: str, sub: _Sub) -> None:
         others = [s for i, s in self.subs.items() if i != sub_id and s.client == sub.client]

@@ -12,12 +12,16 @@ subscriptions from the peer, under ``subscription-geofence``), events without
 geofence (each one matched against all N), and per event what the node does
 between reading a `PublishStream` batch and writing the peer frame:
 converting the event from the wire (`event_from_pb`), matching and routing it
-(`BrokerState.publish`) and adding the delivery message to a frame
+(`BrokerState.publish_many`, `--batch` events at a time, as the node does with
+the events of one `PublishStream` message) and adding the delivery message to a frame
 (`add_to_frame`). gRPC, asyncio, metrics and the peer's side are left out.
 ``--profile`` adds a cProfile summary (the functions with the most own time).
+``--adaptive`` runs the adaptive controller's measurement too (a `ShareMeter`
+in the broker, as a node with ``adaptive=on`` has; docs/design.md §13): what it
+adds per event is the price of running the controller.
 
 Usage: ``python -m geofed.bench.publish_cpu_bench [--subs 100000] [--events 5000]
-[--rounds 3] [--profile]``
+[--rounds 3] [--batch 1000] [--profile] [--adaptive]``
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from geofed.routing import BrokerState, GeofenceCache, SubscribeMsg, strategy_for
+from geofed.client import DEFAULT_BATCH_SIZE
+from geofed.routing import BrokerState, GeofenceCache, ShareMeter, SubscribeMsg, strategy_for
 from geofed.v1 import client_pb2 as cpb
 from geofed.wire import add_to_frame, event_from_pb, new_frame, publish_batch
 
@@ -44,19 +49,27 @@ RESULTS = Path(__file__).resolve().parent / "results" / "node.md"
 _FRAME_DELIVERIES = 256  # deliveries per frame before it is serialized and started afresh
 
 
-def _run(core: BrokerState, batch: cpb.PublishBatch, cache: GeofenceCache) -> tuple[float, int]:
-    """CPU seconds for the whole batch, and the subscriptions named in deliveries."""
+def _run(
+    core: BrokerState, batch: cpb.PublishBatch, cache: GeofenceCache, size: int
+) -> tuple[float, int]:
+    """CPU seconds for all the events, published `size` at a time; the subscriptions named.
+
+    Each `size` events are matched together (`BrokerState.publish_many`), as
+    the node matches the events of one `PublishStream` message.
+    """
     named = 0
     t0 = time.process_time()
     frame = new_frame()
-    for pb in batch.events:
-        out = core.publish(event_from_pb(pb, cache, field="event"))
-        for send in out.sends:
-            named += len(send.msg.subs)  # type: ignore[union-attr]
-            add_to_frame(frame, send.msg, "node")
-        if len(frame.deliveries) >= _FRAME_DELIVERIES:
-            frame.SerializeToString()
-            frame = new_frame()
+    pbs = batch.events
+    for i in range(0, len(pbs), size):
+        events = [event_from_pb(pb, cache, field="event") for pb in pbs[i : i + size]]
+        for out in core.publish_many(events):
+            for send in out.sends:
+                named += len(send.msg.subs)  # type: ignore[union-attr]
+                add_to_frame(frame, send.msg, "node")
+            if len(frame.deliveries) >= _FRAME_DELIVERIES:
+                frame.SerializeToString()
+                frame = new_frame()
     frame.SerializeToString()
     return time.process_time() - t0, named
 
@@ -66,36 +79,49 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--subs", type=int, default=100_000, help="remote subscriptions held")
     p.add_argument("--events", type=int, default=5_000, help="world-wide events per round")
     p.add_argument("--rounds", type=int, default=3, help="rounds (the median is reported)")
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=DEFAULT_BATCH_SIZE,
+        help="events matched together, as one PublishStream message (the client's default)",
+    )
     p.add_argument("--profile", action="store_true", help="add a cProfile summary")
+    p.add_argument(
+        "--adaptive", action="store_true", help="measure the adaptive controller's share too"
+    )
     p.add_argument("--no-record", action="store_true", help="do not append to node.md")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="geofed-bench-") as tmp:
         fed = federation_file(Path(tmp) / "federation.geojson", (1, 2), 3)
     core = BrokerState("node", fed, strategy_for("subscription-geofence", fed))
+    if args.adaptive:
+        core.meter = ShareMeter()
     for sub in _subscriptions(args.subs, seed=args.subs):
         core.on_message("peer", SubscribeMsg(sub, "peer"))
     batch = publish_batch("bench", _events(args.events, seed=1, world=True))
     for i, pb in enumerate(batch.events):
         pb.id = pb.id or f"e{i}"
     cache = GeofenceCache()
-    _run(core, batch, cache)  # warm the caches, as a running node has them
+    _run(core, batch, cache, args.batch)  # warm the caches, as a running node has them
     times = []
     named = 0
     for _ in range(args.rounds):
-        seconds, named = _run(core, batch, cache)
+        seconds, named = _run(core, batch, cache, args.batch)
         times.append(seconds)
     n = len(batch.events)
     per_event = statistics.median(times) / n
     summary = ""
     if args.profile:
         prof = cProfile.Profile()
-        prof.runcall(_run, core, batch, cache)
+        prof.runcall(_run, core, batch, cache, args.batch)
         text = io.StringIO()
         pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(12)
         summary = "\n\ncProfile, one round, by own time:\n\n```\n" + _trim(text.getvalue()) + "```"
     body = (
-        f"{args.subs:,} remote subscriptions, {n:,} world-wide events per round,"
-        f" {named / n:.1f} subscriptions named per event; rounds (CPU µs/event):"
+        f"{args.subs:,} remote subscriptions, {n:,} world-wide events per round"
+        f" in batches of {args.batch:,},"
+        f" {named / n:.1f} subscriptions named per event"
+        f"{', adaptive controller on' if args.adaptive else ''}; rounds (CPU µs/event):"
         f" {', '.join(f'{t / n * 1e6:.1f}' for t in times)}; median"
         f" **{per_event * 1e6:.1f} µs/event = {1 / per_event:,.0f} events per CPU second**"
         f"{summary}"

@@ -12,6 +12,7 @@ from geofed.routing import (
     STRATEGIES,
     Federation,
     InvalidInput,
+    StrategyTable,
     generate_areas,
     latlon,
     predict,
@@ -48,6 +49,13 @@ def register(sub: Any, name: str) -> None:
         p.add_argument("trace", help="workload trace (JSON Lines, or Parquet: .parquet)")
         p.add_argument("--federation", default=DEFAULT_FEDERATION, help="file or bundled name")
         p.add_argument("--strategy", action="append", choices=list(STRATEGIES))
+        p.add_argument(
+            "--table",
+            default="",
+            help="per-topic strategies as the node's strategy_table setting takes them"
+            ' (JSON object topic filter -> strategy, e.g. \'{"alerts/#": "event-geofence"}\');'
+            " each --strategy is then the default of topics no entry matches",
+        )
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
         p.set_defaults(func=_simulate)
 
@@ -115,16 +123,18 @@ def _simulate(args: argparse.Namespace) -> int:
     ops = read_ops(args.trace)
     expected = reference_deliveries(ops)
     names = args.strategy or list(STRATEGIES)
+    tables = [StrategyTable.from_json(name, args.table, "table") for name in names]
     table: list[dict[str, Any]] = []
     lower = None
-    for name in names:
-        res = simulate(fed, name, track(ops, f"simulate {name}", unit="op"))
-        pred = predict(fed, name, ops)
+    for name, strategies in zip(names, tables, strict=True):
+        label = f"{name} + table" if strategies.entries else name
+        res = simulate(fed, strategies, track(ops, f"simulate {label}", unit="op"))
+        pred = predict(fed, strategies, ops)
         lower = pred.lower_bound_total
         kinds = res.by_kind()
         table.append(
             {
-                "strategy": name,
+                "strategy": label,
                 "event": kinds["event"],
                 "subscribe": kinds["subscribe"],
                 "unsubscribe": kinds["unsubscribe"],
@@ -137,7 +147,7 @@ def _simulate(args: argparse.Namespace) -> int:
                 "rejected": len(res.errors),
             }
         )
-    summary = {
+    summary: dict[str, Any] = {
         "federation": len(fed),
         "operations": len(ops),
         "events": sum(1 for o in ops if o.op == "publish"),
@@ -145,9 +155,13 @@ def _simulate(args: argparse.Namespace) -> int:
         "lower_bound": lower,
         "strategies": table,
     }
+    if tables[0].entries:
+        summary["table"] = dict(tables[0].entries)
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
+    if tables[0].entries:
+        print("table: " + ", ".join(f"{f} -> {s}" for f, s in tables[0].entries))
     print(
         f"{summary['operations']} operations, {summary['events']} events, "
         f"{len(expected)} deliveries expected, {len(fed)} brokers"

@@ -69,7 +69,15 @@ from geofed.errors import (
     Unavailable,
     from_rpc_error,
 )
-from geofed.routing import Federation, HistoryAnswer, LatLon, latlon, read_input_file, validate_id
+from geofed.routing import (
+    Federation,
+    HistoryAnswer,
+    LatLon,
+    latlon,
+    new_event_id,
+    read_input_file,
+    validate_id,
+)
 from geofed.v1 import client_pb2_grpc as cpb_grpc
 from geofed.wire import (
     BATCH_METADATA,
@@ -362,7 +370,7 @@ class Client:
         Returns once the broker accepted it (durably, if it has a store).
         """
         pub = Publication(
-            topic, _bytes(payload), self._location, geofence, event_id or _new_event_id()
+            topic, _bytes(payload), self._location, geofence, event_id or new_event_id()
         )
         resp = await self._call(
             "publish",
@@ -385,7 +393,7 @@ class Client:
         if batch_size < 1:
             raise InvalidInput("batch_size", f"must be >= 1, got {batch_size!r}")
         items = [
-            p if p.event_id else dataclasses.replace(p, event_id=_new_event_id()) for p in events
+            p if p.event_id else dataclasses.replace(p, event_id=new_event_id()) for p in events
         ]
 
         async def batches() -> AsyncIterator[Any]:
@@ -1013,10 +1021,6 @@ def _error(exc: Any, endpoint: str, operation: str, timeout: float | None) -> Ge
     if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
         return DeadlineExceeded(operation, timeout)
     return from_rpc_error(exc, endpoint=endpoint, operation=operation)
-
-
-def _new_event_id() -> str:
-    return uuid.uuid4().hex
 
 
 def _bytes(payload: bytes | str) -> bytes:

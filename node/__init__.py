@@ -7,6 +7,7 @@ runs one, configured by a `NodeConfig` from flags, ``GEOFED_*`` environment
 variables or a JSON file.
 """
 
+from ._auth import Security
 from ._budget import ByteBudget
 from ._certs import (
     CA,
@@ -31,8 +32,14 @@ from ._config import (
     from_args,
 )
 from ._history import HistoryBackend, HistoryLog, PostgisHistory, SqliteHistory
-from ._links import LinkHost, PeerLink, Transport
+from ._links import PROTOCOL_VERSION, LinkHost, PeerLink, Transport
 from ._metrics import (
+    ADAPTIVE_DEFERRED,
+    ADAPTIVE_KEYS,
+    ADAPTIVE_PREDICTED,
+    ADAPTIVE_SAVING,
+    ADAPTIVE_SWITCHES,
+    ADAPTIVE_WINDOWS,
     AUTH_REFUSED,
     DELIVERIES,
     EVENTS_PUBLISHED,
@@ -95,6 +102,12 @@ from ._tls import (
 from ._tokens import ALGORITHMS, TokenClaims, TokenVerifier, bearer_token
 
 __all__ = [
+    "ADAPTIVE_DEFERRED",
+    "ADAPTIVE_KEYS",
+    "ADAPTIVE_PREDICTED",
+    "ADAPTIVE_SAVING",
+    "ADAPTIVE_SWITCHES",
+    "ADAPTIVE_WINDOWS",
     # certificates (a federation's own CA)
     "CA",
     "CA_VALID",
@@ -107,8 +120,10 @@ __all__ = [
     "AUTH_REFUSED",
     "PEER_LINK_FAILURES",
     "PEER_REFUSED",
+    "PROTOCOL_VERSION",
     # the node
     "BrokerServer",
+    "Security",
     "ByteBudget",
     "LinkHost",
     "NodeConfig",

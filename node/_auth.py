@@ -1,11 +1,11 @@
 """Who may talk to a broker, and what they may do: TLS, identities and the policy.
 
 One object per node (`Security`) built from its config: it binds the two gRPC
-ports (mutual TLS on the peer port, TLS on the client port, or plaintext
-without ``tls_dir``), dials peers, holds a peer's hello against its
-certificate, tells who a client is (its certificate or its bearer token) and
-asks the policy whether that identity may publish, subscribe or claim a
-location. Every refusal raises the typed error the client sees
+ports (mutual TLS on the peer port, through its TLS front `_peer_front`; TLS
+on the client port; or plaintext without ``tls_dir``), dials peers, holds a
+peer's hello against its certificate, tells who a client is (its certificate
+or its bearer token) and asks the policy whether that identity may publish,
+subscribe or claim a location. Every refusal raises the typed error the client sees
 (`Unauthenticated`, `PermissionDenied` naming the rule) and is counted.
 
 The building blocks are `_tls` (credentials, names), `_tokens` (JWT) and
@@ -32,6 +32,7 @@ from geofed.routing import (
 from ._config import NodeConfig
 from ._links import CHANNEL_OPTIONS
 from ._metrics import NodeMetrics
+from ._peer_front import INNER_HOST, PeerFront
 from ._policy import PolicyFile
 from ._tls import (
     CertificateWatch,
@@ -113,6 +114,8 @@ class Security:
         )
         self.policy = PolicyFile(config.policy_file) if config.policy_file else None
         self._ssl: ssl.SSLContext | None = None  # server_ssl_context, made once
+        self.front: PeerFront | None = None  # the peer port's TLS (peer_interceptors)
+        self.handshake_timeout_s = config.peer_timeout_s or 60.0
 
     @property
     def authenticating(self) -> bool:
@@ -121,11 +124,14 @@ class Security:
 
     # -- ports and peers ---------------------------------------------------
 
-    def bind(self, server: grpc.aio.Server, listen: str, field: str, *, peer: bool) -> int:
-        """Listen on `listen`: TLS (mutual on the peer port) with ``tls_dir``, else plaintext."""
+    def bind(self, server: grpc.aio.Server, listen: str, field: str) -> int:
+        """Listen on `listen` (the client port): TLS with ``tls_dir``, else plaintext.
+
+        The peer port has its own (`bind_peers`).
+        """
         if self.files is None:
             return add_port(server, listen, field)
-        mutual = peer or self.client_auth == "cert"
+        mutual = self.client_auth == "cert"
         return add_port(
             server, listen, field, server_credentials(self.files, require_client_auth=mutual)
         )
@@ -135,40 +141,80 @@ class Security:
         without ``tls_dir``. Made once and shared by them.
 
         The broker's certificate; with ``client_auth cert`` a client certificate
-        from the federation's CA is required, as on the client port. Its handshake
-        hook hands each new connection a context of the current certificate files:
-        re-issued certificates (`geofed certs` again) are served without a restart,
-        as on the gRPC ports.
+        from the federation's CA is required, as on the client port. Re-issued
+        certificates are served without a restart (`_following`).
         """
         if self.files is None:
             return None
-        if self._ssl is not None:
-            return self._ssl
+        if self._ssl is None:
+            self._ssl = self._following(peer=False)
+        return self._ssl
+
+    def _following(self, *, peer: bool) -> ssl.SSLContext:
+        """A server context whose handshake hook hands each new connection a context of
+        the current certificate files: re-issued certificates (`geofed certs` again) are
+        served without a restart, as on the gRPC ports."""
+        assert self.files is not None
         watch = CertificateWatch(self.files, self.files.read())
-        base = current = self._new_ssl_context()
+        base = current = self._new_ssl_context(peer=peer)
 
         def follow(conn: ssl.SSLObject, server_name: str | None, ctx: ssl.SSLContext) -> None:
             nonlocal current
             if watch.changed() is not None:
                 try:
-                    current = self._new_ssl_context()
+                    current = self._new_ssl_context(peer=peer)
                 except (OSError, ssl.SSLError) as exc:  # changed again while being read
                     log.warning("TLS files not reloaded, keeping the current ones: %s", exc)
             if current is not base:
                 conn.context = current
 
         base.sni_callback = follow  # called on every handshake, with or without SNI
-        self._ssl = base
         return base
 
-    def _new_ssl_context(self) -> ssl.SSLContext:
+    def _new_ssl_context(self, *, peer: bool) -> ssl.SSLContext:
         assert self.files is not None
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         ctx.load_cert_chain(str(self.files.cert), str(self.files.key))
-        if self.client_auth == "cert":
+        if peer or self.client_auth == "cert":
             ctx.load_verify_locations(str(self.files.ca))
             ctx.verify_mode = ssl.CERT_REQUIRED
+        if peer:
+            ctx.set_alpn_protocols(["h2"])  # gRPC dialers refuse a server that picks none
         return ctx
+
+    def peer_interceptors(self) -> list[grpc.aio.ServerInterceptor]:
+        """For the gRPC peer server: with ``tls_dir``, calls must come through the TLS
+        front (`PeerFront`, made here)."""
+        if self.files is None:
+            return []
+        if self.front is None:
+            self.front = PeerFront(
+                self._following(peer=True),
+                self.metrics,
+                certificate_names,
+                self.handshake_timeout_s,
+            )
+        return [self.front.interceptor()]
+
+    async def bind_peers(self, server: grpc.aio.Server, listen: str) -> int:
+        """Serve the peer port on `listen`; its port.
+
+        Plaintext without ``tls_dir``. With it, the gRPC server listens on a
+        loopback port and `listen` is the TLS front, which logs and counts every
+        refused handshake (`_peer_front`); the server must have been made with
+        `peer_interceptors`.
+        """
+        if self.files is None:
+            return add_port(server, listen, "peer_listen")
+        assert self.front is not None, "make the peer server with peer_interceptors()"
+        inner = add_port(server, f"{INNER_HOST}:0", "peer_listen")
+        return await self.front.start(listen, inner)
+
+    async def close(self) -> None:
+        """Close the peer port's TLS front, if any (idempotent)."""
+        if self.front is not None:
+            await self.front.stop()
 
     def dial(self, peer: BrokerInfo) -> grpc.aio.Channel:
         """A channel to `peer`'s federation port; with TLS, only `peer` itself may answer."""
@@ -189,8 +235,13 @@ class Security:
         """
         if self.files is None:
             return
+        names = (
+            peer_identities(context)
+            if self.front is None
+            else self.front.identities(context.peer())
+        )
         try:
-            check_broker(peer_identities(context), claimed)
+            check_broker(names or [], claimed)
         except Unauthenticated:
             self.metrics.peer_refused.labels(reason="unauthenticated").inc()
             raise

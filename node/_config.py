@@ -20,6 +20,7 @@ from geofed.routing import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_VERTICES,
     STRATEGIES,
+    AdaptiveConfig,
     InvalidInput,
     StrategyTable,
     parse_scheme,
@@ -68,6 +69,20 @@ class NodeConfig:
     strategy_admins: str = _doc(
         "with client authentication: identities or groups (comma-separated) that may"
         " change the strategy table; without authentication anyone may",
+        default="",
+    )
+    adaptive: str = _doc(
+        "'on': the adaptive controller switches topic keys' strategies by the cost model"
+        " (each broker measures its share of every window, the sequencer decides;"
+        " docs/design.md §13); 'off': the table changes only when asked. The same on every"
+        " broker",
+        default="off",
+    )
+    adaptive_config: str = _doc(
+        "JSON object of the controller's settings, the fields of the routing core's"
+        " AdaptiveConfig (window_s in seconds, hysteresis, min_saving, dwell_windows,"
+        " horizon_windows, average_windows, key_levels, max_keys, idle_windows, candidates);"
+        " a field left out keeps its default",
         default="",
     )
     client_listen: str = _doc(
@@ -294,6 +309,9 @@ class NodeConfig:
                 "strategy", f"unknown {self.strategy!r}; one of {', '.join(STRATEGIES)}"
             )
         self.initial_table()  # raises naming strategy_table
+        if self.adaptive not in ("on", "off"):
+            raise InvalidInput("adaptive", f"'on' or 'off', got {self.adaptive!r}")
+        self.adaptive_settings()  # raises naming adaptive_config.<field>
         for name in ("client_listen", "peer_listen", "metrics_listen"):
             _check_listen(name, getattr(self, name))
         for name in ("health_listen", "mqtt_listen", "mqtt_ws_listen", "http_listen"):
@@ -397,12 +415,34 @@ class NodeConfig:
         Raises:
             InvalidInput: naming ``strategy_table`` (and the bad entry).
         """
+        return StrategyTable.from_json(self.strategy, self.strategy_table, "strategy_table")
+
+    def adaptive_settings(self) -> AdaptiveConfig:
+        """`adaptive_config` as the routing core's `AdaptiveConfig` (defaults for fields left out).
+
+        Raises:
+            InvalidInput: naming ``adaptive_config`` or ``adaptive_config.<field>``.
+        """
+        if not self.adaptive_config:
+            return AdaptiveConfig()
         try:
-            return StrategyTable.build(self.strategy, _table_entries(self.strategy_table))
+            values = json.loads(self.adaptive_config)
+        except json.JSONDecodeError as exc:
+            raise InvalidInput("adaptive_config", f"not JSON: {exc}") from None
+        if not isinstance(values, dict):
+            raise InvalidInput("adaptive_config", "must be a JSON object: field -> value")
+        known = {f.name for f in fields(AdaptiveConfig)}
+        for key in values:
+            if key not in known:
+                raise InvalidInput(
+                    f"adaptive_config.{key}", f"unknown field; one of {', '.join(sorted(known))}"
+                )
+        if isinstance(values.get("candidates"), list):
+            values["candidates"] = tuple(values["candidates"])
+        try:
+            return AdaptiveConfig(**values)
         except InvalidInput as exc:
-            if exc.field == "strategy_table":
-                raise
-            raise exc.within("strategy_table") from None
+            raise exc.within("adaptive_config") from None
 
     def strategy_admin_names(self) -> frozenset[str]:
         """`strategy_admins` as a set of identities and groups."""
@@ -439,18 +479,6 @@ def _check_listen(name: str, value: str) -> None:
     _, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
         raise InvalidInput(name, f"must be 'host:port' (port 0 = any free port), got {value!r}")
-
-
-def _table_entries(text: str) -> dict[str, Any]:
-    if not text:
-        return {}
-    try:
-        entries = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidInput("strategy_table", f"not JSON: {exc}") from None
-    if not isinstance(entries, dict):
-        raise InvalidInput("strategy_table", "must be a JSON object: topic filter -> strategy")
-    return entries
 
 
 def _coerce(f: dataclasses.Field[Any], raw: Any, where: str) -> Any:

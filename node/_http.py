@@ -553,7 +553,10 @@ class HttpBridge:
         if item is _END:
             raise _Ended
         assert isinstance(item, cpb.Delivery)
-        return event_feature(item.event, self.node.peer_geofences)
+        feature = event_feature(item.event, self.node.peer_geofences)
+        if item.filter_scheme:  # matched approximately (docs/design.md §14)
+            feature["properties"]["filter_scheme"] = item.filter_scheme
+        return feature
 
     async def subscribe(self, request: web.Request) -> web.StreamResponse:
         """GET /subscribe/<filter>: matching events as Server-Sent Events, until the client goes."""

@@ -54,6 +54,12 @@ FILTER_AUDITED_MATCHES = "geofed_filter_audited_matches_total"
 FILTER_AUDITED_DELIVERED = "geofed_filter_audited_delivered_total"
 FILTER_TRANSITIONS = "geofed_filter_transitions_total"
 FILTER_BOOTSTRAPPED = "geofed_filter_bootstrapped_total"
+ADAPTIVE_WINDOWS = "geofed_adaptive_windows_total"
+ADAPTIVE_KEYS = "geofed_adaptive_keys"
+ADAPTIVE_SWITCHES = "geofed_adaptive_switches_total"
+ADAPTIVE_DEFERRED = "geofed_adaptive_deferred_total"
+ADAPTIVE_SAVING = "geofed_adaptive_predicted_saving_total"
+ADAPTIVE_PREDICTED = "geofed_adaptive_predicted_messages"
 MQTT_PROTOCOL_VERSIONS = {4: "3.1.1", 5: "5.0"}
 """The `version` label of the MQTT metrics, by CONNECT protocol level."""
 
@@ -150,6 +156,40 @@ class NodeMetrics:
             " withdrawn).",
             registry=registry,
         )
+        # The adaptive controller (docs/design.md §13).
+        self.adaptive_windows = Counter(
+            ADAPTIVE_WINDOWS,
+            "Adaptive-controller windows this broker closed (its share sent to the sequencer).",
+            registry=registry,
+        )
+        self.adaptive_keys = Gauge(
+            ADAPTIVE_KEYS, "Topic keys this broker measures its share of.", registry=registry
+        )
+        self.adaptive_switches = Counter(
+            ADAPTIVE_SWITCHES,
+            "Strategy switches the controller proposed (at the sequencer), by new strategy.",
+            ["strategy"],
+            registry=registry,
+        )
+        self.adaptive_deferred = Counter(
+            ADAPTIVE_DEFERRED,
+            "Switches the decision rule asked for but not proposed: a transition under way"
+            " or a link down (the rule asks again at the next window).",
+            registry=registry,
+        )
+        self.adaptive_saving = Counter(
+            ADAPTIVE_SAVING,
+            "Inter-broker messages the proposed switches were predicted to save over the"
+            " horizon, their transitions already deducted.",
+            registry=registry,
+        )
+        self.adaptive_predicted = Gauge(
+            ADAPTIVE_PREDICTED,
+            "At the sequencer: the last window's inter-broker messages predicted with every"
+            " key by `strategy`, or by its strategy now (`current`), summed over keys.",
+            ["strategy"],
+            registry=registry,
+        )
         self.redirects = Counter(REDIRECTS, "Clients sent to another broker.", registry=registry)
         self.rejected = Counter(
             REQUESTS_REJECTED,
@@ -159,7 +199,8 @@ class NodeMetrics:
         )
         self.match_seconds = Histogram(
             MATCH_SECONDS,
-            "Time to match one event against the subscriptions held here.",
+            "Time to match one event against the subscriptions held here"
+            " (a published batch: its time per event, observed once).",
             buckets=(1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2),
             registry=registry,
         )
@@ -178,9 +219,11 @@ class NodeMetrics:
         )
         self.peer_refused = Counter(
             PEER_REFUSED,
-            "Peer links refused because of who the peer is, by reason (unauthenticated: no"
-            " certificate; identity: its certificate names another broker; tls: this broker's"
-            " dial failed the TLS handshake).",
+            "Peer links refused because of who the peer is, by reason. At the peer port:"
+            " plaintext, no_certificate, unknown_ca, expired, bad_certificate, handshake (the"
+            " TLS handshake failed); identity (the certificate names another broker);"
+            " unauthenticated (no certificate). Dialling: tls (this broker's dial failed the"
+            " TLS handshake).",
             ["reason"],
             registry=registry,
         )

@@ -65,6 +65,7 @@ _RECEIVE_MAXIMUM = 65_535  # QoS 1 deliveries in flight per connection (MQTT's m
 _WRITE_BATCH = 256  # deliveries written to the socket in one go
 _WRITE_BATCH_BYTES = 1 << 20  # ... and at most this many bytes of them
 _PUBLISH_BATCH = 512  # events of a burst of PUBLISH packets published together
+_QOS_SWEEP_AT = 1024  # granted-QoS entries kept before those of ended subscriptions are swept
 
 
 class _Writer(Protocol):
@@ -193,6 +194,20 @@ class MqttListener:
         for stored, qos in (await self.node.store.mqtt_qos()).items():
             client, sub_id = stored.split("\x1f")  # as _stored joined them
             self.qos[(client, sub_id)] = qos
+
+    def grant(self, key: SubKey, qos: int) -> None:
+        """Remember the QoS granted to an MQTT subscription.
+
+        Entries are not removed everywhere a subscription can end (expiry,
+        a stream closing, a move, a gRPC unsubscribe): once the table holds
+        twice as many entries as the node has subscriptions (and at least
+        1,024), the entries of subscriptions gone are swept, so the table
+        stays within a constant factor of the live subscriptions.
+        """
+        self.qos[key] = qos
+        local = self.node.core.local
+        if len(self.qos) > max(_QOS_SWEEP_AT, 2 * len(local)):
+            self.qos = {k: q for k, q in self.qos.items() if k in local}
 
     def reference(self, target: BrokerInfo, websocket: bool) -> str:
         """What a redirect names: the target's MQTT endpoint over the client's transport.
@@ -796,7 +811,7 @@ class _Connection:
             sub, stream = await self.node.client_subscribe(self.who, self.client, pb)
         except GeofedError as exc:
             raise _geo_error(exc, source) from None
-        self.listener.qos[sub.key] = qos
+        self.listener.grant(sub.key, qos)
         if self.node.store.durable and sub.key in self.node.pending:  # persistent: kept
             self.node.store.put_mqtt_qos(_stored(sub.key), qos)
             await self.node.store.commit()
@@ -813,10 +828,9 @@ class _Connection:
             except InvalidInput:
                 topic = topic_filter
             key = (self.client, subscription_id(topic))
-            if self.node.core.local.get(key) is None:
+            if not self.node.client_unsubscribe(self.who, self.client, key[1]):
                 codes.append(mq.NO_SUBSCRIPTION_EXISTED)
                 continue
-            self.node.client_unsubscribe(self.who, self.client, key[1])
             self.listener.qos.pop(key, None)
             codes.append(mq.SUCCESS)
         self.send(mq.UnsubAck(packet.packet_id, codes))
@@ -875,6 +889,8 @@ class _Connection:
             packet.properties.user.extend(
                 [("geofed-event-id", event.id), ("geofed-origin", event.origin)]
             )
+            if item.filter_scheme:  # matched approximately (docs/design.md §14)
+                packet.properties.user.append(("geofed-filter-scheme", item.filter_scheme))
         if qos:
             await self.window.acquire()
             packet.packet_id = self._packet_id()

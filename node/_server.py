@@ -9,8 +9,7 @@ import json
 import logging
 import math
 import time
-import uuid
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +28,7 @@ from geofed.routing import (
     DeliveryMsg,
     Event,
     EventMsg,
+    FederatedController,
     Federation,
     FederationMismatch,
     GeofedError,
@@ -37,6 +37,7 @@ from geofed.routing import (
     HistoryQuery,
     HistoryRecord,
     InvalidInput,
+    KeyWindow,
     Kind,
     LatLon,
     NotFound,
@@ -45,8 +46,10 @@ from geofed.routing import (
     Phase,
     ProposeMsg,
     RelocateMsg,
+    ReportMsg,
     Scheme,
     Send,
+    ShareMeter,
     StorageFailed,
     SubKey,
     SubscribeMsg,
@@ -57,6 +60,7 @@ from geofed.routing import (
     great_circle_m,
     history_targets,
     merge_history,
+    new_event_id,
     parse_scheme,
     require_h3,
     scheme_for_load,
@@ -317,6 +321,14 @@ class BrokerServer(Guarded):
         self.core = BrokerState(me.id, self.federation, config.initial_table())
         self.metrics = NodeMetrics(registry)
         self._init_filter_scheme(config)
+        # The adaptive controller (docs/design.md §13): every broker measures its
+        # share of each window; the sequencer sums the shares and decides.
+        self.controller: FederatedController | None = None
+        self._adaptive: asyncio.Task[None] | None = None
+        if config.adaptive == "on":
+            self.core.meter = ShareMeter(config.adaptive_settings())
+            if me.id == self.core.sequencer:
+                self.controller = FederatedController(self.federation, self.core.meter.config)
         self.budget = ByteBudget(config.node_queue_bytes, self.metrics.queued_bytes)
         self.security = Security(config, self.metrics)
         self.geofences = GeofenceCache(
@@ -407,7 +419,9 @@ class BrokerServer(Guarded):
         )
         self._client_server = grpc.aio.server(options=client_options)
         _add_client_service(self._client_server, _ClientServicer(self))
-        self._peer_server = grpc.aio.server(options=SERVER_OPTIONS)
+        self._peer_server = grpc.aio.server(
+            options=SERVER_OPTIONS, interceptors=self.security.peer_interceptors()
+        )
         fpb_grpc.add_FederationServiceServicer_to_server(
             _FederationServicer(self), self._peer_server
         )
@@ -421,10 +435,8 @@ class BrokerServer(Guarded):
                     (service, health.SERVICE_NAME, reflection.SERVICE_NAME), server
                 )
         bind = self.security.bind
-        self.client_port = bind(
-            self._client_server, self.config.client_listen, "client_listen", peer=False
-        )
-        self.peer_port = bind(self._peer_server, self.config.peer_listen, "peer_listen", peer=True)
+        self.client_port = bind(self._client_server, self.config.client_listen, "client_listen")
+        self.peer_port = await self.security.bind_peers(self._peer_server, self.config.peer_listen)
         if self.config.health_listen:
             # Health only, plaintext: probes that cannot present a certificate.
             self._health_server = grpc.aio.server()
@@ -465,6 +477,8 @@ class BrokerServer(Guarded):
         for link in self.links.values():
             link.start()
         self._reaper = asyncio.create_task(self._reap_sessions(), name="session-reaper")
+        if self.core.meter is not None:
+            self._adaptive = asyncio.create_task(self._adapt(), name="adaptive-controller")
         log.info(
             "broker %s serving: clients :%d, peers :%d, metrics :%d, mqtt %s, mqtt-ws %s,"
             " http %s, strategy %s, %d peers",
@@ -495,13 +509,15 @@ class BrokerServer(Guarded):
             stream.close((grpc.StatusCode.UNAVAILABLE, "broker shutting down"))
         await asyncio.gather(*(link.drain(grace) for link in self.links.values()))
         await asyncio.gather(*(link.stop() for link in self.links.values()))
-        if self._reaper is not None:
-            self._reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reaper
+        for task in (self._reaper, self._adaptive):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         for server in (self._client_server, self._peer_server, self._health_server):
             if server is not None:
                 await server.stop(grace)
+        await self.security.close()  # the peer port's TLS front, after gRPC said goodbye
         await self.store.close()
         if self.history is not None:
             await self.history.close()
@@ -615,7 +631,10 @@ class BrokerServer(Guarded):
         """Hand a transition step's messages to the links and keep its state (§3)."""
         self.dispatch(sends)
         if self.durable:
-            self.store.put_strategy_state(json.dumps(self.core.transition_state()))
+            state = self.core.transition_state()
+            if self.controller is not None:  # which entries are the controller's, not pinned
+                state["adaptive_owned"] = self.controller.owned
+            self.store.put_strategy_state(json.dumps(state))
         epoch, phase = self.core.progress
         self.metrics.strategy_epoch.set(epoch)
         self.metrics.strategy_phase.set(int(phase) if len(self.core.placing) > 1 else 0)
@@ -638,7 +657,77 @@ class BrokerServer(Guarded):
                 )
         self.core.newest_table.with_entry(topic_filter, strategy)  # validates here
         self._check_links()
+        if self.controller is not None:
+            self.controller.released(topic_filter)  # an operator's entry: pinned
         self._transition(self.core.propose(topic_filter, strategy))
+        if self.store.dirty:
+            await self.store.commit()
+
+    async def _adapt(self) -> None:
+        """The adaptive controller's windows (docs/design.md §13).
+
+        Windows end at multiples of `window_s` on the wall clock, so the brokers
+        close theirs together; each sends its share to the sequencer, which
+        decides half a window later, once the shares have arrived (one that
+        arrives later counts in the next window: every action is counted once),
+        and then tells every broker the keys it decides on (a report of keys alone).
+        """
+        meter = self.core.meter
+        assert meter is not None
+        width = meter.config.window_s
+        while True:
+            window = int(time.time() // width) + 1
+            await asyncio.sleep(max(0.0, window * width - time.time()))
+            try:
+                shares = meter.close(self.core)
+                self.metrics.adaptive_windows.inc()
+                self.metrics.adaptive_keys.set(len(meter.keys))
+                if self.controller is None:
+                    link = self.links[self.core.sequencer]
+                    if link.connected:  # a lost report only leaves a window short
+                        link.enqueue(ReportMsg(window, tuple(shares)))
+                    continue
+                self.controller.add(self.broker_id, shares)
+                await asyncio.sleep(max(0.0, (window + 0.5) * width - time.time()))
+                await self._adaptive_decide(time.time())
+                # Every broker measures the keys decided on, so that a subscription
+                # filter spanning keys counts under each of them everywhere.
+                keys = tuple(KeyWindow(k, s) for k, s in sorted(self.controller.keys.items()))
+                meter.track(k.key for k in keys)
+                for link in self.links.values():
+                    if link.connected:
+                        link.enqueue(ReportMsg(window, keys))
+            except Exception:  # a bug: keep the trace and the controller running
+                log.exception("adaptive controller window failed")
+
+    async def _adaptive_decide(self, now: float) -> None:
+        """At the sequencer: decide on the summed window, propose the switches."""
+        ctl = self.controller
+        assert ctl is not None
+        may_switch = not self.core.in_transition and all(
+            link.connected for link in self.links.values()
+        )
+        reports, switches = ctl.close_window(self.core.newest_table, now, may_switch=may_switch)
+        self.metrics.adaptive_deferred.inc(len(ctl.deferred))
+        totals: Counter[str] = Counter()
+        for r in reports:
+            totals.update(r.predicted)
+            totals["current"] += r.predicted.get(r.strategy, 0)
+        for name, n in totals.items():
+            self.metrics.adaptive_predicted.labels(strategy=name).set(n)
+        for switch in switches:
+            log.info(
+                "adaptive controller: %s from %s to %s (saves %d messages over the horizon,"
+                " the transition's %d deducted)",
+                switch.key,
+                switch.old,
+                switch.new,
+                switch.saving,
+                switch.transition_cost,
+            )
+            self._transition(self.core.propose(switch.key, switch.new))
+            self.metrics.adaptive_switches.labels(strategy=switch.new).inc()
+            self.metrics.adaptive_saving.inc(switch.saving)
         if self.store.dirty:
             await self.store.commit()
 
@@ -772,7 +861,15 @@ class BrokerServer(Guarded):
                 elif isinstance(msg, TableMsg | ProposeMsg):
                     if isinstance(msg, ProposeMsg):
                         self._check_links()
+                        if self.controller is not None:
+                            self.controller.released(msg.topic_filter)  # an operator's: pinned
                     self._transition(self.core.on_message(peer, msg).sends)
+                elif isinstance(msg, ReportMsg):
+                    if self.controller is not None:  # a broker's share
+                        self.controller.add(peer, msg.shares)
+                    elif self.core.meter is not None and peer == self.core.sequencer:
+                        # The keys the sequencer decides on: measured here too (§13).
+                        self.core.meter.track(w.key for w in msg.shares)
                 else:
                     changed = True
                     self._apply_subscription_change(peer, msg)
@@ -810,14 +907,14 @@ class BrokerServer(Guarded):
             StorageFailed: the store did not keep them: none was published.
         """
         staged = _Staged()
-        fresh: list[str] = []
+        fresh: list[Event] = []
         logged: list[HistoryRecord] = []
         try:
             for event in events:
                 if not self._remember(_LOCAL, Kind.EVENT, event.id):
                     self.metrics.publish_duplicates.inc()
                     continue
-                fresh.append(event.id)
+                fresh.append(event)
                 if self.history is not None:
                     logged.append(
                         HistoryRecord(
@@ -830,15 +927,20 @@ class BrokerServer(Guarded):
                             event.geofence,
                         )
                     )
-                with self.metrics.match_seconds.time():
-                    out = self.core.publish(event)
-                self._stage_deliveries(out.deliveries, self.broker_id, staged)
-                self._stage_sends(out.sends, staged)
+            if fresh:
+                # Matched as one batch (the index tests its geometry in one go):
+                # the histogram gets the batch's time per event, once per batch.
+                t0 = time.perf_counter()
+                outs = self.core.publish_many(fresh)
+                self.metrics.match_seconds.observe((time.perf_counter() - t0) / len(fresh))
+                for out in outs:
+                    self._stage_deliveries(out.deliveries, self.broker_id, staged)
+                    self._stage_sends(out.sends, staged)
             self.metrics.sync_filter(self.core.last_mile)
             await self._commit(staged)
         except BaseException:
-            for event_id in fresh:  # not published: a retry must go through
-                self._published.forget(Kind.EVENT, event_id)
+            for event in fresh:  # not published: a retry must go through
+                self._published.forget(Kind.EVENT, event.id)
             raise
         self.metrics.events_published.inc(len(fresh))
         if self.history is not None:
@@ -1013,7 +1115,11 @@ class BrokerServer(Guarded):
         """Rebuild the state a store kept (nothing to do for a new or in-memory one)."""
         if loaded.strategy_state:
             # Before the subscriptions: they are placed for the tables in force.
-            self.core.restore_transition_state(json.loads(loaded.strategy_state))
+            state = json.loads(loaded.strategy_state)
+            self.core.restore_transition_state(state)
+            owned = state.get("adaptive_owned")
+            if self.controller is not None and isinstance(owned, dict):
+                self.controller.owned = {str(k): str(v) for k, v in owned.items()}
             self._transition([])
             epoch, phase = self.core.progress
             log.info("strategy table restored: epoch %d, %s", epoch, phase.name.lower())
@@ -1311,15 +1417,23 @@ class BrokerServer(Guarded):
         self.dispatch(self.core.disconnect(client))
         self._update_sub_gauges()
 
-    def client_unsubscribe(self, who: Principal, client: str, sub_id: str) -> None:
-        """Withdraw a subscription, end its stream and forget its queue."""
+    def client_unsubscribe(self, who: Principal, client: str, sub_id: str) -> bool:
+        """Withdraw a subscription, end its stream and forget its queue.
+
+        False if the client holds no subscription with that id: an unsubscribe
+        retried after its answer was lost is not an error (MQTT's "no
+        subscription existed" answer, the same idea).
+        """
         self.check_owner(who, client)
+        if self.core.local.get((client, sub_id)) is None:
+            return False
         self.dispatch(self.core.unsubscribe(client, sub_id))
         self.forget_queue((client, sub_id))
         stream = self._streams.pop((client, sub_id), None)
         if stream is not None:
             stream.close(None)
         self._update_sub_gauges()
+        return True
 
     async def client_event(self, who: Principal, client: str, pb: gpb.Event, field: str) -> Event:
         """Validate, authorize and convert one event a client publishes (state untouched).
@@ -1330,7 +1444,7 @@ class BrokerServer(Guarded):
             raise TooLarge(f"{field}.payload", len(pb.payload), self.config.max_payload_bytes)
         await self.parse_ahead(pb.geofence, f"{field}.geofence")
         if not pb.id:
-            pb.id = uuid.uuid4().hex
+            pb.id = new_event_id()
         pb.publish_time = time.time()
         event = event_from_pb(pb, self.geofences, field=field)
         self.security.may_publish(who, client, event.topic, event.location)
@@ -1582,6 +1696,8 @@ def _trace_fields(msg: PeerMessage) -> tuple[list[str], str | None]:
         return [str(msg.table.epoch)], None
     if isinstance(msg, ProposeMsg):
         return [], msg.topic_filter
+    if isinstance(msg, ReportMsg):
+        return [str(msg.window)], None
     return [msg.key[1]], None
 
 
@@ -1771,8 +1887,8 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
         _decoded(request, "request")
         client = validate_id(request.client, "client")
         sub_id = validate_id(request.subscription_id, "subscription_id")
-        node.client_unsubscribe(node.security.principal(context), client, sub_id)
-        return unsubscribe_response(True)
+        existed = node.client_unsubscribe(node.security.principal(context), client, sub_id)
+        return unsubscribe_response(existed)
 
     @unary
     async def Ack(self, request: cpb.AckRequest, context: Any) -> cpb.AckResponse:

@@ -16,8 +16,9 @@ federation's CA; the certificate, not the hello, says which broker it is.
   (`client_uri`), the identity percent-encoded (RFC 3986), so any identity
   fits and no client certificate can pass for a broker.
 
-The accepting side of a link reads the dialler's names from the call
-(`peer_identities`) and holds them against the hello (`check_broker`).
+The accepting side of a link reads the dialler's names (from its TLS front,
+`_peer_front`, or from the call on a gRPC TLS port: `peer_identities`) and
+holds them against the hello (`check_broker`).
 
 **Rotation.** `server_credentials` builds gRPC dynamic credentials whose
 fetcher looks at the three files on every new handshake and reloads them when
@@ -204,8 +205,8 @@ class CertificateWatch:
     """Tells when a broker's TLS files changed into a new, whole and consistent set.
 
     Serves every TLS port of the node: gRPC's certificate fetcher (`_Reloader`)
-    and the listeners beside gRPC (`Security.server_ssl_context`: MQTT, HTTP), each
-    asking on new handshakes.
+    and the listeners beside gRPC (`Security._following`: MQTT, HTTP, the peer
+    port's TLS front), each asking on new handshakes.
     """
 
     def __init__(self, files: TLSFiles, material: tuple[bytes, bytes, bytes]) -> None:

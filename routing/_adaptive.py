@@ -33,21 +33,31 @@ Why the cost model and not a rule of thumb: `predict` is what the simulator,
 the live federation and the Spark job are held to message for message, so a
 prediction made from a window's actions is exactly what that window would
 have cost (the unit tests hold the two equal).
+
+In a federation no broker sees every action: `ShareMeter` measures one
+broker's exact share of each key's window from what the broker does, and
+`FederatedController` sums the shares at the sequencer and applies the same
+decision rule (docs/design.md §13, "Where it runs"; the node runs both).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import itertools
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+from ._broker import BrokerState
 from ._cost import predict
 from ._errors import InvalidInput
 from ._federation import Federation
 from ._geometry import LatLon
+from ._model import Event, SubKey, Subscription
 from ._simulate import SimResult, Simulator
 from ._strategies import STRATEGIES, strategy_for
-from ._table import MAX_TABLE_ENTRIES, StrategyTable, Transition
+from ._table import MAX_TABLE_ENTRIES, StrategyTable, Transition, placement
 from ._trace import TraceOp
 
 
@@ -148,6 +158,23 @@ class KeyWindow:
     subscription_reach: int = 0
     predicted: dict[str, int] = field(default_factory=dict)
     lower_bound: int = 0
+    moved: dict[str, int] = field(default_factory=dict)
+    """In a broker's share (`ShareMeter`): copies of its live subscriptions of the key a
+    transition to each candidate would move now (the transition's cost less its
+    PREPARED / SWITCHED messages)."""
+
+    def add(self, other: KeyWindow) -> None:
+        """Add another broker's share of the same key and window (`FederatedController`)."""
+        self.events += other.events
+        self.subscribes += other.subscribes
+        self.unsubscribes += other.unsubscribes
+        self.event_reach += other.event_reach
+        self.subscription_reach += other.subscription_reach
+        self.lower_bound += other.lower_bound
+        for name, n in other.predicted.items():
+            self.predicted[name] = self.predicted.get(name, 0) + n
+        for name, n in other.moved.items():
+            self.moved[name] = self.moved.get(name, 0) + n
 
 
 @dataclass(frozen=True)
@@ -422,26 +449,42 @@ class AdaptiveController:
         return key in dict(self.table.entries) or len(self.table.entries) < MAX_TABLE_ENTRIES
 
     def _decide(self, key: str, k: _Key, report: KeyWindow, now: float) -> Switch | None:
-        cfg = self.config
-        if not report.predicted:
-            return None
-        k.recent.append(report.predicted)
-        if len(k.recent) < cfg.average_windows or k.since_switch < cfg.dwell_windows:
-            return None
-        # Per-window means over the last `average_windows` windows, in messages.
-        n = len(k.recent)
-        mean = {s: sum(w[s] for w in k.recent) / n for s in cfg.candidates}
-        current = mean[k.strategy]
-        best = min(mean, key=lambda s: (mean[s], s != k.strategy, cfg.candidates.index(s)))
-        if best == k.strategy:
-            return None
-        cost = transition_cost(
-            self.federation, self.table, key, best, self.state(key, at_start=False)
-        )
-        saving = round((current - mean[best]) * cfg.horizon_windows) - cost
-        if saving <= max(cfg.min_saving, cfg.hysteresis * current * cfg.horizon_windows):
-            return None
-        return Switch(key, k.strategy, best, now, saving, cost)
+        def cost(best: str) -> int:
+            state = self.state(key, at_start=False)
+            return transition_cost(self.federation, self.table, key, best, state)
+
+        return _decide(self.config, key, k, report, now, cost)
+
+
+def _decide(
+    cfg: AdaptiveConfig,
+    key: str,
+    k: _Key,
+    report: KeyWindow,
+    now: float,
+    cost_of: Callable[[str], int],
+) -> Switch | None:
+    """The decision rule (module docstring) on a key's window; `cost_of(best)` is the
+    transition's cost. One rule for the single controller and the federated one."""
+    if not report.predicted:
+        return None
+    k.recent.append(report.predicted)
+    if len(k.recent) < cfg.average_windows or k.since_switch < cfg.dwell_windows:
+        return None
+    # Per-window means over the last `average_windows` windows, in messages.
+    n = len(k.recent)
+    mean = {s: sum(w.get(s, 0) for w in k.recent) / n for s in cfg.candidates}
+    if k.strategy not in mean:
+        return None  # routed by a strategy that is no candidate: nothing to compare with
+    current = mean[k.strategy]
+    best = min(mean, key=lambda s: (mean[s], s != k.strategy, cfg.candidates.index(s)))
+    if best == k.strategy:
+        return None
+    cost = cost_of(best)
+    saving = round((current - mean[best]) * cfg.horizon_windows) - cost
+    if saving <= max(cfg.min_saving, cfg.hysteresis * current * cfg.horizon_windows):
+        return None
+    return Switch(key, k.strategy, best, now, saving, cost)
 
 
 @dataclass
@@ -505,3 +548,320 @@ def simulate_adaptive(
         return run
     run.windows = list(ctl.run(ops, on_switch, on_op))
     return run
+
+
+# ------------------------------------------------------- the federated controller
+
+
+@functools.lru_cache(maxsize=4096)
+def _candidate_tables(
+    table: StrategyTable, key: str, candidates: tuple[str, ...]
+) -> tuple[StrategyTable, ...] | None:
+    """`table` with `key` routed by each candidate; None when the table is full without it."""
+    if key not in dict(table.entries) and len(table.entries) >= MAX_TABLE_ENTRIES:
+        return None
+    return tuple(table.with_entry(key, name) for name in candidates)
+
+
+class ShareMeter:
+    """One broker's share of every key's window, measured from what the broker does.
+
+    The federated form of `AdaptiveController.measure` (docs/design.md §13,
+    "Where it runs"): the broker's `BrokerState` calls it (its ``meter``) on
+    each local publish, event received, local subscription change and
+    roaming relocation, and the meter adds what that action costs under
+    each candidate strategy of the key, by the cost model's own rules, with
+    the broker's table as `T`:
+
+    * a publish here: the event messages of each candidate, and the
+      deliveries when this broker matches it now (a subscription strategy
+      routes it: the remote copies held here are every one that can match);
+    * an event received (an event strategy routes it): the one delivery a
+      subscription strategy would send here, if a local subscription passes
+      the content and subscription geofence checks — the event geofence
+      that limits deliveries also limits where the event goes, so every
+      broker that could get a delivery gets the event;
+    * a local subscribe, unsubscribe (withdrawals on leaving the area too)
+      and relocation: its messages under each candidate's placement.
+
+    Each message of the single controller's prediction is counted by
+    exactly one broker, so the shares of all brokers add up to it (a
+    hypothesis test holds them equal). `close` ends the window: the shares,
+    with the copies a transition to each candidate would move now (`KeyWindow.moved`).
+
+    Keys: those of the local actions and of the events received, at most
+    `AdaptiveConfig.max_keys`; a subscription filter spanning keys counts under
+    every key the broker tracks. A key without local live subscriptions and
+    without actions here for `AdaptiveConfig.idle_windows` windows is forgotten.
+    Memory: one `KeyWindow` per tracked key.
+    """
+
+    def __init__(self, config: AdaptiveConfig | None = None) -> None:
+        self.config = config or AdaptiveConfig()
+        self._windows: dict[str, KeyWindow] = {}
+        self._idle: dict[str, int] = {}  # tracked keys -> windows without action here
+
+    @property
+    def keys(self) -> frozenset[str]:
+        """The keys tracked here."""
+        return frozenset(self._idle)
+
+    def track(self, keys: Iterable[str]) -> None:
+        """Track these keys too (within the cap), e.g. the ones the sequencer decides on."""
+        for key in keys:
+            self._window(key)
+
+    def _window(self, key: str) -> KeyWindow | None:
+        w = self._windows.get(key)
+        if w is None:
+            if key not in self._idle and len(self._idle) >= self.config.max_keys:
+                return None
+            self._idle.setdefault(key, 0)
+            w = self._windows[key] = KeyWindow(key, "")
+        return w
+
+    def _keys_of(self, topic: str) -> list[KeyWindow]:
+        key = topic_key(topic, self.config.key_levels)
+        if key is None:  # a filter spanning keys: every tracked key may match through it
+            return [w for k in sorted(self._idle) if (w := self._window(k)) is not None]
+        w = self._window(key)
+        return [] if w is None else [w]
+
+    def _add(self, state: BrokerState, w: KeyWindow, cost: Callable[[StrategyTable], int]) -> None:
+        tables = _candidate_tables(state.table, w.key, self.config.candidates)
+        if tables is None:
+            return  # the table is full without an entry for the key: it cannot switch
+        for name, table in zip(self.config.candidates, tables, strict=True):
+            w.predicted[name] = w.predicted.get(name, 0) + cost(table)
+
+    # ------------------------------------------------------------- hooks
+
+    def published(
+        self, state: BrokerState, event: Event, by_home: Mapping[str, list[SubKey]] | None
+    ) -> None:
+        """An event published here; `by_home`: the remote copies matching it, by home,
+        when this broker matches it for a subscription strategy (None: an event strategy)."""
+        fed, strats = state.federation, state.strategies
+        copies = by_home or {}
+
+        def placed_here(table: StrategyTable, home: str, keys: list[SubKey]) -> bool:
+            # One copy placed here is enough: usually the first (copies are fetched lazily).
+            for key in keys:
+                sub = state.remote.get(key)
+                if sub is not None and state.id in placement(strats, (table,), home, sub):
+                    return True
+            return False
+
+        for w in self._keys_of(event.topic):
+            w.events += 1
+            w.event_reach += len(fed.brokers_meeting(event.geofence))
+
+            def cost(table: StrategyTable) -> int:
+                x = state.strategies[table.strategy_for(event.topic)]
+                n = len(x.event_targets(state.id, event.geofence))
+                if x.matches_at_publisher and copies:
+                    homes = {h for h, keys in copies.items() if placed_here(table, h, keys)}
+                    n += len(x.delivery_targets(state.id, event.geofence, homes))
+                return n
+
+            self._add(state, w, cost)
+
+    def received(self, state: BrokerState, origin: str, event: Event) -> None:
+        """An event from its publisher's broker `origin`, routed by an event strategy."""
+        matched: list[Subscription] | None = None
+        for w in self._keys_of(event.topic):
+
+            def cost(table: StrategyTable) -> int:
+                nonlocal matched
+                x = state.strategies[table.strategy_for(event.topic)]
+                if not x.matches_at_publisher:
+                    return 0
+                if state.id not in x.delivery_targets(origin, event.geofence, (state.id,)):
+                    return 0
+                if matched is None:
+                    matched = state.local.match(event.topic, event.location)
+                strats = state.strategies
+                return int(any(origin in placement(strats, (table,), state.id, s) for s in matched))
+
+            self._add(state, w, cost)
+
+    def subscribed(self, state: BrokerState, sub: Subscription, old: Subscription | None) -> None:
+        """A local subscription (placed), `old` the version it replaces."""
+        levels = self.config.key_levels
+        for w in self._keys_of(sub.topic_filter):
+            w.subscribes += 1
+            w.subscription_reach += len(state.federation.brokers_meeting(sub.geofence))
+            # The replaced version counts where the key's own trace holds it (`predict`).
+            counted = old is not None and topic_key(old.topic_filter, levels) in (w.key, None)
+            was = old if counted else None
+
+            def cost(table: StrategyTable, was: Subscription | None = was) -> int:
+                after = placement(state.strategies, (table,), state.id, sub)
+                if was is None:
+                    return len(after)
+                gone = placement(state.strategies, (table,), state.id, was) - after
+                return len(after) + len(gone)
+
+            self._add(state, w, cost)
+
+    def unsubscribed(self, state: BrokerState, sub: Subscription) -> None:
+        """A local subscription withdrawn (by its client, or as its client left the area)."""
+        for w in self._keys_of(sub.topic_filter):
+            w.unsubscribes += 1
+            self._add(
+                state,
+                w,
+                lambda table: len(placement(state.strategies, (table,), state.id, sub)),
+            )
+
+    def relocated(self, state: BrokerState, old: Subscription, new: Subscription) -> None:
+        """A roaming subscription placed anew as its subscriber moved within the area."""
+        for w in self._keys_of(new.topic_filter):
+
+            def cost(table: StrategyTable) -> int:
+                before = placement(state.strategies, (table,), state.id, old)
+                return len(before | placement(state.strategies, (table,), state.id, new))
+
+            self._add(state, w, cost)
+
+    # ------------------------------------------------------------- window
+
+    def close(self, state: BrokerState) -> list[KeyWindow]:
+        """End the window: this broker's share of every tracked key, then start the next."""
+        levels = self.config.key_levels
+        by_key: dict[str | None, list[Subscription]] = {}
+        for sub in state.local:
+            by_key.setdefault(topic_key(sub.topic_filter, levels), []).append(sub)
+        spanning = by_key.get(None, [])
+        entries = dict(state.table.entries)
+        out: list[KeyWindow] = []
+        for key in sorted(self._idle):
+            w = self._windows.pop(key, None)
+            active = w is not None  # an action here, or an event received
+            w = w or KeyWindow(key, "")
+            w.strategy = entries.get(key, state.table.default)
+            live = by_key.get(key, []) + spanning
+            tables = _candidate_tables(state.table, key, self.config.candidates)
+            if tables is not None:
+                for name, table in zip(self.config.candidates, tables, strict=True):
+                    w.predicted.setdefault(name, 0)
+                    w.moved[name] = sum(
+                        len(
+                            placement(state.strategies, (state.table,), state.id, s)
+                            ^ placement(state.strategies, (table,), state.id, s)
+                        )
+                        for s in live
+                    )
+            out.append(w)
+            self._idle[key] = 0 if active else self._idle[key] + 1
+            if self._idle[key] >= self.config.idle_windows and not live:
+                del self._idle[key]
+        self._windows.clear()
+        return out
+
+
+class FederatedController:
+    """The sequencer's side of the federated controller (docs/design.md §13).
+
+    Every broker sends its `ShareMeter` shares at the end of each window;
+    `add` sums them, and `close_window` applies the decision rule of
+    `AdaptiveController` to the sums, with a transition's cost the copies the
+    brokers would move (their latest `KeyWindow.moved`) plus the PREPARED /
+    SWITCHED messages between every pair of brokers, 2·N·(N−1).
+
+    Pinned keys: an entry of the table that the controller did not set
+    (`owned`) is an operator's, never overridden; `released` forgets the
+    controller's own entry once an operator changes it. A key no broker
+    reported for `AdaptiveConfig.idle_windows` windows is forgotten.
+    Memory: per key, the summed window and the last `average_windows` predictions.
+    """
+
+    def __init__(self, federation: Federation, config: AdaptiveConfig | None = None) -> None:
+        self.federation = federation
+        self.config = config or AdaptiveConfig()
+        self._keys: dict[str, _Key] = {}
+        self._window: dict[str, KeyWindow] = {}
+        self._moved: dict[str, dict[str, dict[str, int]]] = {}  # broker -> key -> candidate
+        self.owned: dict[str, str] = {}
+        """Entries the controller set, and their strategy."""
+        self.deferred: list[Switch] = []
+        """The switches the last `close_window` did not make (``may_switch`` False)."""
+        n = len(federation)
+        self.protocol_cost = 2 * n * (n - 1)
+        """PREPARED and SWITCHED messages of one transition."""
+
+    @property
+    def keys(self) -> dict[str, str]:
+        """Every key decided on and its strategy."""
+        return {key: k.strategy for key, k in self._keys.items()}
+
+    def add(self, broker: str, shares: Iterable[KeyWindow]) -> None:
+        """Take `broker`'s shares of its last window (they count in the window being summed)."""
+        moved = self._moved[broker] = {}
+        for share in itertools.islice(shares, self.config.max_keys):  # bounded whatever it sent
+            w = self._window.setdefault(share.key, KeyWindow(share.key, share.strategy))
+            w.add(dataclasses.replace(share, moved={}))
+            moved[share.key] = dict(share.moved)
+
+    def released(self, topic_filter: str) -> None:
+        """An operator set or removed `topic_filter`'s entry: it is no longer the controller's."""
+        self.owned.pop(topic_filter, None)
+
+    def pinned(self, table: StrategyTable, key: str) -> bool:
+        """Whether `table`'s entry for `key` is an operator's (never switched)."""
+        entry = dict(table.entries).get(key)
+        return entry is not None and self.owned.get(key) != entry
+
+    def transition_cost(self, key: str, new: str) -> int:
+        """What switching `key` to `new` costs: the copies the brokers move, and the protocol."""
+        moved = sum(m.get(key, {}).get(new, 0) for m in self._moved.values())
+        return moved + self.protocol_cost
+
+    def close_window(
+        self, table: StrategyTable, now: float, *, may_switch: bool = True
+    ) -> tuple[list[KeyWindow], list[Switch]]:
+        """End the window: the summed figures per key and the switches to propose.
+
+        `table` is the newest table the sequencer knows. With `may_switch` False
+        (a transition under way, a broker down) the window still counts towards
+        the averages, but nothing switches. The switches are recorded as the
+        controller's entries (`owned`); the caller proposes them.
+        """
+        cfg = self.config
+        entries = dict(table.entries)
+        reports: list[KeyWindow] = []
+        switches: list[Switch] = []
+        self.deferred = []
+        for key in sorted(set(self._keys) | set(self._window)):
+            report = self._window.pop(key, None)
+            strategy = entries.get(key, table.default)
+            k = self._keys.get(key)
+            if k is None:
+                if len(self._keys) >= cfg.max_keys:
+                    continue
+                k = self._keys[key] = _Key(
+                    strategy,
+                    since_switch=cfg.dwell_windows,
+                    recent=deque(maxlen=cfg.average_windows),
+                )
+            k.idle = 0 if report is not None else k.idle + 1
+            may_set = key in entries or len(entries) < MAX_TABLE_ENTRIES
+            if report is None:
+                report = KeyWindow(key, strategy)
+                if may_set:
+                    report.predicted = dict.fromkeys(cfg.candidates, 0)
+            report.strategy = k.strategy = strategy
+            reports.append(report)
+            k.since_switch += 1
+            if may_set and not self.pinned(table, key):
+                cost = functools.partial(self.transition_cost, key)
+                switch = _decide(cfg, key, k, report, now, cost)
+                if switch is not None and not may_switch:
+                    self.deferred.append(switch)
+                elif switch is not None:
+                    switches.append(switch)
+                    k.strategy, k.since_switch = switch.new, 0
+                    self.owned[key] = switch.new
+            if k.idle >= cfg.idle_windows:
+                del self._keys[key]
+        return reports, switches

@@ -10,9 +10,10 @@ the same messages for the same inputs.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._errors import InvalidInput, NotFound, WrongBroker
 from ._federation import Federation
@@ -22,6 +23,9 @@ from ._model import Event, SubKey, Subscription, matches
 from ._schemes import LastMile, Scheme, TransitionReport
 from ._strategies import Strategy, all_strategies
 from ._table import StrategyTable, placement
+
+if TYPE_CHECKING:  # the meter's module imports this one
+    from ._adaptive import KeyWindow, ShareMeter
 
 
 class Kind(StrEnum):
@@ -117,8 +121,28 @@ class ProposeMsg:
     kind = Kind.TRANSITION
 
 
+@dataclass(frozen=True, slots=True)
+class ReportMsg:
+    """The sender's share of its last adaptive-controller window, for the sequencer (§13).
+
+    Control traffic: the node sends it and the sequencer's controller takes it;
+    the broker core ignores it, and the cost model leaves it out.
+    """
+
+    window: int
+    shares: tuple[KeyWindow, ...]
+    kind = Kind.CONTROL
+
+
 PeerMessage = (
-    EventMsg | SubscribeMsg | UnsubscribeMsg | RelocateMsg | DeliveryMsg | TableMsg | ProposeMsg
+    EventMsg
+    | SubscribeMsg
+    | UnsubscribeMsg
+    | RelocateMsg
+    | DeliveryMsg
+    | TableMsg
+    | ProposeMsg
+    | ReportMsg
 )
 
 MessageKey = tuple[str, str, str]
@@ -221,6 +245,8 @@ class BrokerState:
         self.last_mile = LastMile(Scheme.EXACT, exact=self.local)
         self.audit_every = 16  # recall audit: the exact matcher on one event in this many
         self._audit_count = 0
+        self.meter: ShareMeter | None = None
+        """With the adaptive controller on: measures this broker's share (docs/design.md §13)."""
 
     # -- client side -----------------------------------------------------
 
@@ -287,6 +313,8 @@ class BrokerState:
         if old is not None:
             gone = self._placement(old) - targets
             sends.extend(Send(dst, UnsubscribeMsg(sub.key, self.id)) for dst in sorted(gone))
+        if self.meter is not None:
+            self.meter.subscribed(self, sub, old)
         return sends
 
     def unsubscribe(self, client: str, sub_id: str) -> list[Send]:
@@ -302,6 +330,8 @@ class BrokerState:
         self.local.remove(sub.key)
         self.last_mile.remove(sub.key)
         targets = self._placement(sub)
+        if self.meter is not None:
+            self.meter.unsubscribed(self, sub)
         return [Send(dst, UnsubscribeMsg(sub.key, self.id)) for dst in sorted(targets)]
 
     def publish(self, event: Event) -> Outcome:
@@ -311,23 +341,50 @@ class BrokerState:
             WrongBroker: if another broker is responsible for the publisher's
                 location (the client must publish there).
         """
-        self.check_publisher(event)
-        out = Outcome(deliveries=self._match_local(event))
-        strategy = self.strategy_for(event.topic)
-        if strategy.matches_at_publisher:
-            # Only brokers whose area meets the event geofence can get a
-            # delivery: when there is none, remote subscriptions need no match.
+        return self.publish_many([event])[0]
+
+    def publish_many(self, events: Sequence[Event]) -> list[Outcome]:
+        """`publish` for each event of a batch, in order: what each alone would give.
+
+        The subscription indexes test the geometry of the whole batch in one
+        go (`SubscriptionIndex.match_many`), which costs less per event.
+
+        Raises:
+            WrongBroker: for the first event another broker is responsible
+                for; then no event is matched.
+        """
+        for event in events:
+            self.check_publisher(event)
+        out = [Outcome(deliveries=d) for d in self._match_local_many(events)]
+        # Per event, its remote subscriptions matched by home (None: routed as an event).
+        homes: list[dict[str, list[SubKey]] | None] = [None] * len(events)
+        remote: list[tuple[int, frozenset[str]]] = []  # events to match against remote subs
+        for i, event in enumerate(events):
+            strategy = self.strategy_for(event.topic)
+            if strategy.matches_at_publisher:
+                homes[i] = {}
+                # Only brokers whose area meets the event geofence can get a
+                # delivery: when there is none, remote subscriptions need no match.
+                reachable = strategy.delivery_targets(self.id, event.geofence, self.federation.ids)
+                if reachable:
+                    remote.append((i, reachable))
+            else:
+                for dst in sorted(strategy.event_targets(self.id, event.geofence)):
+                    out[i].sends.append(Send(dst, EventMsg(event)))
+        if remote:
             # Remote subscriptions are indexed by home (`on_message`), so the
             # index answers with sorted keys per home.
-            reachable = strategy.delivery_targets(self.id, event.geofence, self.federation.ids)
-            if reachable:
-                by_home = self.remote.match_groups(event.topic, event.location)
+            points = [(events[i].topic, events[i].location) for i, _ in remote]
+            for (i, reachable), by_home in zip(
+                remote, self.remote.match_groups_many(points), strict=True
+            ):
+                homes[i] = by_home
                 for dst in sorted(by_home):
                     if dst in reachable:
-                        out.sends.append(Send(dst, DeliveryMsg(event, tuple(by_home[dst]))))
-        else:
-            for dst in sorted(strategy.event_targets(self.id, event.geofence)):
-                out.sends.append(Send(dst, EventMsg(event)))
+                        out[i].sends.append(Send(dst, DeliveryMsg(events[i], tuple(by_home[dst]))))
+        if self.meter is not None:
+            for event, matched in zip(events, homes, strict=True):
+                self.meter.published(self, event, matched)
         return out
 
     def check_publisher(self, event: Event, field: str = "event.publisher") -> None:
@@ -341,6 +398,8 @@ class BrokerState:
     def on_message(self, src: str, msg: PeerMessage) -> Outcome:
         """Apply a message from broker `src`."""
         if isinstance(msg, EventMsg):
+            if self.meter is not None:
+                self.meter.received(self, src, msg.event)
             return Outcome(deliveries=self._match_local(msg.event))
         if isinstance(msg, DeliveryMsg):
             return Outcome(deliveries=self._deliver(msg))
@@ -572,6 +631,8 @@ class BrokerState:
             self._client_subs[client][sub.id] = new
             before = self._placement(sub)
             after = self._placement(new)
+            if self.meter is not None:
+                self.meter.relocated(self, sub, new)
             for dst in sorted(before | after):
                 msg: PeerMessage
                 if dst not in before:
@@ -590,13 +651,20 @@ class BrokerState:
             raise NotFound("client session", client) from None
 
     def _match_local(self, event: Event) -> list[Delivery]:
+        return self._match_local_many([event])[0]
+
+    def _match_local_many(self, events: Sequence[Event]) -> list[list[Delivery]]:
         scheme = self.last_mile.scheme
-        keys = self.last_mile.match(event, self.sessions.get)
-        if scheme is not Scheme.EXACT:
-            self._observe(event, keys, None)
-        out = [Delivery(event, sub_id, client, scheme) for client, sub_id in keys]
-        out.sort(key=lambda d: (d.subscription, d.client))
-        return out
+        found = []
+        for event, keys in zip(
+            events, self.last_mile.match_many(events, self.sessions.get), strict=True
+        ):
+            if scheme is not Scheme.EXACT:
+                self._observe(event, keys, None)
+            out = [Delivery(event, sub_id, client, scheme) for client, sub_id in keys]
+            out.sort(key=lambda d: (d.subscription, d.client))
+            found.append(out)
+        return found
 
     def _deliver(self, msg: DeliveryMsg) -> list[Delivery]:
         out: list[Delivery] = []

@@ -69,18 +69,28 @@ class HistoryRecord:
     location: LatLon
     geofence: Geofence | None = None
 
-    @functools.cached_property
+    @property
     def size(self) -> int:
-        """Bytes this entry counts against history limits (payload, texts, overhead)."""
-        fence = 0 if self.geofence is None else len(self.geofence.wkt)
-        return (
-            len(self.payload)
-            + len(self.topic.encode("utf-8"))
-            + len(self.event_id.encode("utf-8"))
-            + len(self.origin.encode("utf-8"))
-            + fence
-            + RECORD_OVERHEAD
-        )
+        """Bytes this entry counts against history limits (payload, texts, overhead).
+
+        Computed when first asked for and kept, like a `functools.cached_property`
+        but without its lock: on Python 3.11 that lock is shared by every
+        instance, and the event loop recording entries waited on it while the
+        history's writer thread summed the sizes of a batch.
+        """
+        size: int | None = self.__dict__.get("_size")
+        if size is None:
+            fence = 0 if self.geofence is None else len(self.geofence.wkt)
+            size = (
+                len(self.payload)
+                + len(self.topic.encode("utf-8"))
+                + len(self.event_id.encode("utf-8"))
+                + len(self.origin.encode("utf-8"))
+                + fence
+                + RECORD_OVERHEAD
+            )
+            self.__dict__["_size"] = size  # frozen: past the dataclass's __setattr__
+        return size
 
     def to_geojson_feature(self) -> dict[str, Any]:
         """A GeoJSON Feature: the publisher location as the point, the rest as properties.

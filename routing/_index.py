@@ -9,11 +9,13 @@ picks). A lookup probes one cell per level in use, then applies the exact
 *covers* check. Candidates are a superset of the answer, so nothing is missed.
 
 The exact check runs on packed arrays, one slot per geofence part (`_PartStore`),
-vectorized over an event's candidates: a disc test decides most of them (a
-disc around an interior point that lies inside the part, and one holding the
-whole part, both measured in a frame where the part's longitudes are scaled by
-the cosine of its latitude, so that a geodesic circle is nearly round), and
-GEOS decides the rest, which lie in the thin ring between the two discs.
+vectorized over the candidates of a whole batch of events (`match_many`,
+`match_groups_many`; a single lookup is a batch of one): a disc test decides
+most of them (a disc around an interior point that lies inside the part, and
+one holding the whole part, both measured in a frame where the part's
+longitudes are scaled by the cosine of its latitude, so that a geodesic circle
+is nearly round), and GEOS decides the rest, which lie in the thin ring
+between the two discs.
 
 `SubscriptionIndex.match_groups` serves the publisher's broker, which sends one
 delivery message per subscriber broker naming the matched subscriptions: each
@@ -27,9 +29,10 @@ subscriptions costs little more than copying their keys.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import shapely
@@ -91,19 +94,20 @@ def part_discs(part: Polygon) -> tuple[float, float, float, float, float]:
 class _PartStore:
     """Geofence parts of indexed subscriptions packed in arrays, one slot per part."""
 
-    __slots__ = ("discs", "free", "geoms", "keys", "multipart", "owners", "slots")
+    __slots__ = ("discs", "free", "geoms", "groups", "keys", "multipart", "owners", "slots")
 
     def __init__(self) -> None:
         self.owners: list[Subscription | None] = []
         self.keys: list[SubKey | None] = []  # owners' keys (a property builds a new tuple)
+        self.groups: list[str | None] = []  # owners' groups (`SubscriptionIndex.add`)
         self.discs = np.empty((0, 5))
         self.geoms = np.empty(0, dtype=object)
         self.free: list[int] = []
         self.slots: dict[SubKey, list[int]] = {}  # subscription key -> its slots
         self.multipart = 0  # subscriptions with several parts (may be found twice)
 
-    def add(self, sub: Subscription, fence: Geofence) -> list[tuple[int, Polygon]]:
-        """Give each part of `fence` a slot; return (slot, part) pairs."""
+    def add(self, sub: Subscription, fence: Geofence, group: str) -> list[tuple[int, Polygon]]:
+        """Give each part of `fence` a slot (filed under `group`); return (slot, part) pairs."""
         out = []
         for part in fence.parts:
             if self.free:
@@ -112,11 +116,13 @@ class _PartStore:
                 slot = len(self.owners)
                 self.owners.append(None)
                 self.keys.append(None)
+                self.groups.append(None)
                 if slot >= len(self.geoms):
                     self._grow(max(64, 2 * len(self.geoms)))
             shapely.prepare(part)
             self.owners[slot] = sub
             self.keys[slot] = sub.key
+            self.groups[slot] = group
             self.geoms[slot] = part
             self.discs[slot] = part_discs(part)
             out.append((slot, part))
@@ -131,6 +137,7 @@ class _PartStore:
         for slot in slots:
             self.owners[slot] = None
             self.keys[slot] = None
+            self.groups[slot] = None
             self.geoms[slot] = None
             self.free.append(slot)
         return slots
@@ -142,26 +149,45 @@ class _PartStore:
         geoms[: len(self.geoms)] = self.geoms
         self.discs, self.geoms = discs, geoms
 
-    def covering(self, slots: list[int], lon: float, lat: float) -> list[int]:
-        """The parts among `slots` that cover the point, one per owner."""
-        if len(slots) < _VECTOR_MIN:
-            hit = [s for s in slots if self._covers(s, lon, lat)]
+    def covering(
+        self, slots: list[list[int]], lons: list[float], lats: list[float]
+    ) -> list[list[int]]:
+        """For each point, the parts among its `slots` that cover it, one per owner.
+
+        The disc test runs on the candidates of all the points at once (and
+        GEOS on all the undecided ones at once): a batch of events costs one
+        round of array calls, not one per event, whose fixed cost would
+        dominate the ~20 candidates of a typical event.
+        """
+        total = sum(map(len, slots))
+        if total < _VECTOR_MIN:
+            hits = [
+                [s for s in some if self._covers(s, lon, lat)]
+                for some, lon, lat in zip(slots, lons, lats, strict=True)
+            ]
         else:
-            idx = np.fromiter(slots, np.intp, len(slots))
+            counts = np.fromiter(map(len, slots), np.intp, len(slots))
+            idx = np.fromiter(itertools.chain.from_iterable(slots), np.intp, total)
+            x = np.repeat(np.asarray(lons, dtype=float), counts)
+            y = np.repeat(np.asarray(lats, dtype=float), counts)
             cx, cy, k, inner2, outer2 = self.discs[idx].T
-            dx = (lon - cx) * k
-            dy = lat - cy
+            dx = (x - cx) * k
+            dy = y - cy
             d2 = dx * dx + dy * dy
-            inside = d2 < inner2
-            unsure = idx[~inside & (d2 <= outer2)]
-            hit = idx[inside].tolist()
+            hit = d2 < inner2
+            unsure = np.flatnonzero(~hit & (d2 <= outer2))
             if len(unsure):
-                hit += unsure[shapely.intersects_xy(self.geoms[unsure], lon, lat)].tolist()
+                hit[unsure] = shapely.intersects_xy(self.geoms[idx[unsure]], x[unsure], y[unsure])
+            where = np.flatnonzero(hit)
+            point = np.repeat(np.arange(len(slots)), counts)[where]
+            hits = [[] for _ in slots]
+            for i, slot in zip(point.tolist(), idx[where].tolist(), strict=True):
+                hits[i].append(slot)
         if self.multipart:
             # A subscription with several parts can be found through each of them.
             owners = self.owners
-            return list({id(owners[s]): s for s in hit}.values())
-        return hit
+            return [list({id(owners[s]): s for s in hit}.values()) for hit in hits]
+        return hits
 
     def _covers(self, slot: int, lon: float, lat: float) -> bool:
         cx, cy, k, inner2, outer2 = self.discs[slot].tolist()
@@ -261,6 +287,18 @@ class _SpatialBucket:
 
 
 _Key = tuple[int, int, int]
+
+
+def _firsts(events: Sequence[tuple[str, LatLon]]) -> list[int]:
+    """For each event, the position of the batch's first event with its topic and point.
+
+    A batch mostly comes from one client (a `PublishStream` message, an MQTT
+    connection's burst), so from one point: a repeat copies the first answer.
+    """
+    seen: dict[tuple[str, float, float], int] = {}
+    return [seen.setdefault((topic, p.lon, p.lat), i) for i, (topic, p) in enumerate(events)]
+
+
 _SIZES = [180.0 / (1 << level) for level in range(_MAX_LEVEL + 1)]
 
 
@@ -324,7 +362,7 @@ class SubscriptionIndex:
         if sub.geofence is None:
             self._world.clear()
         self._groups[sub.key] = group
-        parts = [] if sub.geofence is None else self._parts.add(sub, sub.geofence)
+        parts = [] if sub.geofence is None else self._parts.add(sub, sub.geofence, group)
         node.bucket.add(sub, parts)
         self._subs[sub.key] = sub
         return old
@@ -354,21 +392,36 @@ class SubscriptionIndex:
 
     def match(self, topic: str, location: LatLon) -> list[Subscription]:
         """Subscriptions passing ContentCheck and Subscription GeoCheck for an event."""
-        if not self._subs:
-            return []
-        nodes = self._nodes(topic)
-        if not nodes:
-            return []
-        lon, lat = location.lon, location.lat
-        keys: list[list[_Key] | None] = [None] * (_MAX_LEVEL + 1)
-        slots: list[int] = []
-        matched: list[Subscription] = []  # world subscriptions first
-        for node in nodes:
-            node.bucket.candidates(lon, lat, keys, slots, matched)
-        if slots:
-            owners = self._parts.owners
-            matched.extend(owners[s] for s in self._covering(slots, lon, lat))  # type: ignore[misc]
-        return matched
+        return self.match_many([(topic, location)])[0]
+
+    def match_many(self, events: Sequence[tuple[str, LatLon]]) -> list[list[Subscription]]:
+        """`match` for each (topic, publisher location) of a batch, in order.
+
+        The geometric test of the whole batch runs as one round of array
+        calls (`_PartStore.covering`), and an event with the topic and point
+        of an earlier one copies its answer: publishing a batch costs less
+        than publishing its events one by one.
+        """
+        found: list[list[Subscription]] = []  # world subscriptions first
+        slots: list[list[int]] = []
+        firsts = _firsts(events)
+        for i, (topic, location) in enumerate(events):
+            matched: list[Subscription] = []
+            some: list[int] = []
+            if self._subs and firsts[i] == i:
+                lon, lat = location.lon, location.lat
+                keys: list[list[_Key] | None] = [None] * (_MAX_LEVEL + 1)
+                for node in self._nodes(topic):
+                    node.bucket.candidates(lon, lat, keys, some, matched)
+            found.append(matched)
+            slots.append(some)
+        owners = self._parts.owners
+        for matched, hits in zip(found, self._covering(slots, events), strict=True):
+            matched.extend(owners[s] for s in hits)  # type: ignore[misc]
+        for i, first in enumerate(firsts):
+            if first != i:
+                found[i] = list(found[first])
+        return found
 
     def match_groups(self, topic: str, location: LatLon) -> dict[str, list[SubKey]]:
         """`match` as subscription keys per group (see `add`); no empty groups.
@@ -377,38 +430,57 @@ class SubscriptionIndex:
         ones, each part sorted (deterministic; sorting the whole would cost
         more than the rest of the lookup when there are many).
         """
-        if not self._subs:
-            return {}
-        nodes = self._nodes(topic)
-        if not nodes:
-            return {}
-        world = self._world.get(topic)
-        if world is None:
-            world = self._world_groups(topic, nodes)
-        out = {group: list(keys) for group, keys in world.items()}
-        lon, lat = location.lon, location.lat
-        cells: list[list[_Key] | None] = [None] * (_MAX_LEVEL + 1)
-        slots: list[int] = []
-        for node in nodes:
-            bucket = node.bucket
-            if bucket.cells:
-                bucket.cell_candidates(lon, lat, cells, slots)
-        if not slots:
-            return out
+        return self.match_groups_many([(topic, location)])[0]
+
+    def match_groups_many(
+        self, events: Sequence[tuple[str, LatLon]]
+    ) -> list[dict[str, list[SubKey]]]:
+        """`match_groups` for each (topic, publisher location) of a batch, in order.
+
+        As `match_many`, the geometric test of the batch runs in one go, and
+        an event with the topic and point of an earlier one copies its answer.
+        """
+        found: list[dict[str, list[SubKey]]] = []
+        slots: list[list[int]] = []
+        firsts = _firsts(events)
+        for i, (topic, location) in enumerate(events):
+            some: list[int] = []
+            nodes = self._nodes(topic) if self._subs and firsts[i] == i else []
+            if not nodes:
+                found.append({})
+                slots.append(some)
+                continue
+            world = self._world.get(topic)
+            if world is None:
+                world = self._world_groups(topic, nodes)
+            found.append({group: list(keys) for group, keys in world.items()})
+            lon, lat = location.lon, location.lat
+            cells: list[list[_Key] | None] = [None] * (_MAX_LEVEL + 1)
+            for node in nodes:
+                bucket = node.bucket
+                if bucket.cells:
+                    bucket.cell_candidates(lon, lat, cells, some)
+            slots.append(some)
         slot_keys = self._parts.keys
-        groups = self._groups
-        hits: dict[str, list[SubKey]] = {}
-        for slot in self._covering(slots, lon, lat):
-            key: SubKey = slot_keys[slot]  # type: ignore[assignment]  # live slots have keys
-            hits.setdefault(groups[key], []).append(key)
-        for group, keys in hits.items():
-            keys.sort()
-            got = out.get(group)
-            if got is None:
-                out[group] = keys
-            else:
-                got += keys
-        return out
+        slot_groups = self._parts.groups  # per slot: no look-up in a dict of every subscription
+        for out, covering in zip(found, self._covering(slots, events), strict=True):
+            if not covering:
+                continue
+            hits: dict[str, list[SubKey]] = {}
+            for slot in covering:
+                key: SubKey = slot_keys[slot]  # type: ignore[assignment]  # live slots have keys
+                hits.setdefault(slot_groups[slot], []).append(key)  # type: ignore[arg-type]
+            for group, keys in hits.items():
+                keys.sort()
+                got = out.get(group)
+                if got is None:
+                    out[group] = keys
+                else:
+                    got += keys
+        for i, first in enumerate(firsts):
+            if first != i:
+                found[i] = {group: list(keys) for group, keys in found[first].items()}
+        return found
 
     def _world_groups(self, topic: str, nodes: list[_TrieNode]) -> dict[str, list[SubKey]]:
         """The world subscriptions matching `topic`, sorted keys by group (cached)."""
@@ -424,18 +496,36 @@ class SubscriptionIndex:
         self._world[topic] = world
         return world
 
-    def _covering(self, slots: list[int], lon: float, lat: float) -> list[int]:
-        """The candidate slots whose subscription covers the point, one per subscription."""
-        if abs(lon) == 180.0:
-            # -180 and 180 are one meridian, and a point there may sit in two cells.
-            owners = self._parts.owners
-            first = {id(owners[s]): s for s in slots}
-            return [
-                s
-                for s in first.values()
-                if (o := owners[s]) and o.geofence and o.geofence.covers_xy(lon, lat)
-            ]
-        return self._parts.covering(slots, lon, lat)
+    def _covering(
+        self, slots: list[list[int]], events: Sequence[tuple[str, LatLon]]
+    ) -> list[list[int]]:
+        """Per event, the candidate slots whose subscription covers its point (one each)."""
+        out: list[list[int]] = [[] for _ in slots]
+        batch: list[int] = []  # events for the array test
+        owners = self._parts.owners
+        for i, (some, (_, location)) in enumerate(zip(slots, events, strict=True)):
+            if not some:
+                continue
+            lon, lat = location.lon, location.lat
+            if abs(lon) == 180.0:
+                # -180 and 180 are one meridian, and a point there may sit in two cells.
+                first = {id(owners[s]): s for s in some}
+                out[i] = [
+                    s
+                    for s in first.values()
+                    if (o := owners[s]) and o.geofence and o.geofence.covers_xy(lon, lat)
+                ]
+            else:
+                batch.append(i)
+        if batch:
+            hits = self._parts.covering(
+                [slots[i] for i in batch],
+                [events[i][1].lon for i in batch],
+                [events[i][1].lat for i in batch],
+            )
+            for i, hit in zip(batch, hits, strict=True):
+                out[i] = hit
+        return out
 
     def _nodes(self, topic: str) -> list[_TrieNode]:
         """The trie nodes whose filter matches `topic`, each once (cached)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -86,6 +87,29 @@ def validate_id(value: object, field: str) -> str:
     if _CONTROL.search(value):
         raise InvalidInput(field, "must not contain control characters")
     return value
+
+
+_IDS: list[str] = []  # fresh ids, made in bulk: one system call for 256
+if hasattr(os, "register_at_fork"):  # no fork, no hook (Windows)
+    os.register_at_fork(after_in_child=_IDS.clear)  # a child must not hand out its parent's
+
+
+def new_event_id() -> str:
+    """A fresh event id: 128 random bits (from `os.urandom`) as 32 hex digits.
+
+    The one maker of ids for events published without one (the client
+    library, the node for MQTT and id-less gRPC publishes). Not
+    `uuid.uuid4`, whose system call for every id was 8 % of the node's MQTT
+    publish path under py-spy: the ids are unpredictable all the same (a
+    client that could guess another's next id could have its event dropped
+    as a duplicate).
+    """
+    try:
+        return _IDS.pop()
+    except IndexError:
+        text = os.urandom(16 * 256).hex()
+        _IDS.extend(text[i : i + 32] for i in range(0, len(text), 32))
+        return _IDS.pop()
 
 
 def make_event(

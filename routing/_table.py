@@ -23,6 +23,7 @@ results stay those of a central matcher, with no duplicate deliveries.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -93,6 +94,29 @@ class StrategyTable:
             if not isinstance(pair, tuple | list) or len(pair) != 2:
                 raise InvalidInput(f"entries[{i}]", "must be a (topic filter, strategy) pair")
         return cls(default, tuple(sorted((str(f), s) for f, s in pairs)), epoch)
+
+    @classmethod
+    def from_json(cls, default: str, text: str, field: str) -> StrategyTable:
+        """A table of epoch 0 from a JSON object topic filter → strategy ('' for none).
+
+        The form of the node's ``strategy_table`` setting and of
+        ``geofed simulate --table``.
+
+        Raises:
+            InvalidInput: naming `field` (and the bad entry).
+        """
+        entries: Any = {}
+        if text:
+            try:
+                entries = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise InvalidInput(field, f"not JSON: {exc}") from None
+        if not isinstance(entries, dict):
+            raise InvalidInput(field, "must be a JSON object: topic filter -> strategy")
+        try:
+            return cls.build(default, entries)
+        except InvalidInput as exc:
+            raise exc.within(field) from None
 
     def __iter__(self) -> Iterator[tuple[str, str]]:
         return iter(self.entries)

@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import getpass
 import random
-import shutil
 import subprocess
 import sys
 import threading
@@ -45,7 +43,8 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 import geofed
-from geofed.bench import LocalFederation, free_ports
+from geofed.bench import LocalFederation
+from geofed.bench.brokers import Mosquitto
 from geofed.node import create_ca, issue_broker
 from geofed.routing import (
     DecimalLayout,
@@ -139,74 +138,13 @@ class MQTTClient:
         self.close()
 
 
-class Mosquitto:
-    """Debian's mosquitto on a loopback port with a generated config (never a service).
-
-    With `persistent`, sessions and their queued messages survive a restart
-    (`stop` is SIGTERM, on which mosquitto writes its store).
-    """
-
-    def __init__(
-        self,
-        workdir: Path,
-        persistent: bool = False,
-        password: tuple[str, str] | None = None,
-        tls: Path | None = None,
-    ) -> None:
-        self.exe = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-        assert Path(self.exe).exists(), "Debian's mosquitto is installed by .ci/run"
-        self.workdir = workdir
-        (self.port,) = free_ports(1)
-        self.conf = workdir / "mosquitto.conf"
-        store = f"persistence true\npersistence_location {workdir}/\n" if persistent else ""
-        access = "allow_anonymous true\n"
-        if password is not None:  # one user, nobody else
-            users = workdir / "passwd"
-            subprocess.run(
-                ["mosquitto_passwd", "-b", "-c", str(users), *password],
-                check=True,
-                capture_output=True,
-                timeout=HANG_S,
-            )
-            access = f"allow_anonymous false\npassword_file {users}\n"
-        if tls is not None:  # ca.pem, cert.pem, key.pem
-            access += f"cafile {tls}/ca.pem\ncertfile {tls}/cert.pem\nkeyfile {tls}/key.pem\n"
-        self.conf.write_text(
-            f"listener {self.port} 127.0.0.1\n{access}"
-            f"persistence {'true' if persistent else 'false'}\n{store}"
-            f"max_queued_messages 100000\nuser {getpass.getuser()}\n",
-            encoding="utf-8",
-        )
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.password = password
-        self.tls_ca = None if tls is None else tls / "ca.pem"
-
-    def start(self) -> None:
-        log = (self.workdir / "mosquitto.log").open("a")
-        self.proc = subprocess.Popen(
-            [self.exe, "-c", str(self.conf)], stdout=log, stderr=subprocess.STDOUT
-        )
-        log.close()
-        probe: MQTTClient | None = None
-        deadline = time.monotonic() + HANG_S
-        while probe is None:
-            assert self.proc.poll() is None, (self.workdir / "mosquitto.log").read_text()
-            try:
-                probe = MQTTClient(self.port, "probe", auth=self.password, ca=self.tls_ca)
-            except ConnectionRefusedError:
-                assert time.monotonic() < deadline, "mosquitto did not listen"
-                time.sleep(0.05)
-        probe.close()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=HANG_S)
+# The test brokers keep what they queue for an offline session (mosquitto's default: 1,000).
+QUEUE = ["max_queued_messages 100000"]
 
 
 @pytest.fixture(scope="module")
 def mosquitto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    broker = Mosquitto(tmp_path_factory.mktemp("mosquitto"))
+    broker = Mosquitto(QUEUE, workdir=tmp_path_factory.mktemp("mosquitto"))
     try:
         broker.start()
         yield broker.port
@@ -419,7 +357,7 @@ def test_the_bridge_rides_out_a_mosquitto_restart(fed: LocalFederation, tmp_path
     """Mosquitto stops and starts again (its store keeps the sessions): an event exported
     while it was down arrives, and one published to it before the bridge is back is
     imported once the bridge reconnects."""
-    broker = Mosquitto(tmp_path, persistent=True)
+    broker = Mosquitto(QUEUE, workdir=tmp_path, persistent=True)
     broker.start()
     args = ("--client", "bridge-r", "--prefix", "geo2", "--export", "alerts/out/#")
     try:
@@ -472,7 +410,7 @@ def test_the_bridge_logs_in_to_the_mqtt_broker(fed: LocalFederation, tmp_path: P
     ways (exporting only events published in its export geofence); with a wrong password
     it stops at once, naming the refusal (exit status 2)."""
     user = ("bridge-user", "s3cret")
-    broker = Mosquitto(tmp_path, password=user)
+    broker = Mosquitto(QUEUE, workdir=tmp_path, password=user)
     broker.start()
     secret = tmp_path / "password"
     secret.write_text("s3cret\n", encoding="utf-8")
@@ -539,7 +477,7 @@ def test_the_bridge_speaks_tls_to_the_mqtt_broker(fed: LocalFederation, tmp_path
     exports over TLS; with another CA it refuses the broker (exit status 3)."""
     ca = create_ca(tmp_path / "ca")
     issue_broker(ca, "mqtt", [], tmp_path / "server")
-    broker = Mosquitto(tmp_path, tls=tmp_path / "server")
+    broker = Mosquitto(QUEUE, workdir=tmp_path, tls=tmp_path / "server")
     broker.start()
     try:
         args = ("--client", "bridge-t", "--prefix", "geo4", "--export", "tls/#")

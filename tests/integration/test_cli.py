@@ -236,6 +236,27 @@ def test_route_and_simulate_commands(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout)
     assert all(r["exact"] and r["matches_cost_model"] for r in summary["strategies"])
+    totals = {r["strategy"]: r["total"] for r in summary["strategies"]}
+    # A per-topic table: the scenario's every topic is under sensors/, so the entry
+    # decides for all of them, whatever the default.
+    out = run(
+        "simulate",
+        str(trace),
+        "--federation",
+        "three",
+        "--strategy",
+        "event-geofence",
+        "--table",
+        '{"sensors/#": "subscription-geofence", "alerts/#": "flooding-events"}',
+        "--json",
+    )
+    assert out.returncode == 0, out.stderr
+    (row,) = json.loads(out.stdout)["strategies"]
+    assert row["strategy"] == "event-geofence + table" and row["exact"]
+    assert row["matches_cost_model"] and row["total"] == totals["subscription-geofence"]
+    assert totals["subscription-geofence"] != totals["event-geofence"]
+    out = run("simulate", str(trace), "--table", '{"sensors/#": "nearest"}')
+    assert out.returncode == 2 and "table.entries[0].strategy" in out.stderr
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"t": 0, "op": "publish"}\n')
     out = run("simulate", str(bad), "--federation", "three")

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import geofed
+from geofed import wire as gw
 from geofed.bench import LocalFederation, metric
 from geofed.client import Publication, RetryConfig
 from geofed.node import DELIVERIES, SUBSCRIPTIONS
@@ -113,6 +114,14 @@ def test_unsubscribe_ends_iteration_after_what_was_delivered(fed: LocalFederatio
             assert [m.event_id async for m in sub] == [event_id]
             assert client.subscriptions == []
             await client.publish("unsub/a", b"y")  # nobody listens any more
+            # Unsubscribing again (a retry whose first answer was lost) is no error.
+            again = await client._call(
+                "unsubscribe",
+                lambda stub, timeout: stub.Unsubscribe(
+                    gw.unsubscribe_request("unsub", sub.id), timeout=timeout
+                ),
+            )
+            assert again.existed is False
 
     asyncio.run(run())
 

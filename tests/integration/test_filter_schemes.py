@@ -19,7 +19,11 @@ import math
 import random
 from pathlib import Path
 
+import aiohttp
 import pytest
+from paho.mqtt.packettypes import PacketTypes
+from test_http import stream
+from test_mqtt import Paho, user
 
 import geofed
 from geofed.bench import LocalFederation
@@ -193,3 +197,46 @@ def test_load_triggered_transitions_keep_recall(tmp_path: Path) -> None:
 
     with LocalFederation(THREE, "event-geofence", tmp_path, extra_env=ENV, mqtt=False) as fed:
         asyncio.run(run(fed))
+
+
+def test_mqtt_and_http_deliveries_say_when_an_approximate_scheme_matched(
+    tmp_path: Path,
+) -> None:
+    """Every broker under RGRID: an MQTT 5 subscriber and an HTTP event stream near Paris,
+    each with a 20 km subscription geofence, get an event published in Paris flagged
+    ``rgrid`` (user property ``geofed-filter-scheme``, feature property ``filter_scheme``)."""
+    fence = f"circle:{PARIS.lat},{PARIS.lon},20000"
+    env = {"GEOFED_FILTER_SCHEME": "rgrid"}
+    with LocalFederation(THREE, "event-geofence", tmp_path, extra_env=env) as fed:
+        mqtt = Paho("fs-mqtt")
+        props = user(PacketTypes.CONNECT, geofed_location=f"{PARIS.lat},{PARIS.lon}")
+        assert mqtt.connect(fed.nodes["eu"].mqtt, props) == 0
+        sub = user(PacketTypes.SUBSCRIBE, geofed_geofence=fence)
+        assert mqtt.subscribe("fsq/#", 1, sub) == [1]
+
+        async def run() -> dict[str, object]:
+            async with (
+                aiohttp.ClientSession() as http,
+                stream(
+                    http,
+                    fed,
+                    "eu",
+                    "/subscribe/fsq/%23",
+                    location=f"{PARIS.lat},{PARIS.lon}",
+                    geofence=fence,
+                ) as live,  # fmt: skip
+                await geofed.connect(
+                    client_id="fs-pub", location=PARIS, federation=fed.federation_path
+                ) as pub,
+            ):
+                event_id = await pub.publish("fsq/x", b"here")
+                feature = await live.event()
+                assert feature["id"] == event_id
+                return dict(feature["properties"])
+
+        properties = asyncio.run(asyncio.wait_for(run(), TIMEOUT))
+        assert properties["filter_scheme"] == "rgrid"
+        mqtt.receive(1)
+        (msg,) = mqtt.messages
+        assert ("geofed-filter-scheme", "rgrid") in msg.properties.UserProperty
+        mqtt.close()

@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import ssl
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from conftest import TokenSigner
 from selenium import webdriver
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
@@ -59,6 +61,8 @@ def browser() -> Iterator[webdriver.Chrome]:
         "--disable-dev-shm-usage",
         "--disable-gpu",
         "--window-size=1400,1000",
+        # The token test's federation serves HTTPS with a CA made for the test.
+        "--ignore-certificate-errors",
     ):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
@@ -200,3 +204,52 @@ def test_map_shows_areas_live_events_routes_and_history(
     assert browser.execute_script("return geofedMap.errors;") == []
     severe = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert severe == []
+
+
+def test_the_map_sends_the_token_of_its_url_fragment_with_every_request(
+    browser: webdriver.Chrome, tmp_path: Path, token_signer: TokenSigner
+) -> None:
+    """client_auth token: opened as ``/#access_token=<JWT>`` the map streams live events
+    (the token goes as the access_token parameter, the one way EventSource can carry it);
+    opened without it, the page loads but the broker refuses its event stream."""
+    env = {"GEOFED_TOKEN_KEY": str(token_signer.public)}
+    with LocalFederation(
+        THREE, "event-geofence", tmp_path / "fed", tls=True, client_auth="token", extra_env=env
+    ) as sec:
+        eu = sec.nodes["eu"].http
+        tls = sec.client_tls()
+        assert tls is not None and tls.ca_file
+
+        browser.get(f"https://{eu}/")
+        wait(browser, "document.querySelectorAll('path.broker-area').length", "the broker areas")
+        wait(
+            browser,
+            "document.getElementById('live-state').dataset.state === 'reconnecting'",
+            "the refused event stream",
+        )
+        assert browser.execute_script("return geofedMap.live;") is False
+
+        browser.get("about:blank")  # a new document: a changed fragment alone would not load it
+        browser.get(f"https://{eu}/#access_token={token_signer.token('dave')}")
+        wait(browser, "document.getElementById('live-state').dataset.state === 'ready'", "live")
+
+        async def publish() -> str:
+            ctx = ssl.create_default_context(cafile=tls.ca_file)
+            bearer = {"Authorization": f"Bearer {token_signer.token('erin')}"}
+            async with (
+                aiohttp.ClientSession() as http,
+                http.put(
+                    f"https://{eu}/geopublish/map/token",
+                    params={"location": "48.85,2.35"},
+                    data=b"sealed",
+                    headers=bearer,
+                    ssl=ctx,
+                ) as resp,
+            ):
+                assert resp.status == 200, await resp.text()
+                answer: dict[str, Any] = await resp.json()
+                return str(answer["id"])
+
+        event_id = asyncio.run(publish())
+        wait(browser, f"document.querySelector('#events li[data-id=\"{event_id}\"]')", "it")
+        assert browser.execute_script("return geofedMap.errors;") == []

@@ -12,10 +12,10 @@ quiescent, the deliveries the brokers made are all the clients got.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import signal
-import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -25,7 +25,7 @@ import grpc
 import pytest
 
 import geofed
-from geofed.bench import LocalFederation, peer_message_counts
+from geofed.bench import LocalFederation, faults, peer_message_counts
 from geofed.bench import metric as node_metric
 from geofed.client import Publication, health_status
 from geofed.errors import from_rpc_error
@@ -64,12 +64,8 @@ async def connect(fed: LocalFederation, client_id: str, where: geofed.LatLon) ->
     return await geofed.connect(client_id=client_id, location=where, federation=fed.federation_path)
 
 
-async def until(cond: Callable[[], bool], what: str, timeout: float = WAIT_S) -> None:
-    """Poll `cond` (run in a thread: it may scrape metrics) until it holds."""
-    deadline = time.monotonic() + timeout
-    while not await asyncio.to_thread(cond):
-        assert time.monotonic() < deadline, f"not reached within {timeout:g}s: {what}"
-        await asyncio.sleep(0.05)
+# Conditions may scrape metrics, so they run in a thread.
+until = functools.partial(faults.until, timeout=WAIT_S, scrapes=True)
 
 
 async def next_ids(sub: geofed.Subscription, n: int, timeout: float = WAIT_S) -> list[str]:
@@ -366,7 +362,7 @@ def test_silent_peer_is_detected_by_heartbeat_and_nothing_is_lost(tmp_path: Path
                 us = fed.nodes["us"].process
                 os.kill(us.pid, signal.SIGSTOP)
                 try:
-                    await until(lambda: not eu_link_to_us_up(), "eu times us out", 10)
+                    await until(lambda: not eu_link_to_us_up(), "eu times us out", timeout=10)
                     assert "nothing received for" in eu_log.read_text()
                     while_ids = [f"while-{i}" for i in range(5)]
                     for event_id in while_ids:

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import itertools
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import geofed
-from geofed.bench import LocalFederation, Replayer, wait_quiescent
+from geofed.bench import LocalFederation, Replayer, faults, wait_quiescent
 from geofed.node import DELIVERIES, SUBSCRIPTIONS
 from geofed.routing import (
     STRATEGIES,
@@ -138,12 +138,8 @@ def federation(
 WAIT_S = 60.0  # safety net of every wait on state; none is expected to come near it
 
 
-async def _until(cond: Callable[[], bool], what: str) -> None:
-    """Poll `cond` (in a thread: it scrapes metrics) until it holds."""
-    deadline = time.monotonic() + WAIT_S
-    while not await asyncio.to_thread(cond):
-        assert time.monotonic() < deadline, f"not reached within {WAIT_S:g}s: {what}"
-        await asyncio.sleep(0.01)
+# Conditions scrape metrics, so they run in a thread.
+until = functools.partial(faults.until, timeout=WAIT_S, scrapes=True)
 
 
 async def _replay(
@@ -160,14 +156,14 @@ async def _replay(
         # stream. The streams may still carry some: wait until every delivery the
         # brokers made for this example has reached its client.
         made = await asyncio.to_thread(fed.total, DELIVERIES) - made_before
-        await _until(lambda: r.received >= made, f"{made:g} deliveries reach the clients")
+        await until(lambda: r.received >= made, f"{made:g} deliveries reach the clients")
         after = await asyncio.to_thread(fed.sent)
     finally:
         await r.close()  # cancels the streams: their subscriptions are withdrawn
         # A broker withdraws a subscription when it sees its stream end, after
         # `close` returned: wait for that, then for what it sent to its peers,
         # so that none of it is counted in the next example.
-        await _until(
+        await until(
             lambda: fed.total(SUBSCRIPTIONS) == 0, "every broker has withdrawn every subscription"
         )
         await wait_quiescent(urls, timeout=WAIT_S)
@@ -263,7 +259,7 @@ def test_a_connect_at_a_new_place_moves_roaming_geofences_too(
         finally:
             await again.close()
             await first.close()
-            await _until(lambda: federation.total(SUBSCRIPTIONS) == 0, "withdrawn")
+            await until(lambda: federation.total(SUBSCRIPTIONS) == 0, "withdrawn")
             await federation.quiescent(WAIT_S)
 
     assert asyncio.run(scenario()).payload == b"near enough now"

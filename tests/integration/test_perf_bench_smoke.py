@@ -123,7 +123,13 @@ def test_brokers_bench_tiny_run(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(600)
-def test_node_bench_tiny_run_delivers_locally() -> None:
+@pytest.mark.parametrize(
+    "link", [[], ["--tls", "on", "--peer-dials", "--world-events"]], ids=["plain", "peer-dials"]
+)
+def test_node_bench_tiny_run_delivers_locally(link: list[str]) -> None:
+    """Every local delivery arrives. With --peer-dials --tls on the peer's link enters
+    through the node's TLS front and carries the subscriptions in (the bench waits for
+    all 200) and the deliveries out (and for the peer to have every one sent)."""
     proc = _run(
         "geofed.bench.node_bench",
         "--subs",
@@ -141,8 +147,28 @@ def test_node_bench_tiny_run_delivers_locally() -> None:
         "--seconds",
         "1",
         "--no-record",
+        *link,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| 200 |")]
     assert len(rows) == 1, proc.stdout
     assert " to 3 (0) |" in rows[0]  # every local delivery arrived
+    if link:
+        assert int(rows[0].split("|")[10].strip().replace(",", "")) > 0, rows[0]
+
+
+@pytest.mark.timeout(600)
+def test_peer_tls_bench_tiny_run() -> None:
+    proc = _run(
+        "geofed.bench.peer_tls_bench",
+        "--mib",
+        "2",
+        "--pings",
+        "100",
+        "--rounds",
+        "1",
+        "--no-record",
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = {line.split("|")[1].strip(): line for line in proc.stdout.splitlines() if "|" in line}
+    assert {"plaintext", "grpc-tls", "front"} <= set(rows), proc.stdout

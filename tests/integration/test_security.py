@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 import socket
 import ssl
 import subprocess
@@ -148,9 +149,10 @@ def test_a_rogue_broker_gets_nothing_and_injects_nothing(
     fed: LocalFederation, tmp_path: Path
 ) -> None:
     """A process with the public federation file but no valid certificate dials eu's peer
-    port as broker ap: plaintext, a certificate from another CA, an expired one, a client's
-    and another broker's are all refused before any snapshot or delivery; the identity
-    refusals are counted and logged; the real links stay up and carry traffic."""
+    port as broker ap: plaintext, no certificate, a certificate from another CA, an expired
+    one, a client's and another broker's are all refused before any snapshot or delivery;
+    eu logs and counts each refusal by its reason; the real links stay up and carry
+    traffic."""
     eu = fed.nodes["eu"]
     ca = CA.load(fed.certs_dir)
     before = received_from(fed, "eu", "ap")
@@ -159,9 +161,20 @@ def test_a_rogue_broker_gets_nothing_and_injects_nothing(
     other_ca = issue_broker(rogue_ca, "ap", ["127.0.0.1"], tmp_path / "rogue")
     past = dt.datetime.now(dt.UTC) - dt.timedelta(days=1)
     expired = issue_broker(ca, "ap", ["127.0.0.1"], tmp_path / "expired", not_after=past)
-    for credentials in (None, creds(other_ca), creds(expired)):
+    # The rogue knows the federation's CA certificate (every client has it), so it gets as
+    # far as showing its own certificate.
+    fed_ca = fed.certs_dir / "ca.pem"
+    no_cert = grpc.ssl_channel_credentials(fed_ca.read_bytes())
+    wrong_ca = creds(TLSFiles(fed_ca, other_ca.cert, other_ca.key))
+    handshakes = {"plaintext": None, "no_certificate": no_cert}
+    handshakes |= {"unknown_ca": wrong_ca, "expired": creds(expired)}
+    for reason, credentials in handshakes.items():
         got = asyncio.run(rogue_link(eu.peer, credentials, "ap"))
         assert got == [grpc.StatusCode.UNAVAILABLE], got
+        # eu, the broker dialled, logs and counts it (its TLS front, not gRPC, shook hands).
+        counted = lambda: refused(fed, "eu", reason) >= 1  # noqa: B023, E731
+        asyncio.run(until(counted, f"eu counted {reason}", HANG_S, scrapes=True))
+        assert f"TLS handshake failed ({reason})" in eu.log_path.read_text()
     # A valid certificate that is not ap's: refused after the handshake, by the hello check.
     client = issue_client(ca, "ap", tmp_path / "client-ap")
     us = TLSFiles.in_dir(fed.certs_dir / "brokers" / "us")
@@ -309,9 +322,10 @@ def test_certificates_rotate_without_dropping_deliveries(fed: LocalFederation) -
         assert new != old
         got = [(await sub.next(timeout=HANG_S)).event_id for _ in sent]
         assert got == sent
-        host, port = fed.nodes["eu"].client.rsplit(":", 1)
-        served = await asyncio.to_thread(_served_certificate, host, int(port), fed)
-        assert served == _pem_der(new)
+        for port_of in (fed.nodes["eu"].client, fed.nodes["eu"].peer):  # the peer's TLS front
+            host, port = port_of.rsplit(":", 1)
+            served = await asyncio.to_thread(_served_certificate, host, int(port), fed)
+            assert served == _pem_der(new)
         await sub_client.close()
         await pub.close()
 
@@ -322,7 +336,7 @@ def test_certificates_rotate_without_dropping_deliveries(fed: LocalFederation) -
 
 
 def _served_certificate(host: str, port: int, fed: LocalFederation) -> bytes:
-    """The certificate a broker's client port presents to a new connection (DER)."""
+    """The certificate a broker's port presents to a new connection (DER)."""
     ctx = ssl.create_default_context(cafile=str(fed.certs_dir / "ca.pem"))
     files = TLSFiles.in_dir(fed.certs_dir / "clients" / "alice")
     ctx.load_cert_chain(str(files.cert), str(files.key))
@@ -451,16 +465,100 @@ def test_a_broker_with_a_certificate_from_another_ca_is_refused_in_the_handshake
     fed.wait_ready(HANG_S)
 
 
+def test_the_broker_dialled_logs_and_counts_every_refused_peer_handshake(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The TLS front of eu's peer port: each dial that fails the handshake gets UNAVAILABLE,
+    and eu logs it with the caller's address and why and counts it under its reason:
+    plaintext, no client certificate, a certificate from another CA, an expired one. A
+    dialler that does not trust eu's CA just hangs up (logged at INFO, counted on its own
+    side). A call to the loopback gRPC port behind the front (going around it) is refused
+    as unauthenticated, whatever the RPC. Through the front, the hello check still sees
+    the caller's certificate; health answers a broker."""
+    issue_federation("three", tmp_path / "certs")
+    ca = CA.load(tmp_path / "certs")
+    ap = TLSFiles.in_dir(tmp_path / "certs" / "brokers" / "ap")
+    rogue = issue_broker(create_ca(tmp_path / "rogue-ca"), "ap", ["127.0.0.1"], tmp_path / "rogue")
+    past = dt.datetime.now(dt.UTC) - dt.timedelta(days=1)
+    expired = issue_broker(ca, "ap", ["127.0.0.1"], tmp_path / "expired", not_after=past)
+    cases: dict[str, grpc.ChannelCredentials | None] = {
+        "plaintext": None,
+        "no_certificate": grpc.ssl_channel_credentials(ap.ca.read_bytes()),
+        "unknown_ca": creds(TLSFiles(ap.ca, rogue.cert, rogue.key)),
+        "expired": creds(expired),
+    }
+    registry = CollectorRegistry()
+    config = lone_eu(tls_dir=str(tmp_path / "certs" / "brokers" / "eu"))
+    caplog.set_level(logging.INFO, logger="geofed.node.peer_tls")
+
+    def count(reason: str) -> float:
+        return registry.get_sample_value(PEER_REFUSED, {"reason": reason}) or 0.0
+
+    def logged(text: str, level: int = logging.ERROR) -> bool:
+        return any(r.levelno == level and text in r.getMessage() for r in caplog.records)
+
+    async def run() -> None:
+        async with BrokerServer(config, registry) as node:
+            front = f"127.0.0.1:{node.peer_port}"
+            for reason, credentials in cases.items():
+                assert await rogue_link(front, credentials, "ap") == [grpc.StatusCode.UNAVAILABLE]
+                line = f"TLS handshake failed ({reason})"
+                await until(lambda: count(reason) >= 1 and logged(line), line, HANG_S)  # noqa: B023
+                assert logged("refusing peer connection from 127.0.0.1:")
+            distrust = creds(TLSFiles(rogue.ca, ap.cert, ap.key))
+            assert await rogue_link(front, distrust, "ap") == [grpc.StatusCode.UNAVAILABLE]
+            hangup = "closed during the TLS handshake"
+            await until(lambda: logged(hangup, logging.INFO), hangup, HANG_S)
+            assert count("handshake") == count("identity") == count("unauthenticated") == 0
+            # Around the front: the gRPC server on loopback answers nobody.
+            assert node.security.front is not None
+            behind = f"127.0.0.1:{node.security.front.inner_port}"
+            assert await rogue_link(behind, None, "ap") == [grpc.StatusCode.UNAUTHENTICATED]
+            status = await asyncio.to_thread(health_status, behind, "", HANG_S)
+            assert status == "UNREACHABLE"  # health too: UNAUTHENTICATED
+            await until(lambda: count("unauthenticated") >= 2, "unauthenticated", HANG_S)
+            assert logged("did not come through the TLS front")
+            # Through the front the hello check reads the certificate: ap's, not us's.
+            got = await rogue_link(front, creds(ap), "us")
+            assert got[-1] == grpc.StatusCode.PERMISSION_DENIED, got
+            assert "certificate names 'ap'" in got[0].refuse_reason  # type: ignore[attr-defined]
+            assert count("identity") == 1
+            tls = TLSConfig(ca_file=str(ap.ca), cert_file=str(ap.cert), key_file=str(ap.key))
+            assert await asyncio.to_thread(health_status, front, "", HANG_S, tls) == "SERVING"
+
+    asyncio.run(run())
+
+
+def test_the_tls_peer_port_binds_every_interface_and_names_a_port_in_use(tmp_path: Path) -> None:
+    """``[::]`` (every interface, as gRPC binds it) serves the TLS front on IPv4 loopback
+    too; a port already taken stops the node naming ``peer_listen``."""
+    issue_federation("three", tmp_path / "certs")
+    eu = tmp_path / "certs" / "brokers" / "eu"
+    ap = TLSFiles.in_dir(tmp_path / "certs" / "brokers" / "ap")
+    tls = TLSConfig(ca_file=str(ap.ca), cert_file=str(ap.cert), key_file=str(ap.key))
+
+    async def run() -> None:
+        config = lone_eu(tls_dir=str(eu), peer_listen="[::]:0")
+        async with BrokerServer(config, CollectorRegistry()) as node:
+            front = f"127.0.0.1:{node.peer_port}"
+            assert await asyncio.to_thread(health_status, front, "", HANG_S, tls) == "SERVING"
+            taken = lone_eu(tls_dir=str(eu), peer_listen=f"127.0.0.1:{node.peer_port}")
+            with pytest.raises(geofed.InvalidInput) as info:
+                await BrokerServer(taken, CollectorRegistry()).start()
+            assert info.value.field == "peer_listen"
+
+    asyncio.run(run())
+
+
 def lone_eu(**settings: Any) -> NodeConfig:
     """Broker eu of `three` on free loopback ports, in-process, without its peers."""
+    ports = {"client_listen": "127.0.0.1:0", "peer_listen": "127.0.0.1:0"}
     return NodeConfig(
         broker_id="eu",
         federation="three",
-        client_listen="127.0.0.1:0",
-        peer_listen="127.0.0.1:0",
         metrics_listen="127.0.0.1:0",
         peer_timeout_s=0,
-        **settings,
+        **(ports | settings),
     )
 
 

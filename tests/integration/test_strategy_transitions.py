@@ -20,6 +20,7 @@ filter from one strategy to another, for every ordered pair of strategies.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import signal
@@ -27,7 +28,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import geofed
-from geofed.bench import LocalFederation, Replayer, metric, wait_quiescent
+from geofed.bench import LocalFederation, Replayer, faults, metric, wait_quiescent
 from geofed.node import DELIVERIES, SUBSCRIPTIONS
 from geofed.routing import (
     STRATEGIES,
@@ -72,11 +73,8 @@ def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFedera
         yield fed
 
 
-async def _until(cond: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not await asyncio.to_thread(cond):
-        assert time.monotonic() < deadline, f"not reached within {WAIT_S:g}s: {what}"
-        await asyncio.sleep(0.01)
+# Conditions scrape metrics, so they run in a thread.
+until = functools.partial(faults.until, timeout=WAIT_S, scrapes=True)
 
 
 def _finished(fed: LocalFederation, epoch: int, ids: list[str] | None = None) -> bool:
@@ -101,7 +99,7 @@ def _serving(fed: LocalFederation, broker: str) -> bool:
 async def _all_delivered(fed: LocalFederation, r: Replayer, made_before: float) -> float:
     """The deliveries the brokers made since `made_before`, once all reached `r`'s clients."""
     made = await asyncio.to_thread(fed.total, DELIVERIES) - made_before
-    await _until(lambda: r.received >= made, f"{made:g} deliveries reach the clients")
+    await until(lambda: r.received >= made, f"{made:g} deliveries reach the clients")
     return made
 
 
@@ -110,7 +108,7 @@ async def _wind_down(fed: LocalFederation, *clients: Replayer | geofed.Client) -
     everywhere and the links are quiet (nothing of this run counted in the next)."""
     for c in clients:
         await c.close()
-    await _until(lambda: fed.total(SUBSCRIPTIONS) == 0, "subscriptions withdrawn")
+    await until(lambda: fed.total(SUBSCRIPTIONS) == 0, "subscriptions withdrawn")
     await fed.quiescent(WAIT_S)
 
 
@@ -129,7 +127,7 @@ async def _change(
         assert time.monotonic() < deadline, f"{topic_filter} -> {strategy} not in force"
         await asyncio.sleep(0.01)
     epoch = int(state["table"]["epoch"])
-    await _until(lambda: _finished(fed, epoch), f"every broker finished epoch {epoch}")
+    await until(lambda: _finished(fed, epoch), f"every broker finished epoch {epoch}")
     await fed.quiescent(WAIT_S)
     return epoch
 
@@ -298,7 +296,7 @@ def test_a_down_broker_holds_a_transition_up_and_a_restart_keeps_the_table(
             fed.pause_node("us")
             try:
                 await admin.set_strategy("a/#", "flooding-subscriptions")
-                await _until(
+                await until(
                     lambda: (
                         metric(urls["eu"], "geofed_strategy_transition_phase") == 1
                         and metric(urls["ap"], "geofed_strategy_transition_phase") == 1
@@ -314,7 +312,7 @@ def test_a_down_broker_holds_a_transition_up_and_a_restart_keeps_the_table(
                 assert (msg.event_id, msg.payload) == ("frozen", b"while us is frozen")
             finally:
                 fed.resume_node("us")
-            await _until(lambda: _finished(fed, 1), "the transition completes with us back")
+            await until(lambda: _finished(fed, 1), "the transition completes with us back")
             await fed.quiescent(WAIT_S)
             async with await geofed.connect(
                 client_id="pub-us", location=HOMES["us"], federation=where
@@ -323,7 +321,7 @@ def test_a_down_broker_holds_a_transition_up_and_a_restart_keeps_the_table(
             msg = await sub.next(timeout=WAIT_S)
             assert msg.event_id == "after"
             await asyncio.to_thread(fed.stop_node, "us")
-            await _until(
+            await until(
                 lambda: metric(urls["eu"], "geofed_peer_connected", peer="us") == 0,
                 "eu saw its link to us go down",
             )
@@ -331,7 +329,7 @@ def test_a_down_broker_holds_a_transition_up_and_a_restart_keeps_the_table(
                 await admin.set_strategy("a/#", "event-geofence")
             await asyncio.to_thread(fed.start_node, "us")
             await asyncio.to_thread(fed.wait_ready, WAIT_S, ["us"])
-            await _until(lambda: _finished(fed, 1), "us restarted at epoch 1")
+            await until(lambda: _finished(fed, 1), "us restarted at epoch 1")
             state = await admin.strategy_table()
             assert state["table"]["entries"] == [
                 {"topic_filter": "a/#", "strategy": "flooding-subscriptions"}
@@ -378,11 +376,11 @@ def test_the_cli_pins_a_topic_and_a_broker_restarted_without_data_learns_the_tab
             "default": "flooding-events",
             "entries": [{"topic_filter": "t/#", "strategy": "subscription-geofence"}],
         }
-        asyncio.run(_until(lambda: _finished(fed, 1), "every broker at epoch 1"))
+        asyncio.run(until(lambda: _finished(fed, 1), "every broker at epoch 1"))
         fed.stop_node("eu")
         fed.start_node("eu")
         fed.wait_ready(WAIT_S, ["eu"])
-        asyncio.run(_until(lambda: _finished(fed, 1), "eu learned epoch 1"))
+        asyncio.run(until(lambda: _finished(fed, 1), "eu learned epoch 1"))
         shown = cli("show")
         assert shown.returncode == 0, shown.stderr
         assert json.loads(shown.stdout)["table"] == state["table"]
@@ -418,11 +416,11 @@ def test_a_broker_killed_in_the_middle_of_a_transition_resumes_it_from_its_store
             fed.pause_node("eu")
             try:
                 await admin.set_strategy("a/#", "subscription-geofence")
-                await _until(lambda: phase("us") == 1 and phase("ap") == 1, "us, ap prepared")
+                await until(lambda: phase("us") == 1 and phase("ap") == 1, "us, ap prepared")
                 await asyncio.to_thread(fed.stop_node, "us", signal.SIGKILL)
                 await asyncio.to_thread(fed.start_node, "us")
                 # Not ready (its link to eu cannot come up): its metrics tell, once served.
-                await _until(lambda: _serving(fed, "us"), "us serves its metrics again")
+                await until(lambda: _serving(fed, "us"), "us serves its metrics again")
                 # Restored from the store (not learned again): still prepared.
                 log = fed.nodes["us"].log_path.read_text(errors="replace")
                 assert "strategy table restored: epoch 1, prepared" in log
@@ -430,7 +428,7 @@ def test_a_broker_killed_in_the_middle_of_a_transition_resumes_it_from_its_store
                 assert metric(fed.metrics_urls()["us"], "geofed_strategy_epoch") == 1
             finally:
                 fed.resume_node("eu")
-            await _until(lambda: _finished(fed, 1), "the transition completes")
+            await until(lambda: _finished(fed, 1), "the transition completes")
             async with await geofed.connect(
                 client_id="pub-us", location=HOMES["us"], federation=where
             ) as pub:

@@ -130,7 +130,7 @@ class Ack(_message.Message):
     def __init__(self, seq: _Optional[int] = ...) -> None: ...
 
 class Frame(_message.Message):
-    __slots__ = ("seq", "hello", "ack", "events", "subscribes", "unsubscribes", "deliveries", "snapshot", "refuse_reason", "relocations", "tables", "proposals")
+    __slots__ = ("seq", "hello", "ack", "events", "subscribes", "unsubscribes", "deliveries", "snapshot", "refuse_reason", "relocations", "tables", "proposals", "reports")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
@@ -143,6 +143,7 @@ class Frame(_message.Message):
     RELOCATIONS_FIELD_NUMBER: _ClassVar[int]
     TABLES_FIELD_NUMBER: _ClassVar[int]
     PROPOSALS_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
     seq: int
     hello: Hello
     ack: Ack
@@ -155,4 +156,43 @@ class Frame(_message.Message):
     relocations: _containers.RepeatedCompositeFieldContainer[Relocation]
     tables: _containers.RepeatedCompositeFieldContainer[TableState]
     proposals: _containers.RepeatedCompositeFieldContainer[StrategyProposal]
-    def __init__(self, seq: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_geo_pb2.Event, _Mapping]]] = ..., subscribes: _Optional[_Iterable[_Union[RemoteSubscription, _Mapping]]] = ..., unsubscribes: _Optional[_Iterable[_Union[Unsubscription, _Mapping]]] = ..., deliveries: _Optional[_Iterable[_Union[EventDelivery, _Mapping]]] = ..., snapshot: _Optional[_Union[SubscriptionSnapshot, _Mapping]] = ..., refuse_reason: _Optional[str] = ..., relocations: _Optional[_Iterable[_Union[Relocation, _Mapping]]] = ..., tables: _Optional[_Iterable[_Union[TableState, _Mapping]]] = ..., proposals: _Optional[_Iterable[_Union[StrategyProposal, _Mapping]]] = ...) -> None: ...
+    reports: _containers.RepeatedCompositeFieldContainer[AdaptiveReport]
+    def __init__(self, seq: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_geo_pb2.Event, _Mapping]]] = ..., subscribes: _Optional[_Iterable[_Union[RemoteSubscription, _Mapping]]] = ..., unsubscribes: _Optional[_Iterable[_Union[Unsubscription, _Mapping]]] = ..., deliveries: _Optional[_Iterable[_Union[EventDelivery, _Mapping]]] = ..., snapshot: _Optional[_Union[SubscriptionSnapshot, _Mapping]] = ..., refuse_reason: _Optional[str] = ..., relocations: _Optional[_Iterable[_Union[Relocation, _Mapping]]] = ..., tables: _Optional[_Iterable[_Union[TableState, _Mapping]]] = ..., proposals: _Optional[_Iterable[_Union[StrategyProposal, _Mapping]]] = ..., reports: _Optional[_Iterable[_Union[AdaptiveReport, _Mapping]]] = ...) -> None: ...
+
+class AdaptiveReport(_message.Message):
+    __slots__ = ("window", "keys")
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    window: int
+    keys: _containers.RepeatedCompositeFieldContainer[KeyShare]
+    def __init__(self, window: _Optional[int] = ..., keys: _Optional[_Iterable[_Union[KeyShare, _Mapping]]] = ...) -> None: ...
+
+class KeyShare(_message.Message):
+    __slots__ = ("key", "strategy", "events", "subscribes", "unsubscribes", "event_reach", "subscription_reach", "predicted", "moved")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBES_FIELD_NUMBER: _ClassVar[int]
+    UNSUBSCRIBES_FIELD_NUMBER: _ClassVar[int]
+    EVENT_REACH_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_REACH_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_FIELD_NUMBER: _ClassVar[int]
+    MOVED_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    strategy: str
+    events: int
+    subscribes: int
+    unsubscribes: int
+    event_reach: int
+    subscription_reach: int
+    predicted: _containers.RepeatedCompositeFieldContainer[StrategyCount]
+    moved: _containers.RepeatedCompositeFieldContainer[StrategyCount]
+    def __init__(self, key: _Optional[str] = ..., strategy: _Optional[str] = ..., events: _Optional[int] = ..., subscribes: _Optional[int] = ..., unsubscribes: _Optional[int] = ..., event_reach: _Optional[int] = ..., subscription_reach: _Optional[int] = ..., predicted: _Optional[_Iterable[_Union[StrategyCount, _Mapping]]] = ..., moved: _Optional[_Iterable[_Union[StrategyCount, _Mapping]]] = ...) -> None: ...
+
+class StrategyCount(_message.Message):
+    __slots__ = ("strategy", "messages")
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    strategy: str
+    messages: int
+    def __init__(self, strategy: _Optional[str] = ..., messages: _Optional[int] = ...) -> None: ...

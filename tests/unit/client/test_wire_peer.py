@@ -23,10 +23,12 @@ from geofed.routing import (
     Geofence,
     GeofenceCache,
     InvalidInput,
+    KeyWindow,
     Kind,
     PeerMessage,
     Phase,
     ProposeMsg,
+    ReportMsg,
     StrategyTable,
     SubscribeMsg,
     TableMsg,
@@ -318,3 +320,25 @@ def test_strategy_transition_messages_round_trip_and_bad_ones_are_rejected_alone
     with pytest.raises(InvalidInput) as err:
         gw.set_strategy_request("a/#", "gossip")
     assert err.value.field == "strategy"
+
+
+def test_adaptive_reports_round_trip_and_a_bad_one_is_rejected_alone() -> None:
+    """The adaptive controller's report (docs/design.md §13) travels last in a frame; one
+    naming an unknown strategy or a bad key is skipped naming its field."""
+    share = KeyWindow("t/#", "event-geofence", events=3, subscribes=1, event_reach=9)
+    share.predicted = {"event-geofence": 6, "subscription-geofence": 4}
+    share.moved = {"event-geofence": 0, "subscription-geofence": 1}
+    report = ReportMsg(7, (share, KeyWindow("u/#", "flooding-events")))
+    frame = gw.new_frame()
+    gw.add_to_frame(frame, ProposeMsg("u/+", None), "a")
+    gw.add_to_frame(frame, report, "a")
+    for window, key, strategy in ((8, "t/#", "gossip"), (9, "t/#/x", "event-geofence")):
+        bad = frame.reports.add(window=window)
+        bad.keys.add(key=key).predicted.add(strategy=strategy, messages=1)
+    rejected: list[gw.RejectedMessage] = []
+    msgs = gw.messages_from_frame(frame, gw.PeerGeofenceCache(), rejected)
+    assert msgs == [ProposeMsg("u/+", None), report]
+    assert [(r.kind, r.id) for r in rejected] == [(Kind.CONTROL, "8"), (Kind.CONTROL, "9")]
+    assert rejected[0].reason.startswith("reports.keys[0].predicted.strategy")
+    assert rejected[1].reason.startswith("reports.keys[0].key")
+    assert gw.FRAME_RANK[report.kind.value] > gw.FRAME_RANK["transition"]

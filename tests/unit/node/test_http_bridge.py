@@ -7,25 +7,15 @@ import re
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from node_fixtures import unstarted_node
 from openapi_spec_validator import validate
-from prometheus_client import CollectorRegistry
 
-from geofed.node import BrokerServer, NodeConfig
 from geofed.node._http import WEB_DIR, HttpBridge, _as_param
 from geofed.routing import InvalidInput, TooLarge, WrongBroker
 
 
 def bridge(**settings: str) -> HttpBridge:
-    config = NodeConfig(
-        broker_id="eu",
-        federation="three",
-        client_listen="127.0.0.1:0",
-        peer_listen="127.0.0.1:0",
-        metrics_listen="127.0.0.1:0",
-        http_listen="127.0.0.1:0",
-        **settings,
-    )
-    return HttpBridge(BrokerServer(config, CollectorRegistry()))
+    return HttpBridge(unstarted_node(http_listen="127.0.0.1:0", **settings))
 
 
 def routes(b: HttpBridge) -> set[tuple[str, str]]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from geofed.node import NodeConfig, add_arguments, from_args
-from geofed.routing import InvalidInput
+from geofed.routing import AdaptiveConfig, InvalidInput
 
 BASE = {"broker_id": "eu", "federation": "f.geojson"}
 
@@ -86,6 +86,13 @@ def test_flags_parse_into_config(monkeypatch: pytest.MonkeyPatch) -> None:
         ),
         ({"strategy_table": '{"a/#": "gossip"}'}, {}, "strategy_table.entries[0].strategy"),
         ({"filter_scheme": "lps"}, {}, "filter_scheme"),
+        ({"adaptive": "yes"}, {}, "adaptive"),
+        ({"adaptive_config": "{"}, {}, "adaptive_config"),
+        ({"adaptive_config": "[1]"}, {}, "adaptive_config"),
+        ({"adaptive_config": '{"window": 1}'}, {}, "adaptive_config.window"),
+        ({}, {"GEOFED_ADAPTIVE_CONFIG": '{"window_s": 0}'}, "adaptive_config.window_s"),
+        ({"adaptive_config": '{"hysteresis": 1.5}'}, {}, "adaptive_config.hysteresis"),
+        ({"adaptive_config": '{"candidates": ["gossip"]}'}, {}, "adaptive_config.candidates"),
         ({"filter_scheme_rgrid_at": -1}, {}, "filter_scheme_rgrid_at"),
         ({"filter_scheme_rgrid_at": 10, "filter_scheme_grid_at": 10}, {}, "filter_scheme_grid_at"),
         ({"filter_scheme_audit_every": 0}, {}, "filter_scheme_audit_every"),
@@ -119,6 +126,21 @@ def test_config_file_errors_name_the_problem(tmp_path: Path) -> None:
 def test_peer_timeout_zero_turns_the_heartbeat_check_off() -> None:
     cfg = NodeConfig.load({**BASE, "peer_timeout_s": 0.0, "peer_heartbeat_s": 5.0}, env={})
     assert (cfg.peer_timeout_s, cfg.peer_heartbeat_s) == (0.0, 5.0)
+
+
+def test_the_adaptive_controller_is_off_by_default_and_takes_the_routing_cores_settings() -> None:
+    assert NodeConfig.load(BASE, env={}).adaptive == "off"
+    config = NodeConfig.load(
+        {
+            **BASE,
+            "adaptive": "on",
+            "adaptive_config": '{"window_s": 2.5, "candidates": ["event-geofence"]}',
+        },
+        env={},
+    )
+    settings = config.adaptive_settings()
+    assert (settings.window_s, settings.candidates) == (2.5, ("event-geofence",))
+    assert settings.hysteresis == AdaptiveConfig().hysteresis  # left out: the default
 
 
 def test_the_strategy_table_starts_from_the_default_and_its_entries() -> None:

@@ -13,7 +13,7 @@ import math
 
 import pytest
 import shapely
-from prometheus_client import CollectorRegistry
+from node_fixtures import unstarted_node
 from test_peer_link import FakeHost, Wire, accept, dial_into_wires, event, run
 
 from geofed import wire as gw
@@ -22,7 +22,6 @@ from geofed.node import (
     PEER_MESSAGES_RECEIVED,
     PEER_MESSAGES_REJECTED,
     BrokerServer,
-    NodeConfig,
     _links,
 )
 from geofed.node._auth import Principal
@@ -52,18 +51,13 @@ DEGENERATE = "POLYGON ((" + ", ".join(["139.77 35.68000000000001"] * 65) + "))"
 
 
 def node(broker_id: str, strategy: str = "event-geofence") -> BrokerServer:
-    config = NodeConfig(
-        broker_id=broker_id,
-        federation="three",
+    return unstarted_node(
+        broker_id,
         strategy=strategy,
-        client_listen="127.0.0.1:0",
-        peer_listen="127.0.0.1:0",
-        metrics_listen="127.0.0.1:0",
         reconnect_initial_s=0.001,
         reconnect_max_s=0.01,
         peer_timeout_s=0,
     )
-    return BrokerServer(config, CollectorRegistry())
 
 
 def metric(n: BrokerServer, name: str, peer: str, kind: Kind) -> float:

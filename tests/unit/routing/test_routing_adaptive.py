@@ -8,15 +8,21 @@ from collections import Counter
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
-from routing_testkit import tiling_federation, workloads
+from routing_testkit import gap_federation, tiling_federation, workloads
 
 from geofed.routing import (
     STRATEGIES,
     AdaptiveConfig,
     AdaptiveController,
+    FederatedController,
+    Federation,
     InvalidInput,
+    KeyWindow,
     LatLon,
+    ShareMeter,
+    Simulator,
     StrategyTable,
+    Switch,
     TraceOp,
     circle,
     predict,
@@ -85,6 +91,18 @@ def test_window_predictions_add_up_to_predict_of_each_key(ops: list[TraceOp], wi
             whole = predict(FED, name, mine)
             assert totals[f"{key}/#", name] == whole.total_messages, (key, name)
         assert lower[f"{key}/#"] == predict(FED, "event-geofence", mine).lower_bound_total
+
+
+def eager(width: float, **more: object) -> AdaptiveConfig:
+    """Settings under which keys switch often, between every pair of strategies."""
+    base = {
+        "hysteresis": 0.0,
+        "min_saving": 0,
+        "dwell_windows": 0,
+        "horizon_windows": 1000,
+        "average_windows": 1,
+    }
+    return AdaptiveConfig(window_s=width, **(base | more))  # type: ignore[arg-type]
 
 
 def closed_window(ops: list[TraceOp], width: float, repeats: int) -> list[TraceOp]:
@@ -296,15 +314,7 @@ def test_a_transition_costs_the_moved_copies_and_its_protocol_messages() -> None
 def test_adaptive_runs_deliver_exactly_and_cost_what_the_model_says(
     ops: list[TraceOp], width: float, default: str
 ) -> None:
-    # Eager settings, so that keys switch often, between every pair of strategies.
-    config = AdaptiveConfig(
-        window_s=width,
-        hysteresis=0.0,
-        min_saving=0,
-        dwell_windows=0,
-        horizon_windows=1000,
-        average_windows=1,
-    )
+    config = eager(width)
     ops = keyed(ops)
     run = simulate_adaptive(FED, ops, default, config)
     assert sorted(run.result.deliveries) == sorted(reference_deliveries(ops))
@@ -376,3 +386,139 @@ def test_a_full_table_switches_no_new_key() -> None:
     config = AdaptiveConfig(window_s=1.0, min_saving=0, average_windows=1)
     run = simulate_adaptive(FED, ops, "event-geofence", config, pinned=pins)
     assert run.transitions == [] and run.result.total_messages == 2 * 30
+
+
+# ---------------------------------------------- the federated controller (§13, in the node)
+
+
+def federated_run(
+    fed: Federation,
+    ops: list[TraceOp],
+    default: str,
+    config: AdaptiveConfig,
+    pinned: dict[str, str] | None = None,
+) -> list[tuple[list[KeyWindow], list[Switch], list[Switch]]]:
+    """`ops` through the simulator with a `ShareMeter` in every broker, windows closed as
+    `AdaptiveController.run` closes them; at each window end the single controller and
+    the `FederatedController` (fed the brokers' shares) decide, the shares are held to
+    the single controller's figures, and the single controller's switches are executed.
+
+    Returns per window: the single controller's reports and switches, and the
+    federated controller's switches.
+    """
+    ctl = AdaptiveController(fed, config, default=default, pinned=pinned)
+    sim = Simulator(fed, ctl.table)
+    meters = {}
+    for core in sim.cores.values():
+        core.meter = meters[core.id] = ShareMeter(config)
+    sequencer = FederatedController(fed, config)
+    out = []
+
+    def close(end: float) -> None:
+        before = ctl.table
+        states = {key: ctl.state(key, at_start=False) for key in ctl.keys}
+        shares = {b: m.close(sim.cores[b]) for b, m in meters.items()}
+        reports, switches = ctl.close_window(end)
+        for b, mine in shares.items():
+            sequencer.add(b, mine)
+        summed: dict[str, KeyWindow] = {}
+        for mine in shares.values():
+            for w in mine:
+                summed.setdefault(w.key, KeyWindow(w.key, w.strategy)).add(w)
+        for r in reports:
+            w = summed[r.key]
+            assert w.predicted == r.predicted, r.key
+            assert w.events == r.events
+            for name in config.candidates:
+                if dict(before.entries).get(r.key) == name or not r.predicted:
+                    continue  # no transition: the table stays as it is
+                model = transition_cost(fed, before, r.key, name, states[r.key])
+                assert w.moved[name] + sequencer.protocol_cost == model, (r.key, name)
+        _fed_reports, fed_switches = sequencer.close_window(sim.table, end)
+        out.append((reports, switches, fed_switches))
+        for s in switches:
+            sim.set_strategy(s.key, s.new)
+
+    end = config.window_s
+    for op in ops:
+        while op.t >= end:
+            close(end)
+            end += config.window_s
+        for m in meters.values():
+            m.track(ctl.keys)  # the keys the sequencer decides on (§13: spanning filters)
+        sim.apply(op)
+        ctl.observe(op)
+    close(end)
+    assert sorted(sim.result.deliveries) == sorted(reference_deliveries(ops))
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ops=workloads(max_ops=30),
+    width=st.sampled_from([1.0, 3.0, 100.0]),
+    default=st.sampled_from(list(STRATEGIES)),
+    fed=st.sampled_from([FED, gap_federation()]),
+)
+def test_the_brokers_shares_add_up_to_the_single_controllers_figures(
+    ops: list[TraceOp], width: float, default: str, fed: Federation
+) -> None:
+    # Shares are measured under every table the switches make.
+    config = eager(width, idle_windows=1000, candidates=tuple(STRATEGIES))
+    windows = federated_run(fed, keyed(ops), default, config, pinned={"y/a/#": "flooding-events"})
+    for _reports, switches, fed_switches in windows:
+        assert fed_switches == sorted(switches, key=lambda s: s.key)  # keys in order
+    event(f"switches: {min(sum(len(s) for _r, s, _f in windows), 3)}")
+
+
+@settings(max_examples=40, deadline=None)
+@given(ops=workloads(max_ops=30), width=st.sampled_from([2.0, 4.0]), dwell=st.integers(0, 3))
+def test_the_federated_controller_decides_as_the_single_one_with_the_defaults(
+    ops: list[TraceOp], width: float, dwell: int
+) -> None:
+    config = AdaptiveConfig(window_s=width, min_saving=0, dwell_windows=dwell, idle_windows=1000)
+    windows = federated_run(
+        FED, keyed(ops), "event-geofence", config, pinned={"y/#": "flooding-events"}
+    )
+    for _reports, switches, fed_switches in windows:
+        assert fed_switches == sorted(switches, key=lambda s: s.key)
+        assert all(s.key != "y/#" for s in fed_switches)
+
+
+def test_world_wide_telemetry_switches_in_the_federated_controller_too() -> None:
+    near_a = circle(A, 100_000)
+    ops = [TraceOp(0.0, "subscribe", "sub", B, "s1", "t/x", near_a)]
+    ops += [TraceOp(0.1 * i + 0.1, "publish", "pub", A, f"e{i}", "t/x") for i in range(30)]
+    config = AdaptiveConfig(window_s=1.0, min_saving=0, average_windows=1)
+    windows = federated_run(FED, ops, "event-geofence", config)
+    assert [[s.new for s in f] for _r, _s, f in windows] == [["subscription-geofence"], [], [], []]
+
+
+def test_an_operators_entry_is_pinned_and_an_unset_one_adapts_again() -> None:
+    sequencer = FederatedController(FED, AdaptiveConfig(window_s=1.0, average_windows=1))
+    share = KeyWindow("t/#", "event-geofence", events=10)
+    share.predicted = {"subscription-geofence": 10, "event-geofence": 1000}
+    share.predicted |= {"flooding-subscriptions": 10, "flooding-events": 2000}
+    pinned = StrategyTable.build("event-geofence", {"t/#": "event-geofence"})
+    sequencer.add("a", [share])
+    assert sequencer.close_window(pinned, 1.0)[1] == []
+    sequencer.add("a", [share])
+    _reports, switches = sequencer.close_window(StrategyTable("event-geofence"), 2.0)
+    assert [(s.key, s.new) for s in switches] == [("t/#", "subscription-geofence")]
+    assert sequencer.owned == {"t/#": "subscription-geofence"}
+    # The controller's own entry is not pinned; once an operator sets it, it is.
+    table = StrategyTable.build("event-geofence", {"t/#": "subscription-geofence"})
+    assert not sequencer.pinned(table, "t/#")
+    sequencer.released("t/#")
+    assert sequencer.pinned(table, "t/#")
+
+
+def test_a_key_no_broker_reports_is_forgotten_by_the_sequencer() -> None:
+    sequencer = FederatedController(FED, AdaptiveConfig(idle_windows=2))
+    sequencer.add("a", [KeyWindow("t/#", "event-geofence")])
+    table = StrategyTable("event-geofence")
+    assert [r.key for r in sequencer.close_window(table, 1.0)[0]] == ["t/#"]
+    sequencer.close_window(table, 2.0)
+    assert sequencer.keys == {"t/#": "event-geofence"}
+    sequencer.close_window(table, 3.0)
+    assert sequencer.keys == {}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from geofed.routing import (
@@ -19,6 +21,7 @@ from geofed.routing import (
     UnsubscribeMsg,
     WrongBroker,
     latlon,
+    new_event_id,
     parse_wkt,
     strategy_for,
 )
@@ -257,3 +260,54 @@ def test_flooding_events_keeps_subscriptions_local() -> None:
     out = mid.publish(Event("e1", "a", IN_MID, MID_ONLY))
     assert [d.subscription for d in out.deliveries] == ["s1"]
     assert [(s.dst, s.msg.kind) for s in out.sends] == [("east", Kind.EVENT), ("west", Kind.EVENT)]
+
+
+@pytest.mark.parametrize(
+    "strategy", ["subscription-geofence", "flooding-subscriptions", "event-geofence"]
+)
+def test_publish_many_gives_what_each_publish_gives(strategy: str) -> None:
+    # One broker matches a batch at once; the answer is each event's own, in order.
+    mid = core("mid", strategy)
+    for i, (where, fence) in enumerate(
+        [(IN_MID, None), (IN_MID, MID_ONLY), (latlon(45, 0), MID_AND_EAST), (IN_MID, MID_AND_EAST)]
+    ):
+        mid.connect(f"c{i}", where)
+        mid.subscribe(Subscription(f"s{i}", f"c{i}", "a/+", fence))
+    for home, where, fence in [("east", IN_EAST, MID_AND_EAST), ("west", IN_WEST, None)]:
+        remote = Subscription("r", f"x-{home}", "a/#", fence)
+        mid.on_message(home, SubscribeMsg(remote.placed(where), home))
+    events = [
+        Event(f"e{i}", topic, where, geofence)
+        for i, (topic, where, geofence) in enumerate(
+            [
+                ("a/b", IN_MID, None),
+                ("a/b", latlon(45, 0), MID_ONLY),
+                ("a/b", IN_MID, None),  # the first's topic and point again
+                ("b/c", IN_MID, None),
+                ("a/c", latlon(45, 55), MID_AND_EAST),
+                ("a/b", IN_MID, MID_AND_EAST),
+            ]
+        )
+    ]
+    batch = mid.publish_many(events)
+    assert batch == [mid.publish(e) for e in events]
+    assert any(o.deliveries for o in batch) and any(o.sends for o in batch)
+    with pytest.raises(WrongBroker):  # nothing of a batch is matched when one is misplaced
+        mid.publish_many([*events, Event("far", "a/b", IN_EAST)])
+
+
+def test_new_event_ids_are_fresh_in_a_forked_child() -> None:
+    # Ids are made in bulk: a child process must not hand out its parent's.
+    new_event_id()  # the parent holds a bulk of ids now
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report its next id and leave at once
+        os.write(write, new_event_id().encode())
+        os._exit(0)
+    os.close(write)
+    child = os.read(read, 64).decode()
+    os.waitpid(pid, 0)
+    os.close(read)
+    ids = {new_event_id() for _ in range(300)}  # more than one bulk
+    assert len(ids) == 300 and all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+    assert len(child) == 32 and child not in ids

@@ -171,6 +171,21 @@ def test_index_matches_on_both_sides_of_the_antimeridian() -> None:
     assert [s.id for s in idx.match("t", latlon(0.5, 179.5))] == ["east"]
 
 
+def test_index_batch_repeats_get_their_own_answers() -> None:
+    idx = SubscriptionIndex()
+    paris = latlon(48.8566, 2.3522)
+    idx.add(Subscription("world", "c", "t/#", None), "east")
+    idx.add(Subscription("near", "c", "t/+", circle(paris, 10_000)), "west")
+    batch = [("t/a", paris), ("t/b", paris), ("t/a", paris)]
+    found = idx.match_many(batch)
+    assert [sorted(s.id for s in f) for f in found] == [["near", "world"]] * 3
+    assert found[0] is not found[2]
+    grouped = idx.match_groups_many(batch)
+    assert grouped == [{"east": [("c", "world")], "west": [("c", "near")]}] * 3
+    grouped[0]["east"].append(("c", "x"))  # a caller's change stays in its answer
+    assert grouped[2]["east"] == [("c", "world")]
+
+
 @st.composite
 def fences_near_a_few_points(draw: st.DrawFn) -> Geofence | None:
     """Geofences of every kind and size, often around the probe points below."""
@@ -233,6 +248,20 @@ class IndexMachine(RuleBasedStateMachine):
             grouped = self.index.match_groups(topic, where)
             assert grouped == _brute_groups(self.model, self.groups, topic, where)
 
+    @rule(probes=st.lists(st.tuples(topics(), _probe_points), max_size=12))
+    def match_batch(self, probes: list[tuple[str, LatLon]]) -> None:
+        # A batch is tested in one go (`_PartStore.covering`): each answer as alone,
+        # and repeated (topic, point) pairs copy the first answer.
+        probes = probes + probes[::2]
+        found = self.index.match_many(probes)
+        grouped = self.index.match_groups_many(probes)
+        assert len(found) == len(grouped) == len(probes)
+        for (topic, where), subs, groups in zip(probes, found, grouped, strict=True):
+            got = [s.id for s in subs]
+            assert len(got) == len(set(got))
+            assert sorted(got) == _brute(self.model, topic, where)
+            assert groups == _brute_groups(self.model, self.groups, topic, where)
+
     @invariant()
     def same_contents(self) -> None:
         assert len(self.index) == len(self.model)
@@ -262,6 +291,12 @@ def test_index_equals_brute_force_on_bulk_loads(
     for topic, where in probes:
         assert sorted(s.id for s in idx.match(topic, where)) == _brute(model, topic, where)
         assert idx.match_groups(topic, where) == _brute_groups(model, groups, topic, where)
+    # The same probes as one batch.
+    for (topic, where), found, grouped in zip(
+        probes, idx.match_many(probes), idx.match_groups_many(probes), strict=True
+    ):
+        assert sorted(s.id for s in found) == _brute(model, topic, where)
+        assert grouped == _brute_groups(model, groups, topic, where)
 
 
 # --------------------------------------------------------------------------
@@ -322,8 +357,12 @@ def test_index_equals_covers_on_and_near_the_boundary(data: st.DataObject, copie
     idx = SubscriptionIndex()
     for i in range(copies):
         idx.add(Subscription(f"s{i}", "c", "t", fence))
-    for _ in range(5):
-        where = data.draw(near_an_edge(fence))
+    points = [data.draw(near_an_edge(fence)) for _ in range(5)]
+    for where in points:
         got = sorted(s.id for s in idx.match("t", where))
         expected = [f"s{i}" for i in range(copies)] if fence.covers(where) else []
         assert got == sorted(expected), (fence.wkt, where)
+    # As one batch: with 3 copies the batch takes the array path, one point alone does not.
+    for where, found in zip(points, idx.match_many([("t", p) for p in points]), strict=True):
+        expected = [f"s{i}" for i in range(copies)] if fence.covers(where) else []
+        assert sorted(s.id for s in found) == sorted(expected), (fence.wkt, where)
