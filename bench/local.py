@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -51,8 +52,47 @@ class LocalNode:
     http: str = ""  # host:port of its HTTP bridge ("" when off)
 
 
+_LOWEST_PORT = 10_000  # below: ports services commonly use
+
+
+def _ephemeral_start() -> int:
+    """The first port of the kernel's range for outgoing connections (Linux's default 32768)."""
+    try:
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text(encoding="ascii")
+        return int(text.split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
 def free_ports(n: int) -> list[int]:
-    """`n` distinct ports that were free a moment ago on 127.0.0.1."""
+    """`n` distinct ports that were free a moment ago on 127.0.0.1.
+
+    Drawn at random below the kernel's ephemeral range: a port the kernel
+    hands out itself (bind to port 0) could be taken as the local port of any
+    outgoing connection while a node that was given it restarts, and random
+    picks keep runs started side by side from choosing the same ports.
+    """
+    top = _ephemeral_start()
+    if top - _LOWEST_PORT < 4 * n:  # no room below the range: ask the kernel
+        return _kernel_ports(n)
+    socks: list[socket.socket] = []
+    rng = random.SystemRandom()
+    try:
+        while len(socks) < n:
+            s = socket.socket()
+            try:  # without SO_REUSEADDR: a port any socket holds is refused
+                s.bind(("127.0.0.1", rng.randrange(_LOWEST_PORT, top)))
+            except OSError:  # in use (or drawn twice): draw again
+                s.close()
+                continue
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _kernel_ports(n: int) -> list[int]:
     socks = []
     try:
         for _ in range(n):

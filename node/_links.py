@@ -209,7 +209,7 @@ class PeerLink:
         self._writing = 0  # messages in the frame being written
         self._restart_reason = ""
         self._unacked: deque[tuple[int, list[PeerMessage]]] = deque(maxlen=_UNACKED_FRAMES)
-        self.window = DedupWindow(cfg.dedup_window)  # what came over this link (node/_dedup.py)
+        self._window: DedupWindow | None = None  # what came over this link: see `window`
         self._seq = 0
         self._ack_pending = 0
         self._last_flush = 0.0
@@ -221,6 +221,19 @@ class PeerLink:
         self.delay_s = node.wan_delay_s(peer.id)
         self._delay_line: asyncio.Queue[tuple[float, fpb.Frame]] | None = None
         self._labels = {"peer": peer.id}
+
+    @property
+    def window(self) -> DedupWindow:
+        """The (kind, event id) pairs taken over this link (node/_dedup.py).
+
+        Allocated (whole: about 10 MiB per 100,000 keys) when first needed, the
+        link's first event or delivery or a restart's stored ids: a broker of a
+        large federation pays only for the peers that send it events.
+        """
+        window = self._window
+        if window is None:
+            window = self._window = DedupWindow(self.node.config.dedup_window)
+        return window
 
     # -- producer side ---------------------------------------------------
 

@@ -10,7 +10,7 @@ import logging
 import math
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -841,7 +841,7 @@ class BrokerServer(Guarded):
             if not rejected and not frame.HasField("snapshot"):
                 self.metrics.peer_received.labels(peer=peer, kind=Kind.CONTROL.value).inc()
             return
-        window = self.links[peer].window
+        link = self.links[peer]
         staged = _Staged()
         in_frame: set[tuple[Kind, str]] = set()
         changed = False
@@ -849,7 +849,7 @@ class BrokerServer(Guarded):
             try:
                 if isinstance(msg, EventMsg | DeliveryMsg):
                     key = (msg.kind, msg.event.id)
-                    if window.seen(*key) or key in in_frame:
+                    if link.window.seen(*key) or key in in_frame:
                         self.metrics.peer_duplicates.labels(peer=peer).inc()
                         staged.received.append(msg.kind)
                         continue
@@ -902,10 +902,38 @@ class BrokerServer(Guarded):
         """Match and route events published here; return once they are durable.
 
         An event id this broker already published is skipped (a client's retry).
+        A batch is published in parts (`_parts`) that cannot overflow a stream
+        that flow control left at most half full, each part waiting for the
+        streams it filled past half, so one large batch is held back by a slow
+        subscriber as a series of small ones would be.
 
         Raises:
-            StorageFailed: the store did not keep them: none was published.
+            StorageFailed: the store did not keep a part: neither it nor any
+                later part was published (the parts before it were, and a
+                retry of the whole batch with the same ids skips them).
         """
+        for part in self._parts(events):
+            await self._publish_part(part)
+
+    def _parts(self, events: list[Event]) -> Iterator[list[Event]]:
+        """`events` in order, in parts of at most half a subscriber stream's size
+        (count and bytes, as the stream counts a delivery; at least one event)."""
+        cfg = self.config
+        most = max(1, cfg.subscriber_queue_size // 2)
+        budget = cfg.subscriber_queue_bytes // 2
+        part: list[Event] = []
+        size = 0
+        for event in events:
+            cost = _DELIVERY_OVERHEAD + len(event.payload)
+            if part and (len(part) == most or size + cost > budget):
+                yield part
+                part, size = [], 0
+            part.append(event)
+            size += cost
+        if part:
+            yield part
+
+    async def _publish_part(self, events: list[Event]) -> None:
         staged = _Staged()
         fresh: list[Event] = []
         logged: list[HistoryRecord] = []

@@ -15,7 +15,6 @@ import os
 import pwd
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from geofed.bench import free_ports
 
 ALLOWED_SKIPS_ENV = "GEOFED_ALLOWED_SKIPS"
 
@@ -144,9 +145,7 @@ def postgres_dsn() -> Iterator[str]:
         owner = pwd.getpwnam("postgres")
         os.chown(root, owner.pw_uid, owner.pw_gid)
         prefix = ["runuser", "-u", "postgres", "--"]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    (port,) = free_ports(1)
 
     def run(*args: str) -> None:
         done = subprocess.run([*prefix, *args], capture_output=True, text=True, check=False)

@@ -134,12 +134,13 @@ def test_batched_and_single_streams_deliver_everything_in_order(patient: LocalFe
     assert count(patient, SUBSCRIBER_QUEUE_DROPPED) == 0
 
 
+@pytest.mark.parametrize("batch", [20, 3 * QUEUE])  # a batch larger than the queue, too
 def test_a_momentarily_slow_subscriber_slows_the_publisher_and_loses_nothing(
-    patient: LocalFederation,
+    patient: LocalFederation, batch: int
 ) -> None:
     async def run() -> None:
-        async with raw_subscriber(patient, "slow") as call:
-            publishing = asyncio.create_task(publish(patient, EVENTS, PAYLOAD, batch=20))
+        async with raw_subscriber(patient, f"slow-{batch}") as call:
+            publishing = asyncio.create_task(publish(patient, EVENTS, PAYLOAD, batch=batch))
             # The subscriber reads nothing until the publisher had to wait for it.
             await until(
                 lambda: count(patient, PUBLISH_BACKPRESSURE_WAITS) >= 1,
