@@ -7,9 +7,10 @@ row of a Parquet file) so that a malformed record is reported by number, and
 so that ties in ``t`` are broken by line as the trace semantics require.
 ``k`` packs both into one sortable long: ``file * 2**40 + line``.
 
-Workload records are validated by the routing core's `parse_op` inside the
-executors (`parse_workload`); a record it rejects becomes a row with `err`
-set instead of failing the job.
+Workload records are typed and checked in the JVM (`workload_records`);
+the executors' Python adds geometry to the rows the JVM vouched for and runs
+the routing core's `parse_op` on the others (`parse_workload`); a record it
+rejects becomes a row with `err` set instead of failing the job.
 """
 
 from __future__ import annotations
