@@ -28,6 +28,7 @@ import shapely
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.functions import arrow_udf
+from pyspark.sql.pandas.types import from_arrow_type
 
 from geofed.routing import (
     DEFAULT_MAX_VERTICES,
@@ -424,23 +425,12 @@ class _Fences:
         return fid_col, meet_col, wkb_col
 
 
+_SLOW_FIELDS = ("op", "t", "client", "lat", "lon", "id", "topic", "payload")
 GEO_TYPE = pa.struct(
     [
-        ("op", pa.string()),
-        ("t", pa.float64()),
-        ("client", pa.string()),
-        ("lat", pa.float64()),
-        ("lon", pa.float64()),
-        ("id", pa.string()),
-        ("topic", pa.string()),
-        ("payload", pa.int64()),
-        ("fence", pa.int64()),
-        ("meet", pa.list_(pa.int32())),
-        ("wkb", pa.binary()),
-        ("home", pa.int32()),
-        ("cell", pa.int64()),
-        ("err", pa.string()),
-        ("blank", pa.bool_()),
+        *(PARSED_SCHEMA.field(name) for name in _SLOW_FIELDS),
+        *(PARSED_SCHEMA.field(name) for name in ("fence", "meet", "wkb", "home", "cell", "err")),
+        pa.field("blank", pa.bool_()),
     ]
 )
 """What the executors' Python answers per workload row (`parse_workload`).
@@ -450,12 +440,6 @@ a geofence the core refuses; the other fields stay null (the JVM has them).
 For a row of `_raw`: every field of `PARSED_SCHEMA` from `parse_op`, or err;
 blank: an empty line, which is skipped as `read_trace` skips it.
 """
-_SLOW_FIELDS = ("op", "t", "client", "lat", "lon", "id", "topic", "payload")
-GEO_DDL = (
-    "op string, t double, client string, lat double, lon double, id string, topic string,"
-    " payload long, fence long, meet array<int>, wkb binary, home int, cell long, err string,"
-    " blank boolean"
-)
 
 
 def parse_workload(records: DataFrame, fmt: str, fed_text: str) -> DataFrame:
@@ -470,7 +454,7 @@ def parse_workload(records: DataFrame, fmt: str, fed_text: str) -> DataFrame:
     fast, op = F.col("_fast"), F.col("op")
     located = fast & (op != "unsubscribe")
     # An iterator of batches (by its hints): one `_Fences` per partition.
-    geometry = arrow_udf(_geometry(fed_text, fmt), GEO_DDL)  # type: ignore[call-overload,unused-ignore]
+    geometry = arrow_udf(_geometry(fed_text, fmt), from_arrow_type(GEO_TYPE))  # type: ignore[call-overload,unused-ignore]
     # Marked nondeterministic so that it runs once: the optimizer would
     # otherwise push the blank-line filter below the projection and ask
     # Python twice per row, once for the filter and once for the columns.
