@@ -448,8 +448,8 @@ def parse_workload(records: DataFrame, fmt: str, fed_text: str) -> DataFrame:
     The typed fields of fast rows stay in the JVM; a scalar Arrow UDF sends
     Python only what geometry needs (a row's location, whether it is a
     publish, its geofence text) and `_raw` (null on fast rows), and answers
-    `GEO_TYPE` (`_geometry`). Before, every column went to Python and back
-    (`mapInArrow`), which cost more than the geometry itself.
+    `GEO_TYPE` (`_geometry`), so the wide text columns never cross into
+    Python (with `mapInArrow` every column went there and back).
     """
     fast, op = F.col("_fast"), F.col("op")
     located = fast & (op != "unsubscribe")
