@@ -48,3 +48,39 @@ def record(path: Path, module: str, argv: list[str] | None, body: str, *, title:
             f.write(title)
         f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n")
         f.write(f"Command: `{cmd.strip()}`  \nMachine: {describe()}  \n{body}\n")
+
+
+def tree_cpu_seconds(root: int) -> float | None:
+    """User + system CPU seconds so far of process `root` and all its descendants.
+
+    A Spark job is a Python driver, its JVM and the JVM's Python workers: their
+    CPU time, read on a shared machine, says what the job cost where wall
+    time says mostly how busy the machine was. Children a member of the tree
+    has reaped count too (``cutime``/``cstime``); a process that ended and
+    was not reaped inside the tree does not. None without ``/proc``.
+    """
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    parent: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # ended meanwhile
+        parent[pid] = int(fields[1])
+        cpu[pid] = sum(int(x) for x in fields[11:15]) / tick  # utime stime cutime cstime
+    if root not in cpu:
+        return None
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parent.items():
+        children.setdefault(ppid, []).append(pid)
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        total += cpu[pid]
+        todo.extend(children.get(pid, ()))
+    return total

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from geofed.bench import WorkloadConfig, generate, write_trace
-from geofed.bench._machine import record
+from geofed.bench._machine import record, tree_cpu_seconds
 
 REPO = Path(__file__).resolve().parents[1]
 # Subscribers ask for data from a circle around themselves (10% world-wide),
@@ -66,6 +66,8 @@ def generate_trace(events: int, path: Path, seed: int) -> dict[str, Any]:
 
 STAGE_DONE = re.compile(r"^\[geofed analyze +[0-9.]+s\] (.+): done in ([0-9.]+)s$")
 """A stage's progress line on the job's stderr (`analysis._job.Progress`)."""
+STAGE_START = re.compile(r"^\[geofed analyze +[0-9.]+s\] (.+) \.\.\.$")
+"""The line a stage starts with."""
 RENAMED = {"workload: validating ops (parse_op in executors)": "workload: validating ops"}
 """Stages older versions named otherwise: their name now."""
 
@@ -114,6 +116,8 @@ def run_job(
     if pythonpath is not None:
         env["PYTHONPATH"] = pythonpath
     stages: dict[str, float] = {}
+    cpu: dict[str, float] = {}  # CPU seconds of the job's processes per stage
+    started: float | None = None
     first = load()
     start = time.monotonic()
     stopped = False
@@ -127,10 +131,15 @@ def run_job(
     ) as proc:
         assert proc.stderr is not None
         for line in proc.stderr:
+            if STAGE_START.match(line.strip()):
+                started = tree_cpu_seconds(proc.pid)
             done = STAGE_DONE.match(line.strip())
             if done:
                 name = RENAMED.get(done.group(1), done.group(1))
                 stages[name] = float(done.group(2))
+                now = tree_cpu_seconds(proc.pid)
+                if started is not None and now is not None:
+                    cpu[name] = now - started
                 if name == stop_after:
                     os.killpg(proc.pid, signal.SIGTERM)
                     stopped = True
@@ -144,6 +153,7 @@ def run_job(
     return {
         "wall_s": None if stopped else wall,
         "timings": stages,
+        "cpu": cpu,
         "summary": summary,
         "command": cmd,
         "load": f"{first} -> {load()}",
@@ -191,6 +201,21 @@ def report(rows: list[dict[str, Any]], env: dict[str, Any]) -> str:
             f"| {stage} | " + " | ".join("-" if c is None else f"{c:.1f}" for c in cells) + " |"
         )
     lines.append("")
+    if any(r.get("cpu") for r in rows):
+        lines += [
+            "CPU seconds per stage (user + system of the job's processes: the driver, its JVM"
+            " and the JVM's Python workers; less sensitive to the machine's load than wall"
+            " time):",
+            "",
+            "| stage | " + " | ".join(r["label"] for r in rows) + " |",
+            "|---|" + "---:|" * len(rows),
+        ]
+        for stage in stages:
+            cells = [r.get("cpu", {}).get(stage) for r in rows]
+            lines.append(
+                f"| {stage} | " + " | ".join("-" if c is None else f"{c:.1f}" for c in cells) + " |"
+            )
+        lines.append("")
     walls = {r["label"]: r["wall_s"] for r in rows if r["wall_s"] is not None}
     if "1M" in walls and "10M" in walls:
         ratio = walls["10M"] / walls["1M"]

@@ -7,9 +7,10 @@ row of a Parquet file) so that a malformed record is reported by number, and
 so that ties in ``t`` are broken by line as the trace semantics require.
 ``k`` packs both into one sortable long: ``file * 2**40 + line``.
 
-Workload records are validated by the routing core's `parse_op` inside the
-executors (`parse_workload`); a record it rejects becomes a row with `err`
-set instead of failing the job.
+Workload records are typed and checked in the JVM (`workload_records`);
+the executors' Python adds geometry to the rows the JVM vouched for and runs
+the routing core's `parse_op` on the others (`parse_workload`); a record it
+rejects becomes a row with `err` set instead of failing the job.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import pyarrow.compute as pc
 import shapely
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.functions import arrow_udf
+from pyspark.sql.pandas.types import from_arrow_type
 
 from geofed.routing import (
     DEFAULT_MAX_VERTICES,
@@ -40,7 +43,7 @@ from geofed.routing import (
     parse_op,
 )
 
-from ._geo import H3_RES_MAX, FederationIndex, fence_id, h3_cell, h3_cells
+from ._geo import H3_RES_MAX, FederationIndex, fence_id, h3_cells
 
 LINE_BITS = 40
 """``k = file << LINE_BITS | line``: up to 2**40 lines per file, 2**23 files."""
@@ -203,38 +206,50 @@ _JSON_OPTIONS = {
     "mode": "PERMISSIVE",
     "columnNameOfCorruptRecord": "_corrupt",
     "allowSingleQuotes": "false",  # json.loads refuses them
+    # A raw control character in a string makes the record corrupt (json.loads
+    # refuses it too): a row from_json decodes holds none (see `_valid`).
+    "allowUnquotedControlChars": "false",
 }
 # One flat object: nothing nested (no trailing second object either, which
 # from_json would ignore and json.loads refuses) and no escapes (whose edge
 # cases, lone surrogates and the like, the two parsers decode differently).
 _FLAT_OBJECT = r"^[ \t]*\{[^{}\\]*\}[ \t]*$"
 # The JSON text of a non-string token as from_json hands it to a string
-# field: a number, true/false/null, an array, a quoted NaN/Infinity.
-_NOT_A_STRING = (
-    r"^(-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?|true|false|null|-?Infinity|NaN|[\[\"].*)$"
-)
+# field: a number (its first character a digit or '-'), true/false/null, an
+# array, a quoted NaN/Infinity. Told by the first character and a few whole
+# words (cheap in the JVM, where a regular expression per field cost more
+# than decoding the line), a little wider than needed: a string that merely
+# starts like a number goes to parse_op too, which accepts it.
+_NOT_A_STRING_FIRST = (ord("-"), ord('"'), ord("["), *range(ord("0"), ord("9") + 1))
+_NOT_A_STRING_WORDS = ("true", "false", "null", "NaN", "Infinity")
 _NUMERIC_TYPES = ("tinyint", "smallint", "int", "bigint", "float", "double")
 _OPTIONAL_TYPES = {"geofence": "string", "payload_size": "bigint", "roaming": "string"}
 _STRING_FIELDS = ("op", "client", "id", "topic", "geofence")
 _NUMBER_FIELDS = ("t", "lat", "lon", "payload_size")
+WORKLOAD_TYPED = ("t", "op", "client", "lat", "lon", "id", "topic", "geofence", "payload_size")
+"""The typed fields of `workload_records` rows."""
 
 
 def workload_records(numbered: DataFrame, fmt: str) -> DataFrame:
-    """Numbered workload rows with typed fields and `_fast`: the JVM found the row valid.
+    """Numbered workload rows, typed, with `_fast` (the JVM found the row valid) and `_raw`.
 
-    JSON Lines are decoded by ``from_json`` with `WORKLOAD_JSON_SCHEMA`;
-    Parquet columns are checked as they are typed. `_fast` is a conservative
-    pre-check of everything `parse_op` checks but the geofence: a row it
-    passes is one `parse_op` accepts with the same values, so the executors
-    only add geometry to it (`parse_workload`). Any other row (a malformed
-    one, or one whose JSON the JVM cannot judge exactly) keeps its text in
-    `value` (JSON) or its columns (Parquet) for `parse_op` itself, which
-    names the field that is wrong. `tests/spark/test_spark_parse.py` holds
-    the split against `parse_op` on random records.
+    Columns: k, file, line, the fields `WORKLOAD_TYPED` (numbers as doubles,
+    payload_size as a long from JSON), `_fast` and `_raw`. JSON Lines are
+    decoded by ``from_json`` with `WORKLOAD_JSON_SCHEMA`; Parquet columns are
+    checked as they are typed. `_fast` is a conservative pre-check of
+    everything `parse_op` checks but the geofence: a row it passes is one
+    `parse_op` accepts with the same values, so the executors only add
+    geometry to it (`parse_workload`). Any other row (a malformed one, or one
+    whose JSON the JVM cannot judge exactly) carries in `_raw` what
+    `parse_op` reads: a struct of its text (``value``, JSON) or of its
+    columns as the file types them (Parquet); `parse_op` itself then names
+    the field that is wrong. `_raw` is null on fast rows, so they send
+    Python nothing of it. `tests/spark/test_spark_parse.py` holds the split
+    against `parse_op` on random records.
     """
     if fmt == "json":
         rec = F.from_json(F.col("value"), WORKLOAD_JSON_SCHEMA, _JSON_OPTIONS)
-        typed = numbered.select("k", "file", "line", "value", rec.alias("r")).select(
+        src = numbered.select("k", "file", "line", "value", rec.alias("r")).select(
             "k", "file", "line", "value", "r.*"
         )
         fast = (
@@ -243,45 +258,53 @@ def workload_records(numbered: DataFrame, fmt: str) -> DataFrame:
             & F.col("roaming").isNull()  # a roaming geofence: parse_op refuses it by name
             & _valid(F.col, json=True)
         )
-        return typed.select(
-            "k",
-            "file",
-            "line",
-            F.when(~fast, F.col("value")).alias("value"),  # the text only where Python needs it
-            *[F.col(c) for c in ("t", "op", "client", "lat", "lon", "id", "topic", "geofence")],
-            F.col("payload_size"),
-            fast.alias("_fast"),
-        )
-    types = dict(numbered.dtypes)
+        typed = {name: F.col(name) for name in WORKLOAD_TYPED}
+        raw = ["value"]
+    else:
+        types = dict(numbered.dtypes)
 
-    def typed_col(name: str) -> Column:
-        # A column whose type parse_op would refuse (or that is absent) reads
-        # as null here: its rows fail the pre-check unless null is fine.
-        kind = types.get(name)
-        want = "string" if name in _STRING_FIELDS else "double"
-        if name in _STRING_FIELDS and kind == "string":
-            return F.col(name)
-        if name in _NUMBER_FIELDS and kind in _NUMERIC_TYPES:
-            return F.col(name).cast(want)
-        return F.lit(None).cast(want)
+        def typed_col(name: str) -> Column:
+            # A column whose type parse_op would refuse (or that is absent) reads
+            # as null here: its rows fail the pre-check unless null is fine.
+            kind = types.get(name)
+            want = "string" if name in _STRING_FIELDS else "double"
+            if name in _STRING_FIELDS and kind == "string":
+                return F.col(name)
+            if name in _NUMBER_FIELDS and kind in _NUMERIC_TYPES:
+                return F.col(name).cast(want)
+            return F.lit(None).cast(want)
 
-    def usable(name: str) -> bool:
-        kind = types.get(name)
-        if kind is None:
-            return True  # absent: null, as in a record without the field
-        return kind == "string" if name in _STRING_FIELDS else kind in _NUMERIC_TYPES
+        def usable(name: str) -> bool:
+            kind = types.get(name)
+            if kind is None:
+                return True  # absent: null, as in a record without the field
+            return kind == "string" if name in _STRING_FIELDS else kind in _NUMERIC_TYPES
 
-    fast = _valid(typed_col, json=False)
-    if "roaming" in types:  # a roaming geofence: parse_op refuses it by name
-        fast = fast & F.col("roaming").isNull()
-    for name in (*_STRING_FIELDS, *_NUMBER_FIELDS):
-        if not usable(name):
-            fast = F.lit(False)
-    # An optional column the file lacks reads as null, as a record without the field.
-    for name, kind in _OPTIONAL_TYPES.items():
-        if name not in types:
-            numbered = numbered.withColumn(name, F.lit(None).cast(kind))
-    return numbered.withColumn("_fast", fast)
+        fast = _valid(typed_col, json=False)
+        if "roaming" in types:  # a roaming geofence: parse_op refuses it by name
+            fast = fast & F.col("roaming").isNull()
+        for name in (*_STRING_FIELDS, *_NUMBER_FIELDS):
+            if not usable(name):
+                fast = F.lit(False)
+        # The record parse_op reads: the file's columns; an optional column
+        # the file lacks reads as null, as a record without the field.
+        src = numbered
+        for name, kind in _OPTIONAL_TYPES.items():
+            if name not in types:
+                src = src.withColumn(name, F.lit(None).cast(kind))
+        typed = {name: typed_col(name) for name in WORKLOAD_TYPED}
+        raw = [c for c in src.columns if c not in ("k", "file", "line")]
+    fast = F.coalesce(fast, F.lit(False))
+    # One projection: Spark evaluates the pre-check once for both columns
+    # (common subexpressions), and later steps see `_raw`, not the text.
+    return src.select(
+        "k",
+        "file",
+        "line",
+        *[c.alias(name) for name, c in typed.items()],
+        fast.alias("_fast"),
+        F.when(~fast, F.struct(*[F.col(c) for c in raw])).alias("_raw"),
+    )
 
 
 def _valid(col: Callable[[str], Column], *, json: bool) -> Column:
@@ -289,57 +312,60 @@ def _valid(col: Callable[[str], Column], *, json: bool) -> Column:
 
     def text_ok(c: Column) -> Column:
         ok = c.isNotNull()
-        return ok & ~c.rlike(_NOT_A_STRING) if json else ok
+        if not json:
+            return ok
+        return ok & ~F.ascii(c).isin(*_NOT_A_STRING_FIRST) & ~c.isin(*_NOT_A_STRING_WORDS)
 
     def ident(name: str) -> Column:
         c = col(name)
-        return text_ok(c) & F.length(c).between(1, MAX_ID_LENGTH) & ~c.rlike("[\\x00-\\x1f]")
-
-    def topic_text(name: str) -> Column:
-        c = col(name)
-        return (
-            text_ok(c)
-            & (F.length(c) >= 1)
-            & (F.instr(c, "\x00") == 0)
-            & (F.octet_length(c) <= MAX_TOPIC_BYTES)
-        )
+        ok = text_ok(c) & F.length(c).between(1, MAX_ID_LENGTH)
+        # JSON: a string from_json decoded without escapes (the line has no
+        # backslash) and without marking the record corrupt holds no control
+        # character, so only Parquet strings need the regular expression.
+        return ok if json else ok & ~c.rlike("[\\x00-\\x1f]")
 
     def finite(c: Column) -> Column:
         return c.isNotNull() & ~F.isnan(c)
 
-    def located() -> Column:
-        lat, lon = col("lat"), col("lon")
-        return finite(lat) & lat.between(-90.0, 90.0) & finite(lon) & lon.between(-180.0, 180.0)
-
-    topic = col("topic")
+    lat, lon, t, op, topic = col("lat"), col("lon"), col("t"), col("op"), col("topic")
+    located = finite(lat) & lat.between(-90.0, 90.0) & finite(lon) & lon.between(-180.0, 180.0)
+    topic_text = (
+        text_ok(topic)
+        & (F.length(topic) >= 1)
+        & (F.instr(topic, "\x00") == 0)
+        & (F.octet_length(topic) <= MAX_TOPIC_BYTES)
+    )
     sharp = F.instr(topic, "#")
-    filter_ok = (
-        topic_text("topic")
+    filter_rules = (
         # '+' only as a whole level
-        & ~topic.rlike("[^/]\\+|\\+[^/]")
+        ~topic.rlike("[^/]\\+|\\+[^/]")
         # '#' only as the whole last level
         & ((sharp == 0) | (((topic == "#") | topic.endswith("/#")) & (sharp == F.length(topic))))
     )
-    topic_ok = topic_text("topic") & (F.instr(topic, "+") == 0) & (sharp == 0)
+    topic_rules = (F.instr(topic, "+") == 0) & (sharp == 0)
     size = col("payload_size")
     size_ok = size.isNull() | (
         finite(size) & (size >= 0) & (size < 2.0**63) & (size == F.floor(size))
     )
     fence = col("geofence")
-    fence_ok = fence.isNull() | text_ok(fence)  # parsed in Python (`_fast_batch`)
-    t, op = col("t"), col("op")
-    return (
+    fence_ok = fence.isNull() | text_ok(fence)  # parsed in Python (`_geometry_batch`)
+    sub, pub = op == "subscribe", op == "publish"
+    # One conjunction, each rule written once and skipped by the ops it does
+    # not concern, rather than a CASE over the op repeating the shared rules
+    # per branch: that expression cost about 5 us a row in the JVM (as much
+    # as decoding the line), this one next to nothing. Null (no op) is false.
+    return F.coalesce(
         finite(t)
         & (t >= 0)
         & (t <= sys.float_info.max)
         & ident("client")
-        & F.coalesce(
-            F.when(op == "unsubscribe", ident("id"))
-            .when(op == "move", located())
-            .when(op == "subscribe", located() & ident("id") & fence_ok & filter_ok)
-            .when(op == "publish", located() & ident("id") & fence_ok & topic_ok & size_ok),
-            F.lit(False),
-        )
+        & op.isin("unsubscribe", "move", "subscribe", "publish")
+        & ((op == "unsubscribe") | located)
+        & ((op == "move") | ident("id"))
+        & (~(sub | pub) | (fence_ok & topic_text))
+        & (~sub | filter_rules)
+        & (~pub | (topic_rules & size_ok)),
+        F.lit(False),
     )
 
 
@@ -399,119 +425,188 @@ class _Fences:
         return fid_col, meet_col, wkb_col
 
 
-def parse_workload(fed_text: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The `mapInArrow` function turning `workload_records` rows into `PARSED_SCHEMA` rows."""
+_SLOW_FIELDS = ("op", "t", "client", "lat", "lon", "id", "topic", "payload")
+GEO_TYPE = pa.struct(
+    [
+        *(PARSED_SCHEMA.field(name) for name in _SLOW_FIELDS),
+        *(PARSED_SCHEMA.field(name) for name in ("fence", "meet", "wkb", "home", "cell", "err")),
+        pa.field("blank", pa.bool_()),
+    ]
+)
+"""What the executors' Python answers per workload row (`parse_workload`).
 
-    def parse(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+For a fast row: its geometry (fence, meet, wkb, home, cell) or the error of
+a geofence the core refuses; the other fields stay null (the JVM has them).
+For a row of `_raw`: every field of `PARSED_SCHEMA` from `parse_op`, or err;
+blank: an empty line, which is skipped as `read_trace` skips it.
+"""
+
+
+def parse_workload(records: DataFrame, fmt: str, fed_text: str) -> DataFrame:
+    """`workload_records` rows as `PARSED_SCHEMA` rows: one validated op, or its error, per line.
+
+    The typed fields of fast rows stay in the JVM; a scalar Arrow UDF sends
+    Python only what geometry needs (a row's location, whether it is a
+    publish, its geofence text) and `_raw` (null on fast rows), and answers
+    `GEO_TYPE` (`_geometry`), so the wide text columns never cross into
+    Python (with `mapInArrow` every column went there and back).
+    """
+    fast, op = F.col("_fast"), F.col("op")
+    located = fast & (op != "unsubscribe")
+    # An iterator of batches (by its hints): one `_Fences` per partition.
+    geometry = arrow_udf(_geometry(fed_text, fmt), from_arrow_type(GEO_TYPE))  # type: ignore[call-overload,unused-ignore]
+    # Marked nondeterministic so that it runs once: the optimizer would
+    # otherwise push the blank-line filter below the projection and ask
+    # Python twice per row, once for the filter and once for the columns.
+    geometry = geometry.asNondeterministic()
+    answered = records.select(
+        "*",
+        geometry(
+            F.col("line"),
+            F.when(located, F.col("lat").cast("double")),
+            F.when(located, F.col("lon").cast("double")),
+            fast & (op == "publish"),
+            F.when(fast & op.isin("subscribe", "publish"), F.col("geofence")),
+            F.col("_raw"),
+        ).alias("_g"),
+    )
+    ok = fast & F.col("_g.err").isNull()  # a fast row whose geofence the core accepted
+
+    def pick(value: Column, name: str) -> Column:
+        return F.when(ok, value).otherwise(F.col(f"_g.{name}")).alias(name)
+
+    return answered.where(~F.col("_g.blank")).select(
+        "k",
+        "file",
+        "line",
+        pick(op, "op"),
+        pick(F.col("t").cast("double"), "t"),
+        pick(F.col("client"), "client"),
+        pick(F.when(op != "unsubscribe", F.col("lat").cast("double")), "lat"),
+        pick(F.when(op != "unsubscribe", F.col("lon").cast("double")), "lon"),
+        pick(F.when(op != "move", F.col("id")), "id"),
+        pick(F.when(~op.isin("move", "unsubscribe"), F.col("topic")), "topic"),
+        *[F.col(f"_g.{name}").alias(name) for name in ("fence", "meet", "wkb")],
+        pick(
+            F.when(op == "publish", F.coalesce(F.col("payload_size").cast("long"), F.lit(0))),
+            "payload",
+        ),
+        *[F.col(f"_g.{name}").alias(name) for name in ("home", "cell", "err")],
+    )
+
+
+def _geometry(
+    fed_text: str, fmt: str
+) -> Callable[[Iterator[tuple[pa.Array, ...]]], Iterator[pa.Array]]:
+    """The Arrow UDF of `parse_workload`: one `_Fences` per partition, one answer per batch."""
+
+    def run(batches: Iterator[tuple[pa.Array, ...]]) -> Iterator[pa.Array]:
         fences = _Fences(worker_federation(fed_text))
-        for batch in batches:
-            fast = np.asarray(batch.column("_fast").to_numpy(zero_copy_only=False), dtype=bool)
-            fast_rows = np.flatnonzero(fast)
-            slow_rows = np.flatnonzero(~fast)
-            if len(fast_rows):
-                yield from _fast_batch(batch.take(pa.array(fast_rows)), fences)
-            if len(slow_rows):
-                yield _slow_batch(batch.take(pa.array(slow_rows)), fences)
+        for line, lat, lon, pub, fence, raw in batches:
+            yield _geometry_batch(fences, fmt, line, lat, lon, pub, fence, raw)
 
-    return parse
+    return run
 
 
-def _fast_batch(batch: pa.RecordBatch, fences: _Fences) -> Iterator[pa.RecordBatch]:
-    """Rows the JVM validated: the core's values, vectorized, plus geometry.
+def _mask(arr: pa.Array) -> np.ndarray:
+    """Rows where `arr` is set."""
+    return np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
 
-    The geofence is the one check left: its text goes through the core's
-    parser (once per distinct text); a row whose geofence it refuses becomes
-    an error row with the core's message, as `parse_op` would have raised it
+
+def _geometry_batch(
+    fences: _Fences,
+    fmt: str,
+    line: pa.Array,
+    lat: pa.Array,
+    lon: pa.Array,
+    pub: pa.Array,
+    fence: pa.Array,
+    raw: pa.Array,
+) -> pa.StructArray:
+    """`GEO_TYPE` of one batch: geometry of fast rows, `parse_op` of `_raw` rows.
+
+    A fast row's geofence is the one check left: its text goes through the
+    core's parser (once per distinct text); a geofence it refuses makes the
+    row an error with the core's message, as `parse_op` would have raised it
     (every field parse_op checks before the geofence passed in the JVM).
     """
-    # Only rows that carry a geofence reach Python objects, one by one.
-    fenced = pc.and_(
-        pc.is_valid(batch.column("geofence")),
-        pc.is_in(batch.column("op"), pa.array(["subscribe", "publish"])),
-    )
-    rows = np.flatnonzero(np.asarray(fenced.to_numpy(zero_copy_only=False), dtype=bool))
-    texts = batch.column("geofence").take(pa.array(rows)).to_pylist()
-    lines = batch.column("line").take(pa.array(rows)).to_pylist()
-    fence_of: list[Geofence | None] = [None] * batch.num_rows
-    refused: dict[int, str] = {}
-    for i, text, line in zip(rows.tolist(), texts, lines, strict=True):
-        try:
-            fence_of[i] = fences.cache.get(text, f"line {line}: geofence")
-        except GeofedError as exc:
-            refused[i] = str(exc)
-        except Exception as exc:  # as in _slow_batch: a core bug is reported as a row
-            refused[i] = f"line {line}: unexpected {type(exc).__name__}: {exc}"
-    if refused:
-        rows = pa.array(sorted(refused))
-        yield _error_batch(batch.take(rows), [refused[i] for i in sorted(refused)])
-        keep = np.ones(batch.num_rows, dtype=bool)
-        keep[sorted(refused)] = False
-        kept = np.flatnonzero(keep)
-        batch = batch.take(pa.array(kept))
-        fence_of = [fence_of[i] for i in kept.tolist()]
-    op = batch.column("op")
-    is_unsub = pc.equal(op, "unsubscribe")
-    is_move = pc.equal(op, "move")
-    is_pub = pc.equal(op, "publish")
-    n = batch.num_rows
-    null_f64 = pa.nulls(n, pa.float64())
-    lat = pc.cast(batch.column("lat"), pa.float64(), safe=False)
-    lon = pc.cast(batch.column("lon"), pa.float64(), safe=False)
-    lat = pc.if_else(is_unsub, null_f64, lat)
-    lon = pc.if_else(is_unsub, null_f64, lon)
-    la = np.asarray(pc.fill_null(lat, np.nan).to_numpy(zero_copy_only=False), dtype=np.float64)
-    lo = np.asarray(pc.fill_null(lon, np.nan).to_numpy(zero_copy_only=False), dtype=np.float64)
-    located = np.flatnonzero(~np.isnan(la))
+    n = len(line)
+    fence_of: list[Geofence | None] = [None] * n
+    errors: dict[int, str] = {}
+    fenced = np.flatnonzero(_mask(fence))  # fast rows with a geofence, one by one
+    if len(fenced):
+        texts = fence.take(pa.array(fenced)).to_pylist()
+        lines = line.take(pa.array(fenced)).to_pylist()
+        for i, text, at in zip(fenced.tolist(), texts, lines, strict=True):
+            try:
+                fence_of[i] = fences.cache.get(text, f"line {at}: geofence")
+            except GeofedError as exc:
+                errors[i] = str(exc)
+            except Exception as exc:  # as in _parse_slow: a core bug is reported as a row
+                errors[i] = f"line {at}: unexpected {type(exc).__name__}: {exc}"
+    # Copies: the slow rows' values are written into them.
+    la = np.array(pc.fill_null(lat, np.nan).to_numpy(zero_copy_only=False), dtype=np.float64)
+    lo = np.array(pc.fill_null(lon, np.nan).to_numpy(zero_copy_only=False), dtype=np.float64)
+    is_pub = np.array(pc.fill_null(pub, False).to_numpy(zero_copy_only=False), dtype=bool)
+    if errors:
+        bad = np.fromiter(errors, dtype=np.intp, count=len(errors))
+        la[bad] = lo[bad] = np.nan
+        is_pub[bad] = False
+    slow_rows = np.flatnonzero(_mask(raw))
+    slow: dict[str, list[Any]] | None = None
+    blank = np.zeros(n, dtype=bool)
+    if len(slow_rows):
+        slow = {name: [None] * n for name in _SLOW_FIELDS}
+        records = raw.take(pa.array(slow_rows)).to_pylist()
+        lines = line.take(pa.array(slow_rows)).to_pylist()
+        for i, record, at in zip(slow_rows.tolist(), records, lines, strict=True):
+            op, err = _parse_slow(record["value"] if fmt == "json" else record, at, fences)
+            if err is not None:
+                errors[i] = err
+            if op is None:
+                blank[i] = err is None
+                continue
+            for name, value in zip(_SLOW_FIELDS, _slow_values(op), strict=True):
+                slow[name][i] = value
+            if op.location is not None:
+                la[i], lo[i] = op.location.lat, op.location.lon
+            is_pub[i] = op.op == "publish"
+            fence_of[i] = op.geofence
+    located = ~np.isnan(la)
     home = np.zeros(n, dtype=np.int32)
     home[located] = _per_point(la[located], lo[located], fences.fidx.responsible)
-    home_mask = np.isnan(la)
-    pub = np.asarray(is_pub.to_numpy(zero_copy_only=False), dtype=bool)
     cells = np.zeros(n, dtype=np.int64)
-    pub_rows = np.flatnonzero(pub)
-    cells[pub_rows] = _per_point(
-        la[pub_rows], lo[pub_rows], lambda a, b: h3_cells(a, b, H3_RES_MAX)
-    )
-    null_str = pa.nulls(n, pa.string())
-    size = batch.column("payload_size")
-    payload = pc.if_else(
-        is_pub,
-        pc.fill_null(pc.cast(size, pa.int64(), safe=False), 0),
-        pa.nulls(n, pa.int64()),
-    )
+    cells[is_pub] = _per_point(la[is_pub], lo[is_pub], lambda a, b: h3_cells(a, b, H3_RES_MAX))
     if any(f is not None for f in fence_of):
         fid_col, meet_col, wkb_col = fences.columns(fence_of)
-        fid, meet, wkb = (
+        geo = [
             pa.array(fid_col, pa.int64()),
             pa.array(meet_col, pa.list_(pa.int32())),
             pa.array(wkb_col, pa.binary()),
-        )
+        ]
     else:  # most batches: publishes without a geofence
-        fid, meet, wkb = (
-            pa.nulls(n, PARSED_SCHEMA.field(c).type) for c in ("fence", "meet", "wkb")
-        )
-    out = pa.RecordBatch.from_arrays(
-        [
-            batch.column("k"),
-            batch.column("file"),
-            batch.column("line"),
-            op,
-            pc.cast(batch.column("t"), pa.float64(), safe=False),
-            batch.column("client"),
-            lat,
-            lon,
-            pc.if_else(is_move, null_str, batch.column("id")),
-            pc.if_else(pc.or_(is_move, is_unsub), null_str, batch.column("topic")),
-            fid,
-            meet,
-            wkb,
-            payload,
-            pa.array(home, mask=home_mask),
-            pa.array(cells, mask=~pub),
-            null_str,
-        ],
-        schema=PARSED_SCHEMA,
+        geo = [pa.nulls(n, GEO_TYPE.field(c).type) for c in ("fence", "meet", "wkb")]
+    fields = (
+        [pa.array(slow[name], GEO_TYPE.field(name).type) for name in _SLOW_FIELDS]
+        if slow is not None
+        else [pa.nulls(n, GEO_TYPE.field(name).type) for name in _SLOW_FIELDS]
     )
-    yield out
+    err = (
+        pa.array([errors.get(i) for i in range(n)], pa.string())
+        if errors
+        else pa.nulls(n, pa.string())
+    )
+    return pa.StructArray.from_arrays(
+        [
+            *fields,
+            *geo,
+            pa.array(home, mask=~located),
+            pa.array(cells, mask=~is_pub),
+            err,
+            pa.array(blank),
+        ],
+        fields=list(GEO_TYPE),
+    )
 
 
 def _per_point(
@@ -537,16 +632,6 @@ def _per_point(
     return np.asarray(fn(lat[rep], lon[rep]))[inverse]
 
 
-def _error_batch(batch: pa.RecordBatch, errors: list[str]) -> pa.RecordBatch:
-    """Error rows (k, file, line, err; everything else null) for `batch`'s rows."""
-    n = batch.num_rows
-    cols = {name: pa.nulls(n, PARSED_SCHEMA.field(name).type) for name in PARSED_SCHEMA.names}
-    for name in ("k", "file", "line"):
-        cols[name] = batch.column(name)
-    cols["err"] = pa.array(errors, pa.string())
-    return pa.RecordBatch.from_arrays(list(cols.values()), schema=PARSED_SCHEMA)
-
-
 def _record(row: dict[str, Any]) -> dict[str, Any]:
     # Parquet columns are typed: a float payload_size column (what pandas
     # writes for an integer column with nulls) holding whole numbers means
@@ -555,9 +640,6 @@ def _record(row: dict[str, Any]) -> dict[str, Any]:
     if isinstance(size, float) and size.is_integer():
         row["payload_size"] = int(size)
     return row
-
-
-_NOT_FIELDS = ("k", "file", "line", "_fast", "value")
 
 
 def _unrepresentable(op: TraceOp, line: int) -> str | None:
@@ -573,76 +655,47 @@ def _unrepresentable(op: TraceOp, line: int) -> str | None:
     return None
 
 
-def _slow_batch(batch: pa.RecordBatch, fences: _Fences) -> pa.RecordBatch:
-    """Rows the JVM did not pass: `parse_op` on each, which names what is wrong (if anything)."""
-    cols = batch.to_pydict()
-    n = batch.num_rows
-    text = cols.get("value")
-    out: dict[str, list[Any]] = {name: [] for name in PARSED_SCHEMA.names}
-    fence_of: list[Geofence | None] = []
-    for i in range(n):
-        line = cols["line"][i]
-        err: str | None = None
-        op = None
-        if text is not None:
-            value = text[i]
-            if not value.strip():
-                continue  # blank lines are skipped, as read_trace does
-            try:
-                record: Any = json.loads(value)
-            except json.JSONDecodeError as exc:
-                err = f"line {line}: not JSON: {exc.msg}"
-            except RecursionError:
-                err = f"line {line}: not JSON: nested too deeply"
-        else:
-            record = _record({c: cols[c][i] for c in cols if c not in _NOT_FIELDS})
-        if err is None:
-            try:
-                op = parse_op(record, line, fences.cache)
-            except GeofedError as exc:
-                err = str(exc)
-            except Exception as exc:  # a core bug must not hide a row: report it as one
-                err = f"line {line}: unexpected {type(exc).__name__}: {exc}"
-            if op is not None and op.roaming is not None:
-                op, err = None, f"line {line}: roaming: {ROAMING_UNSUPPORTED}"
-        if op is not None:
-            err = _unrepresentable(op, line)
-            op = None if err else op
-        out["k"].append(cols["k"][i])
-        out["file"].append(cols["file"][i])
-        out["line"].append(line)
-        out["err"].append(err)
-        if op is None:
-            for name in ("op", "t", "client", "lat", "lon", "id", "topic", "payload"):
-                out[name].append(None)
-            fence_of.append(None)
-            continue
-        out["op"].append(op.op)
-        out["t"].append(op.t)
-        out["client"].append(op.client)
-        out["lat"].append(op.location.lat if op.location is not None else None)
-        out["lon"].append(op.location.lon if op.location is not None else None)
-        out["id"].append(op.id or None)
-        out["topic"].append(op.topic or None)
-        out["payload"].append(op.payload_size if op.op == "publish" else None)
-        fence_of.append(op.geofence)
+def _parse_slow(
+    record: str | dict[str, Any], line: int, fences: _Fences
+) -> tuple[TraceOp | None, str | None]:
+    """`parse_op` of a row the JVM did not pass (its JSON text or its Parquet columns): the op,
+    or the error naming what is wrong; (None, None) for a blank line."""
+    if isinstance(record, str):
+        if not record.strip():
+            return None, None  # blank lines are skipped, as read_trace does
+        try:
+            parsed: Any = json.loads(record)
+        except json.JSONDecodeError as exc:
+            return None, f"line {line}: not JSON: {exc.msg}"
+        except RecursionError:
+            return None, f"line {line}: not JSON: nested too deeply"
+    else:
+        parsed = _record(record)
+    try:
+        op = parse_op(parsed, line, fences.cache)
+    except GeofedError as exc:
+        return None, str(exc)
+    except Exception as exc:  # a core bug must not hide a row: report it as one
+        return None, f"line {line}: unexpected {type(exc).__name__}: {exc}"
+    if op.roaming is not None:
+        return None, f"line {line}: roaming: {ROAMING_UNSUPPORTED}"
+    err = _unrepresentable(op, line)
+    return (None, err) if err else (op, None)
 
-    m = len(out["k"])
-    lat = np.array([np.nan if v is None else v for v in out["lat"]], dtype=np.float64)
-    lon = np.array([np.nan if v is None else v for v in out["lon"]], dtype=np.float64)
-    located = np.flatnonzero(~np.isnan(lat))
-    home: list[int | None] = [None] * m
-    for i, h in zip(
-        located.tolist(), fences.fidx.responsible(lat[located], lon[located]).tolist(), strict=True
-    ):
-        home[i] = h
-    out["home"] = home
-    out["cell"] = [
-        h3_cell(out["lat"][i], out["lon"][i], H3_RES_MAX) if out["op"][i] == "publish" else None
-        for i in range(m)
-    ]
-    out["fence"], out["meet"], out["wkb"] = fences.columns(fence_of)
-    return pa.RecordBatch.from_pydict(out, schema=PARSED_SCHEMA)
+
+def _slow_values(op: TraceOp) -> tuple[Any, ...]:
+    """The `_SLOW_FIELDS` of a parsed op."""
+    loc = op.location
+    return (
+        op.op,
+        op.t,
+        op.client,
+        loc.lat if loc is not None else None,
+        loc.lon if loc is not None else None,
+        op.id or None,
+        op.topic or None,
+        op.payload_size if op.op == "publish" else None,
+    )
 
 
 # --------------------------------------------------------------------------

@@ -35,12 +35,6 @@ from . import _state as state
 from ._geo import choose_resolution
 from ._session import is_local
 
-PARSED_DDL = (
-    "k long, file int, line long, op string, t double, client string, lat double, lon double,"
-    " id string, topic string, fence long, meet array<int>, wkb binary, payload long,"
-    " home int, cell long, err string"
-)
-
 
 @dataclass(frozen=True)
 class AnalysisConfig:
@@ -279,7 +273,7 @@ def analyze(spark: SparkSession, cfg: AnalysisConfig, progress: Progress | None 
     summary["workload"] = {"files": inputs.files, "format": wfmt}
     with progress.stage("workload: validating ops"):
         records = io.workload_records(numbered, wfmt)
-        parsed = _persist(records.mapInArrow(io.parse_workload(fed_text), PARSED_DDL), keep)
+        parsed = _persist(io.parse_workload(records, wfmt, fed_text), keep)
         by_op = {
             r["op"]: int(r["n"])
             for r in parsed.groupBy("op").agg(F.count(F.lit(1)).alias("n")).collect()

@@ -19,12 +19,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pyspark.sql.pandas.types import to_arrow_schema
 from spark_helpers import THREE, write_jsonl
 from test_spark_known import AROUND_FRANKFURT, THREE_TRACE
 
 from geofed.bench.analysis import load_federation
-from geofed.bench.analysis._io import _per_point, parse_workload, read_numbered, workload_records
-from geofed.bench.analysis._job import PARSED_DDL
+from geofed.bench.analysis._io import (
+    PARSED_SCHEMA,
+    _per_point,
+    parse_workload,
+    read_numbered,
+    workload_records,
+)
 from geofed.routing import GeofedError, GeofenceCache, parse_op
 
 pytestmark = pytest.mark.spark
@@ -91,6 +97,13 @@ ODD_LINES = [
     '{"t": 1, "op": "move", "client": "c1", "lat": Infinity, "lon": 2}',
     '{"t": 1, "op": "move", "client": "c1", "lat": "NaN", "lon": 2}',
     '{"t": 1, "op": "move", "client": "c1", "lat": 1, "lon": 2, "extra": {"x": [1]}}',
+    # Raw control characters in a string (json.loads refuses them, Spark marks the record).
+    '{"t": 1, "op": "move", "client": "c\x01", "lat": 1, "lon": 2}',
+    '{"t": 1, "op": "unsubscribe", "client": "c1", "id": "s\t1"}',
+    # Strings that start like a number or a word JSON spells bare: still strings.
+    '{"t": 1, "op": "unsubscribe", "client": "3d", "id": "-s1"}',
+    '{"t": 1, "op": "unsubscribe", "client": "truest", "id": "[s]"}',
+    '{"t": 1, "op": "unsubscribe", "client": "true", "id": "s1"}',
     "[1, 2]",
     "5",
     '"move"',
@@ -153,7 +166,9 @@ def _actual(spark: Any, path: Path, fmt: str) -> dict[int, tuple[Any, ...]]:
         required=("t", "op", "client", "lat", "lon", "id", "topic"),
         optional=("geofence", "payload_size"),
     )
-    parsed = workload_records(numbered, fmt).mapInArrow(parse_workload(fed_text), PARSED_DDL)
+    parsed = parse_workload(workload_records(numbered, fmt), fmt, fed_text)
+    typed = [(f.name, f.type) for f in to_arrow_schema(parsed.schema)]
+    assert typed == [(f.name, f.type) for f in PARSED_SCHEMA]
     cols = ("op", "t", "client", "lat", "lon", "id", "topic", "payload", "err")
     return {int(r["line"]): tuple(r[c] for c in cols) for r in parsed.collect()}
 
