@@ -30,7 +30,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
-from geofed.node._dedup import DedupWindow
+from geofed.node import DedupWindow
 from geofed.routing import Kind
 
 from ._machine import record

@@ -31,6 +31,7 @@ from ._config import (
     add_arguments,
     from_args,
 )
+from ._dedup import DedupWindow
 from ._history import HistoryBackend, HistoryLog, PostgisHistory, SqliteHistory
 from ._links import PROTOCOL_VERSION, LinkHost, PeerLink, Transport
 from ._metrics import (
@@ -123,6 +124,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     # the node
     "BrokerServer",
+    "DedupWindow",
     "Security",
     "ByteBudget",
     "LinkHost",
