@@ -65,7 +65,7 @@ log = logging.getLogger("geofed.node.peer_tls")
 INNER_HOST = "127.0.0.1"
 """Where the gRPC peer server listens behind the front (loopback only)."""
 
-_CHUNK = 1 << 16  # bytes copied per read; the streams' buffers bound memory per connection
+_CHUNK = 1 << 16  # bytes a side holds before it is joined to the other; then it pauses reading
 _WILDCARD = {"", "::", "[::]", "*"}  # gRPC's "all interfaces, both families"
 
 # OpenSSL's verify codes (X509_V_ERR_*) the reasons name.
