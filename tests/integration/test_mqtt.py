@@ -598,6 +598,7 @@ def test_a_client_silent_past_its_keep_alive_is_closed_and_its_will_published(
     """A client that stops sending (no PINGREQ: its loop is not driven) is closed once
     1.5 x its keep-alive passed without a packet, and its will is published."""
     eu = fed.nodes["eu"]
+    start = local_subs(fed, "eu")
     w = Paho("x-ka-watch")
     assert w.connect(eu.mqtt, user(PacketTypes.CONNECT, geofed_location=PARIS)) == 0
     assert w.subscribe("status/#", 1) == [1]
@@ -611,6 +612,7 @@ def test_a_client_silent_past_its_keep_alive_is_closed_and_its_will_published(
     assert "keep-alive" in line
     w.close()
     silent.c.socket().close()
+    until(lambda: local_subs(fed, "eu") == start, "the subscription withdrawn")
 
 
 def test_a_jwt_in_the_connect_password_is_the_identity(
@@ -671,6 +673,7 @@ def test_the_will_delay_interval_holds_the_will_until_it_passed_or_the_client_is
     session within the delay drops it, a reconnect with Clean Start (the old session
     ends) publishes it at once."""
     eu = fed.nodes["eu"]
+    start = local_subs(fed, "eu")
     w = Paho("x-wd-watch")
     assert w.connect(eu.mqtt, user(PacketTypes.CONNECT, geofed_location=PARIS)) == 0
     assert w.subscribe("wills/#", 1) == [1]
@@ -704,6 +707,7 @@ def test_the_will_delay_interval_holds_the_will_until_it_passed_or_the_client_is
     assert w.receive(2)[1] == ("wills/x-wd-clean", b"gone")  # the old session ended: now
     for c in (w, back, fresh):
         c.close()
+    until(lambda: local_subs(fed, "eu") == start, "the subscription withdrawn")
 
 
 def served_certificate(endpoint: str, tls: TLSConfig) -> bytes:
