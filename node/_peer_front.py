@@ -59,7 +59,13 @@ import grpc
 from geofed.routing import InvalidInput
 
 from ._metrics import NodeMetrics
-from ._tls_accept import address, closed_silently, describe_refusal, refusal_reason
+from ._tls_accept import (
+    RefusalLog,
+    address,
+    closed_silently,
+    describe_refusal,
+    refusal_reason,
+)
 
 log = logging.getLogger("geofed.node.peer_tls")
 
@@ -93,6 +99,7 @@ class PeerFront:
         self._metrics = metrics
         self._names = names
         self._timeout = handshake_timeout_s
+        self._log = RefusalLog(log, logging.ERROR)
         self._server: asyncio.Server | None = None
         self.inner_port = 0
         """The loopback port of the gRPC peer server behind the front (0 before `start`)."""
@@ -195,7 +202,8 @@ class PeerFront:
             return
         reason = refusal_reason(exc)
         self._metrics.peer_refused.labels(reason=reason).inc()
-        log.error(
+        self._log.refused(
+            reason,
             "refusing peer connection from %s: TLS handshake failed (%s): %s",
             caller,
             reason,

@@ -25,6 +25,11 @@ peer port (`refusal_reason`):
 
 A caller that just closes the connection before the handshake is done (a
 TCP probe, a port scan) is logged at INFO and not counted.
+
+The log lines of a listener's refusals are limited (`RefusalLog`): at most
+`LOG_BURST` per reason per `LOG_WINDOW_S` seconds, then one line saying how
+many more were refused, so a scanner cannot fill the disk; the counter counts
+them all.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -48,6 +54,55 @@ _UNKNOWN_CA = {2, 18, 19, 20, 21}  # issuer unknown, self-signed, chain to an un
 # OpenSSL's reasons for a first record that is not TLS.
 _NOT_TLS = {"WRONG_VERSION_NUMBER", "HTTP_REQUEST", "HTTPS_PROXY_REQUEST", "UNKNOWN_PROTOCOL"}
 _SILENT = (ConnectionResetError, BrokenPipeError, ssl.SSLEOFError)
+
+
+LOG_BURST = 10
+"""Refusals of a reason a listener logs per `LOG_WINDOW_S`; more are only counted."""
+LOG_WINDOW_S = 10.0
+
+
+class RefusalLog:
+    """The log lines of one listener's refused handshakes, limited in rate per reason.
+
+    Up to `LOG_BURST` refusals of a reason per window of `LOG_WINDOW_S`
+    seconds are logged as they come; the window's others are only counted,
+    and their number is logged with the first refusal of that reason after
+    the window (the metric counts every one meanwhile). Each reason has its
+    own budget, so a flood of one kind (a scanner's plaintext) does not hide
+    the first line of another (a broker's expired certificate).
+
+    Args:
+        logger: where the lines go.
+        level: their level (ERROR at the peer port, WARNING at the client ones).
+        clock: monotonic seconds (a test's own).
+    """
+
+    def __init__(
+        self, logger: logging.Logger, level: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._log = logger
+        self._level = level
+        self._clock = clock
+        self._windows: dict[str, list[float]] = {}  # reason -> [start, logged, held]
+
+    def refused(self, reason: str, what: str, *args: object) -> None:
+        """Log one refusal for `reason` (`what` % `args`) unless its lines are spent."""
+        now = self._clock()
+        window = self._windows.setdefault(reason, [-LOG_WINDOW_S, 0, 0])
+        if now - window[0] >= LOG_WINDOW_S:
+            if window[2]:
+                self._log.log(
+                    self._level,
+                    "%d more TLS handshakes refused (%s) were not logged",
+                    window[2],
+                    reason,
+                )
+            window[:] = [now, 0, 0]
+        if window[1] < LOG_BURST:
+            window[1] += 1
+            self._log.log(self._level, what, *args)
+        else:
+            window[2] += 1
 
 
 def refusal_reason(exc: BaseException) -> str:
@@ -119,6 +174,7 @@ class TlsAcceptor:
         self.listener = listener
         self._context = context
         self._refused = metrics.tls_refused
+        self._log = RefusalLog(log, logging.WARNING)
         self._timeout = handshake_timeout_s
         self._handshaking: dict[asyncio.Task[None], asyncio.Transport] = {}
 
@@ -150,7 +206,8 @@ class TlsAcceptor:
             return
         reason = refusal_reason(exc)
         self._refused.labels(listener=self.listener, reason=reason).inc()
-        log.warning(
+        self._log.refused(
+            reason,
             "refusing %s connection from %s: TLS handshake failed (%s): %s",
             self.listener,
             caller,
