@@ -17,7 +17,10 @@ events travel to the peer as deliveries.
    geofence meets no other broker's area needs no match against remote
    subscriptions, so ``--world-events`` (every event without geofence, every
    one matched against all N) gives the worst case. *Absorbed* events/s
-   count until the peer has also received every delivery message.
+   count until the peer has also received every delivery message. *Node
+   CPU µs/event*: the node process's CPU time (all its threads, from
+   ``/proc``) over that same span, per event: what the load of other
+   processes moves much less than the rates.
 2. Local delivery: ``--local-events`` events (64-byte payloads, topic
    ``local/x`` that no remote subscription matches) through PublishStream
    to ``--local-subs`` subscribers at the node itself (Subscribe streams,
