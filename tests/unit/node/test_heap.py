@@ -1,4 +1,4 @@
-"""The heap freezer: long-lived objects leave the collector's full passes, dead cycles do not stay."""
+"""The heap freezer: long-lived objects leave the full collections, dead cycles do not stay."""
 
 from __future__ import annotations
 
