@@ -17,7 +17,10 @@ events travel to the peer as deliveries.
    geofence meets no other broker's area needs no match against remote
    subscriptions, so ``--world-events`` (every event without geofence, every
    one matched against all N) gives the worst case. *Absorbed* events/s
-   count until the peer has also received every delivery message.
+   count until the peer has also received every delivery message. *Node
+   CPU µs/event*: the node process's CPU time (all its threads, from
+   ``/proc``) over that same span, per event: what the load of other
+   processes moves much less than the rates.
 2. Local delivery: ``--local-events`` events (64-byte payloads, topic
    ``local/x`` that no remote subscription matches) through PublishStream
    to ``--local-subs`` subscribers at the node itself (Subscribe streams,
@@ -81,7 +84,7 @@ from geofed.wire import (
     snapshot_frames,
 )
 
-from ._machine import record
+from ._machine import record, tree_cpu_seconds
 from .local import free_ports, tls_config
 from .scrape import metric
 from .workload import WorkloadConfig, generate
@@ -318,6 +321,7 @@ async def _run(
                 flush=True,
             )
             t0 = time.perf_counter()
+            cpu0 = tree_cpu_seconds(proc.pid)
             accepted = await client.publish_many(events, batch_size=1000)
             assert len(accepted) == len(events), len(accepted)
             throughput = n_sent / (time.perf_counter() - t0)
@@ -327,6 +331,8 @@ async def _run(
             ) or await _metric(metrics_url, PEER_QUEUE_LENGTH):
                 await asyncio.sleep(0.05)
             absorbed = n_sent / (time.perf_counter() - t0)
+            cpu1 = tree_cpu_seconds(proc.pid)
+            node_cpu = None if cpu0 is None or cpu1 is None else (cpu1 - cpu0) / n_sent
             print(
                 f"{tag} {throughput:,.0f} events/s accepted, {absorbed:,.0f} absorbed;"
                 f" local delivery to {local[0]} subscribers ...",
@@ -370,6 +376,7 @@ async def _run(
         "load_s": round(load_s, 1),
         "events_per_s": round(throughput),
         "absorbed_per_s": round(absorbed),
+        "node_cpu_us": None if node_cpu is None else round(node_cpu * 1e6, 1),
         "delivery_messages": matched,
         "local_subscribers": local[0],
         "local_deliveries_per_s": round(local_per_s),
@@ -583,20 +590,22 @@ def _table(rows: list[dict[str, Any]], modes: list[str]) -> str:
     """One row per run, grouped by subscription count in the order of `modes`."""
     head = (
         "| subscriptions | persistence | TLS | run | events | event geofences | load s "
-        "| events/s (batched) | events/s absorbed | delivery msgs | local deliveries/s (lost) "
+        "| events/s (batched) | events/s absorbed | node CPU µs/event | delivery msgs "
+        "| local deliveries/s (lost) "
         "| p50 ms @ rate | p99 ms @ rate | failed publishes @ rate | store MiB after |"
     )
-    lines = [head, "|---:|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [head, "|---:|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     order = sorted(
         rows, key=lambda r: (r["subscriptions"], modes.index(r["persistence"]), r["tls"])
     )
     for r in order:
         store = "—" if r["store_mib"] is None else r["store_mib"]
+        cpu = "—" if r["node_cpu_us"] is None else f"{r['node_cpu_us']:,}"
         lines.append(
             f"| {r['subscriptions']:,} | {r['persistence']} | {r['tls']} | {r['order']} "
             f"| {r['events']:,} "
             f"| {r['event_geofences']} | {r['load_s']} | {r['events_per_s']:,} "
-            f"| {r['absorbed_per_s']:,} | {r['delivery_messages']:,} "
+            f"| {r['absorbed_per_s']:,} | {cpu} | {r['delivery_messages']:,} "
             f"| {r['local_deliveries_per_s']:,} to {r['local_subscribers']} "
             f"({r['local_lost']:,}) "
             f"| {r['p50_ms']} @ {r['latency_rate']:.0f}/s "

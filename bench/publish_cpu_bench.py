@@ -14,14 +14,19 @@ between reading a `PublishStream` batch and writing the peer frame:
 converting the event from the wire (`event_from_pb`), matching and routing it
 (`BrokerState.publish_many`, `--batch` events at a time, as the node does with
 the events of one `PublishStream` message) and adding the delivery message to a frame
-(`add_to_frame`). gRPC, asyncio, metrics and the peer's side are left out.
+(`EncodedFrame`, as a peer link does). gRPC, asyncio, metrics and the peer's
+side are left out. After loading the subscriptions the heap is frozen as the
+node's `HeapFreezer` does. ``--unique-points`` moves each event's latitude by
+its own millionth of a degree, so that no event of a batch repeats the topic
+and point of an earlier one (the workload's 100 publishers stand at fixed
+places: otherwise 80 % of a batch does).
 ``--profile`` adds a cProfile summary (the functions with the most own time).
 ``--adaptive`` runs the adaptive controller's measurement too (a `ShareMeter`
 in the broker, as a node with ``adaptive=on`` has; docs/design.md §13): what it
 adds per event is the price of running the controller.
 
 Usage: ``python -m geofed.bench.publish_cpu_bench [--subs 100000] [--events 5000]
-[--rounds 3] [--batch 1000] [--profile] [--adaptive]``
+[--rounds 3] [--batch 1000] [--unique-points] [--profile] [--adaptive]``
 """
 
 from __future__ import annotations
@@ -38,9 +43,10 @@ import time
 from pathlib import Path
 
 from geofed.client import DEFAULT_BATCH_SIZE
+from geofed.node import HeapFreezer
 from geofed.routing import BrokerState, GeofenceCache, ShareMeter, SubscribeMsg, strategy_for
 from geofed.v1 import client_pb2 as cpb
-from geofed.wire import add_to_frame, event_from_pb, new_frame, publish_batch
+from geofed.wire import EncodedFrame, event_from_pb, publish_batch
 
 from ._machine import record
 from .node_bench import _events, _subscriptions, federation_file
@@ -59,17 +65,17 @@ def _run(
     """
     named = 0
     t0 = time.process_time()
-    frame = new_frame()
+    frame = EncodedFrame()
     pbs = batch.events
     for i in range(0, len(pbs), size):
         events = [event_from_pb(pb, cache, field="event") for pb in pbs[i : i + size]]
         for out in core.publish_many(events):
             for send in out.sends:
                 named += len(send.msg.subs)  # type: ignore[union-attr]
-                add_to_frame(frame, send.msg, "node")
+                frame.add(send.msg, "node")
             if len(frame.deliveries) >= _FRAME_DELIVERIES:
                 frame.SerializeToString()
-                frame = new_frame()
+                frame = EncodedFrame()
     frame.SerializeToString()
     return time.process_time() - t0, named
 
@@ -85,6 +91,11 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_BATCH_SIZE,
         help="events matched together, as one PublishStream message (the client's default)",
     )
+    p.add_argument(
+        "--unique-points",
+        action="store_true",
+        help="every event at a point of its own (no repeats within a batch)",
+    )
     p.add_argument("--profile", action="store_true", help="add a cProfile summary")
     p.add_argument(
         "--adaptive", action="store_true", help="measure the adaptive controller's share too"
@@ -98,9 +109,12 @@ def main(argv: list[str] | None = None) -> int:
         core.meter = ShareMeter()
     for sub in _subscriptions(args.subs, seed=args.subs):
         core.on_message("peer", SubscribeMsg(sub, "peer"))
+    HeapFreezer().held(args.subs)  # as the node does once it holds them
     batch = publish_batch("bench", _events(args.events, seed=1, world=True))
     for i, pb in enumerate(batch.events):
         pb.id = pb.id or f"e{i}"
+        if args.unique_points:
+            pb.publisher.lat += (i + 1) * 1e-6 * (1 if pb.publisher.lat < 0 else -1)
     cache = GeofenceCache()
     _run(core, batch, cache, args.batch)  # warm the caches, as a running node has them
     times = []
@@ -119,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = "\n\ncProfile, one round, by own time:\n\n```\n" + _trim(text.getvalue()) + "```"
     body = (
         f"{args.subs:,} remote subscriptions, {n:,} world-wide events per round"
-        f" in batches of {args.batch:,},"
+        f" in batches of {args.batch:,}{', each at its own point' if args.unique_points else ''},"
         f" {named / n:.1f} subscriptions named per event"
         f"{', adaptive controller on' if args.adaptive else ''}; rounds (CPU µs/event):"
         f" {', '.join(f'{t / n * 1e6:.1f}' for t in times)}; median"

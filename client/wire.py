@@ -687,11 +687,93 @@ def add_to_frame(frame: fpb.Frame, msg: PeerMessage, origin: str) -> int:
         # A delivery to a busy broker names many subscriptions: its encoding
         # is joined from cached encoded references and parsed in C, 2.5x
         # faster with 80 than adding them one by one.
-        data = fpb.EventDelivery(event=event_to_pb(msg.event, origin)).SerializeToString()
-        data += _ref_fields(msg.subs)
+        data = _delivery_bytes(msg, origin)
         frame.deliveries.add().MergeFromString(data)
         return len(data)
     return int(pb.ByteSize())
+
+
+class EncodedFrame:
+    """A frame being built to be sent, its deliveries kept encoded.
+
+    A peer link's frames are mostly deliveries naming ~80 subscriptions each
+    (a world-wide event at a broker holding 100,000). `add_to_frame` parses
+    each into the frame, which serializing then encodes again: 10 µs per
+    delivery on the benchmark machine against 2 µs when its bytes are kept and
+    appended behind the rest of the frame (`SerializeToString`). The bytes on
+    the wire are a valid `Frame` either way (a repeated field's entries may
+    follow the other fields; their order among themselves is kept), so a
+    peer reads them as before. Whatever sends one needs a serializer that
+    calls its `SerializeToString` (`wire_bytes`), not `Frame`'s.
+    """
+
+    __slots__ = ("deliveries", "frame")
+
+    def __init__(self, frame: fpb.Frame | None = None) -> None:
+        self.frame = frame if frame is not None else new_frame()
+        self.deliveries: list[bytes] = []  # encoded as `Frame.deliveries` fields
+
+    def add(self, msg: PeerMessage, origin: str) -> int:
+        """`add_to_frame` for this frame; a delivery stays encoded."""
+        if not isinstance(msg, DeliveryMsg):
+            return add_to_frame(self.frame, msg, origin)
+        data = _delivery_bytes(msg, origin)
+        self.deliveries.append(_DELIVERY_TAG + _varint(len(data)) + data)
+        return len(data)
+
+    def SerializeToString(self) -> bytes:  # protobuf's name: gRPC serializes by it
+        """The frame's wire form: its fields, then the encoded deliveries."""
+        head: bytes = self.frame.SerializeToString()
+        return head + b"".join(self.deliveries) if self.deliveries else head
+
+
+def wire_bytes(msg: ProtoMessage | EncodedFrame) -> bytes:
+    """A gRPC serializer for any message, an `EncodedFrame` too (the node's and its links')."""
+    data: bytes = msg.SerializeToString()
+    return data
+
+
+_DELIVERY_TAG = bytes([fpb.Frame.DESCRIPTOR.fields_by_name["deliveries"].number << 3 | 2])
+
+
+def _varint(n: int) -> bytes:
+    """Protobuf's base-128 varint of a length."""
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _delivery_bytes(msg: DeliveryMsg, origin: str) -> bytes:
+    """A delivery message encoded as an `EventDelivery`.
+
+    The references are joined from cached encodings; the leading block of
+    the topic's world subscriptions at that home (`DeliveryMsg.world`, the
+    same tuple for every event of the topic) is cached joined.
+    """
+    data: bytes = fpb.EventDelivery(event=event_to_pb(msg.event, origin)).SerializeToString()
+    n = len(msg.world)
+    if n:
+        return data + _world_block(msg.world) + _ref_fields(msg.subs[n:])
+    return data + _ref_fields(msg.subs)
+
+
+_BLOCKS: dict[int, tuple[tuple[SubKey, ...], bytes]] = {}  # id(world keys) -> (them, encoded)
+_BLOCKS_SIZE = 4096  # cached world blocks (all forgotten when full)
+
+
+def _world_block(keys: tuple[SubKey, ...]) -> bytes:
+    """The encoded references of a world block, joined once per tuple (by identity)."""
+    got = _BLOCKS.get(id(keys))
+    if got is not None and got[0] is keys:
+        return got[1]
+    if len(_BLOCKS) >= _BLOCKS_SIZE:
+        _BLOCKS.clear()
+    data = _ref_fields(keys)
+    _BLOCKS[id(keys)] = (keys, data)  # holding the tuple keeps its id from being reused
+    return data
 
 
 _REFS: dict[SubKey, bytes] = {}

@@ -32,6 +32,7 @@ from ._config import (
     from_args,
 )
 from ._dedup import DedupWindow
+from ._heap import HeapFreezer
 from ._history import HistoryBackend, HistoryLog, PostgisHistory, SqliteHistory
 from ._links import PROTOCOL_VERSION, LinkHost, PeerLink, Transport
 from ._metrics import (
@@ -127,6 +128,7 @@ __all__ = [
     # the node
     "BrokerServer",
     "DedupWindow",
+    "HeapFreezer",
     "Security",
     "ByteBudget",
     "LinkHost",

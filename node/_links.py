@@ -47,15 +47,14 @@ from geofed.routing import (
     SubscribeMsg,
 )
 from geofed.v1 import federation_pb2 as fpb
-from geofed.v1 import federation_pb2_grpc as fpb_grpc
 from geofed.wire import (
     FRAME_RANK,
+    EncodedFrame,
     PeerGeofenceCache,
     RejectedMessage,
-    add_to_frame,
-    new_frame,
     snapshot_frames,
     snapshot_from_frame,
+    wire_bytes,
 )
 
 from ._budget import ByteBudget
@@ -74,6 +73,8 @@ _STATE_KINDS = (Kind.SUBSCRIBE, Kind.UNSUBSCRIBE, Kind.RELOCATE, Kind.TRANSITION
 _PAGE = 2048  # outbox messages read back at a time
 _TLS_FAILURE = re.compile(r"handshake|ssl|certificate|tls", re.IGNORECASE)
 _OVERHEAD = 128  # bytes counted per queued message besides its payload and geofence
+LINK_METHOD = f"/{fpb.DESCRIPTOR.services_by_name['FederationService'].full_name}/Link"
+"""The peer link's gRPC method (dialled with `wire_bytes` as its serializer)."""
 FRAME_SOFT_LIMIT = 4 << 20
 """A frame is closed once its messages reach this many bytes."""
 MAX_FRAME_BYTES = 64 << 20
@@ -86,12 +87,17 @@ SERVER_OPTIONS = CHANNEL_OPTIONS
 
 
 class Transport(Protocol):
-    """A bidirectional stream of frames (a dialled call or an accepted one)."""
+    """A bidirectional stream of frames (a dialled call or an accepted one).
+
+    Frames are written as `Frame` or `EncodedFrame`: the call's serializer is
+    `wire_bytes` (`LINK_METHOD` dialled with it, the node's peer service
+    registered with it).
+    """
 
     async def read(self) -> fpb.Frame | None:
         """The next frame, or None when the stream ended."""
 
-    async def write(self, frame: fpb.Frame) -> None:
+    async def write(self, frame: fpb.Frame | EncodedFrame) -> None:
         """Send one frame."""
 
 
@@ -105,7 +111,7 @@ class CallTransport:
         frame = await self._call.read()
         return None if frame is grpc.aio.EOF else frame
 
-    async def write(self, frame: fpb.Frame) -> None:
+    async def write(self, frame: fpb.Frame | EncodedFrame) -> None:
         await self._call.write(frame)
 
 
@@ -119,7 +125,7 @@ class ContextTransport:
         frame = await self._context.read()
         return None if frame is grpc.aio.EOF else frame
 
-    async def write(self, frame: fpb.Frame) -> None:
+    async def write(self, frame: fpb.Frame | EncodedFrame) -> None:
         await self._context.write(frame)
 
 
@@ -219,7 +225,7 @@ class PeerLink:
         self._stopping = False
         self.connected = False
         self.delay_s = node.wan_delay_s(peer.id)
-        self._delay_line: asyncio.Queue[tuple[float, fpb.Frame]] | None = None
+        self._delay_line: asyncio.Queue[tuple[float, EncodedFrame]] | None = None
         self._labels = {"peer": peer.id}
 
     @property
@@ -378,7 +384,12 @@ class PeerLink:
             channel = self.node.dial(self.peer)
             established = False
             try:
-                call = fpb_grpc.FederationServiceStub(channel).Link()
+                # Not the generated stub: its serializer takes only a `Frame`.
+                call = channel.stream_stream(
+                    LINK_METHOD,
+                    request_serializer=wire_bytes,
+                    response_deserializer=fpb.Frame.FromString,
+                )()
                 transport = CallTransport(call)
                 first = await self._handshake(transport)
                 if first.refuse_reason:
@@ -489,7 +500,7 @@ class PeerLink:
             await asyncio.sleep(timeout - silent + 0.05)
 
     async def _transmit_delayed(
-        self, transport: Transport, line: asyncio.Queue[tuple[float, fpb.Frame]]
+        self, transport: Transport, line: asyncio.Queue[tuple[float, EncodedFrame]]
     ) -> None:
         while True:
             due, frame = await line.get()
@@ -550,7 +561,7 @@ class PeerLink:
                 wait = self._last_flush + delay - time.monotonic()
                 if wait > 0:
                     await asyncio.sleep(wait)
-            frame = new_frame()
+            frame = EncodedFrame()
             msgs: list[PeerMessage] = []
             sizes: list[int] = []
             rank, total = -1, 0
@@ -560,7 +571,7 @@ class PeerLink:
                     break  # keep the sender's order: next frame
                 rank = r
                 msg = self._pop()
-                sizes.append(add_to_frame(frame, msg, origin))
+                sizes.append(frame.add(msg, origin))
                 total += sizes[-1]
                 msgs.append(msg)
             if msgs or self._ack_pending or time.monotonic() - self._last_flush >= heartbeat:
@@ -574,18 +585,19 @@ class PeerLink:
     async def _send_snapshot(self, transport: Transport) -> None:
         subs = self.node.snapshot_for(self.peer.id)
         for frame, msgs, sizes in snapshot_frames(subs, FRAME_SOFT_LIMIT):
-            await self._write(transport, frame, msgs, sizes)
+            await self._write(transport, EncodedFrame(frame), msgs, sizes)
         tables = self.node.tables_for(self.peer.id)
         if tables:
             # Behind the snapshot: a PREPARED it carries promises the copies above.
-            frame = new_frame()
-            sizes = [add_to_frame(frame, m, self.node.broker_id) for m in tables]
-            await self._write(transport, frame, tables, sizes)
+            out = EncodedFrame()
+            sizes = [out.add(m, self.node.broker_id) for m in tables]
+            await self._write(transport, out, tables, sizes)
 
     async def _write(
-        self, transport: Transport, frame: fpb.Frame, msgs: list[Any], sizes: list[int]
+        self, transport: Transport, out: EncodedFrame, msgs: list[Any], sizes: list[int]
     ) -> None:
         node = self.node
+        frame = out.frame
         if msgs:
             self._seq += 1
             frame.seq = self._seq
@@ -598,9 +610,9 @@ class PeerLink:
         if self._delay_line is not None:
             # Emulated WAN: the frame leaves after the link's one-way delay,
             # without holding up the frames behind it.
-            await self._delay_line.put((time.monotonic() + self.delay_s, frame))
+            await self._delay_line.put((time.monotonic() + self.delay_s, out))
         else:
-            await transport.write(frame)
+            await transport.write(out)
         self._last_flush = time.monotonic()
         if msgs:
             node.count_sent(self.peer.id, msgs, sizes)

@@ -105,6 +105,7 @@ from geofed.wire import (
     subscription_from_pb,
     table_from_pb,
     unsubscribe_response,
+    wire_bytes,
 )
 
 from ._auth import Principal, Security, add_port
@@ -112,6 +113,7 @@ from ._budget import ByteBudget
 from ._config import NodeConfig
 from ._dedup import DedupWindow
 from ._errors import Guarded, abort, streaming, unary
+from ._heap import HeapFreezer
 from ._history import HistoryAnswer, HistoryLog, open_backend
 from ._links import PROTOCOL_VERSION, SERVER_OPTIONS, ContextTransport, PeerLink
 from ._metrics import NodeMetrics
@@ -330,6 +332,7 @@ class BrokerServer(Guarded):
             if me.id == self.core.sequencer:
                 self.controller = FederatedController(self.federation, self.core.meter.config)
         self.budget = ByteBudget(config.node_queue_bytes, self.metrics.queued_bytes)
+        self._heap = HeapFreezer()  # subscriptions out of the collector's full passes
         self.security = Security(config, self.metrics)
         self.geofences = GeofenceCache(
             config.max_geofence_vertices, max_bytes=config.max_geofence_bytes
@@ -419,13 +422,13 @@ class BrokerServer(Guarded):
             else []
         )
         self._client_server = grpc.aio.server(options=client_options)
-        _add_client_service(self._client_server, _ClientServicer(self))
+        _add_service(self._client_server, cpb, _ClientServicer(self), _lenient)
         self._peer_server = grpc.aio.server(
             options=SERVER_OPTIONS, interceptors=self.security.peer_interceptors()
         )
-        fpb_grpc.add_FederationServiceServicer_to_server(
-            _FederationServicer(self), self._peer_server
-        )
+        # Registered with `wire_bytes` as Link's serializer: the links write
+        # `EncodedFrame`s, whose deliveries stay encoded.
+        _add_service(self._peer_server, fpb, _FederationServicer(self), _strict)
         for server, service in (
             (self._client_server, CLIENT_SERVICE),
             (self._peer_server, FEDERATION_SERVICE),
@@ -773,13 +776,20 @@ class BrokerServer(Guarded):
     def count_sent(self, peer: str, msgs: list[PeerMessage], sizes: list[int]) -> None:
         """Metrics and trace for messages written to a peer."""
         m = self.metrics
+        # Summed per kind first: a labelled counter's look-up and increment
+        # take a lock each, and a frame holds hundreds of messages.
+        count: Counter[str] = Counter()
+        total: Counter[str] = Counter()
         for msg, size in zip(msgs, sizes, strict=True):
             kind = msg.kind.value
-            m.peer_sent.labels(peer=peer, kind=kind).inc()
-            m.peer_bytes.labels(peer=peer, kind=kind).inc(size)
+            count[kind] += 1
+            total[kind] += size
             if self.trace is not None:
                 ids, topic = _trace_fields(msg)
                 self.trace.record(peer, kind, ids, topic, size)
+        for kind, n in count.items():
+            m.peer_sent.labels(peer=peer, kind=kind).inc(n)
+            m.peer_bytes.labels(peer=peer, kind=kind).inc(total[kind])
 
     def count_control(self, peer: str) -> None:
         """Metrics (and trace) for a control-only frame."""
@@ -1647,8 +1657,16 @@ class BrokerServer(Guarded):
         return self.core.sessions.get(client)
 
     def _update_sub_gauges(self) -> None:
-        self.metrics.subscriptions.labels(scope="local").set(len(self.core.local))
-        self.metrics.subscriptions.labels(scope="remote").set(len(self.core.remote))
+        local, remote = len(self.core.local), len(self.core.remote)
+        self.metrics.subscriptions.labels(scope="local").set(local)
+        self.metrics.subscriptions.labels(scope="remote").set(remote)
+        t0 = time.process_time()
+        if self._heap.held(local + remote):
+            log.info(
+                "heap frozen at %d subscriptions (%.2f s of CPU)",
+                local + remote,
+                time.process_time() - t0,
+            )
         self.metrics.sessions.set(len(self.core.sessions))
         self._filter_load()
 
@@ -1825,14 +1843,22 @@ _HANDLERS = {
 }
 
 
-def _add_client_service(server: grpc.aio.Server, servicer: _ClientServicer) -> None:
-    """Register the client service as the generated code would, with lenient request decoding."""
-    service = cpb.DESCRIPTOR.services_by_name["ClientService"]
+def _strict(cls: Any) -> Any:
+    return cls.FromString
+
+
+def _add_service(
+    server: grpc.aio.Server, module: Any, servicer: Any, decode: Callable[[Any], Any]
+) -> None:
+    """Register the one service of a `_pb2` module as the generated code would, but
+    with `decode(request class)` decoding requests and `wire_bytes` (any message's
+    `SerializeToString`) encoding responses: a peer link writes `EncodedFrame`s."""
+    (service,) = module.DESCRIPTOR.services_by_name.values()
     handlers = {
         m.name: _HANDLERS[m.client_streaming, m.server_streaming](
             getattr(servicer, m.name),
-            request_deserializer=_lenient(getattr(cpb, m.input_type.name)),
-            response_serializer=getattr(cpb, m.output_type.name).SerializeToString,
+            request_deserializer=decode(getattr(module, m.input_type.name)),
+            response_serializer=wire_bytes,
         )
         for m in service.methods
     }

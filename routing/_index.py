@@ -329,7 +329,7 @@ class SubscriptionIndex:
         self._parts = _PartStore()
         self._topics: dict[str, list[_TrieNode]] = {}  # trie nodes by topic, until it changes
         # World subscription keys by topic and group, sorted, until a world subscription changes.
-        self._world: dict[str, dict[str, list[SubKey]]] = {}
+        self._world: dict[str, dict[str, tuple[SubKey, ...]]] = {}
 
     def __len__(self) -> int:
         return len(self._subs)
@@ -482,17 +482,30 @@ class SubscriptionIndex:
                 found[i] = {group: list(keys) for group, keys in found[first].items()}
         return found
 
-    def _world_groups(self, topic: str, nodes: list[_TrieNode]) -> dict[str, list[SubKey]]:
+    def world_groups(self, topic: str) -> dict[str, tuple[SubKey, ...]]:
+        """The world subscriptions matching `topic`: sorted keys per group (no empty groups).
+
+        What `match_groups` starts each group's answer with, as the index
+        caches it: the same tuples for every lookup of the topic until a
+        world subscription or the trie changes (a delivery message's
+        encoding of them is cached by that identity, `DeliveryMsg.world`).
+        """
+        world = self._world.get(topic)
+        if world is None:
+            nodes = self._nodes(topic) if self._subs else []
+            world = self._world_groups(topic, nodes) if nodes else {}
+        return world
+
+    def _world_groups(self, topic: str, nodes: list[_TrieNode]) -> dict[str, tuple[SubKey, ...]]:
         """The world subscriptions matching `topic`, sorted keys by group (cached)."""
         if len(self._world) >= _TOPIC_CACHE:
             self._world.clear()
-        world: dict[str, list[SubKey]] = {}
+        found: dict[str, list[SubKey]] = {}
         groups = self._groups
         for node in nodes:
             for key in node.bucket.world:
-                world.setdefault(groups[key], []).append(key)
-        for keys in world.values():
-            keys.sort()
+                found.setdefault(groups[key], []).append(key)
+        world = {group: tuple(sorted(keys)) for group, keys in found.items()}
         self._world[topic] = world
         return world
 

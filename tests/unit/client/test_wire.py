@@ -142,3 +142,40 @@ def test_a_stream_message_carries_one_delivery_or_a_batch() -> None:
     assert not many.subscription_id and not many.HasField("event")
     assert [d.event.id for d in gw.deliveries_in(many)] == ["e1", "e2", "e3"]
     assert [d.offset for d in gw.deliveries_in(many)] == [1, 2, 3]
+
+
+def test_an_encoded_frame_is_the_frame_add_to_frame_builds() -> None:
+    """`EncodedFrame` keeps deliveries encoded behind the other fields: a reader
+    gets the same frame (same messages, same order) as from `add_to_frame`, and a
+    world block (`DeliveryMsg.world`, cached by identity) encodes as the keys it leads."""
+    cache = GeofenceCache(100)
+    ev = make_event("e1", "a/b", ll(1, 2), payload_size=2)
+    sub = make_subscription("s1", "c", "a/#", "POLYGON((0 0, 3 0, 3 3, 0 3, 0 0))")
+    world = tuple(("w", f"s{i}") for i in range(200))  # > 127 bytes of references: 2-byte lengths
+    msgs = [
+        SubscribeMsg(sub, "eu"),
+        EventMsg(ev),
+        DeliveryMsg(ev, (("c", "s1"), ("d", "s2"))),
+        DeliveryMsg(ev, (*world, ("x", "fenced"))),
+        DeliveryMsg(ev, (*world, ("a", "other")), world),
+        DeliveryMsg(ev, world, world),
+    ]
+    plain = fpb.Frame(seq=7)
+    encoded = gw.EncodedFrame()
+    encoded.frame.seq = 7
+    sizes = [add_to_frame(plain, m, "eu") for m in msgs]
+    assert [encoded.add(m, "eu") for m in msgs] == sizes
+    assert len(encoded.deliveries) == 4
+    data = gw.wire_bytes(encoded)
+    assert fpb.Frame.FromString(data) == plain
+    back = messages_from_frame(fpb.Frame.FromString(data), cache)
+    assert [m for m in back if isinstance(m, DeliveryMsg)] == [
+        DeliveryMsg(back[2].event, m.subs) for m in msgs[2:]
+    ]
+    again = gw.EncodedFrame()  # the cached block again, and an equal tuple that is another object
+    again.add(DeliveryMsg(ev, (*world, ("b", "late")), world), "eu")
+    again.add(DeliveryMsg(ev, (*world, ("b", "late")), tuple(list(world))), "eu")
+    first, second = fpb.Frame.FromString(gw.wire_bytes(again)).deliveries
+    assert first == second
+    assert [(r.client, r.id) for r in first.subscriptions] == [*world, ("b", "late")]
+    assert gw.wire_bytes(gw.EncodedFrame(fpb.Frame(seq=3))) == fpb.Frame(seq=3).SerializeToString()

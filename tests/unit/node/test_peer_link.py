@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
+from typing import Any
 
 import grpc
 import pytest
@@ -463,10 +464,13 @@ def dial_into_wires(monkeypatch: pytest.MonkeyPatch) -> asyncio.Queue[Wire]:
     async def close_channel(grace: float | None) -> None:
         pass
 
-    channel = SimpleNamespace(close=close_channel)
+    def stream_stream(method: str, request_serializer: Any, response_deserializer: Any) -> Any:
+        assert method == _links.LINK_METHOD == "/geofed.v1.FederationService/Link"
+        assert request_serializer is gw.wire_bytes  # takes the links' EncodedFrames
+        return call
+
+    channel = SimpleNamespace(close=close_channel, stream_stream=stream_stream)
     monkeypatch.setattr(_links.grpc.aio, "insecure_channel", lambda endpoint, options: channel)
-    stub = SimpleNamespace(Link=call)
-    monkeypatch.setattr(_links.fpb_grpc, "FederationServiceStub", lambda channel: stub)
     monkeypatch.setattr(_links, "CallTransport", lambda call: call)
     return dialled
 

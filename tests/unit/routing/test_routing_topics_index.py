@@ -120,6 +120,17 @@ def _brute_groups(
     return out
 
 
+def _brute_world(
+    subs: dict[str, Subscription], groups: dict[str, str], topic: str
+) -> dict[str, tuple[tuple[str, str], ...]]:
+    """What `world_groups` answers: per group, the matching world subscriptions' keys sorted."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for sub in subs.values():
+        if sub.geofence is None and topic_matches(sub.topic_filter, topic):
+            out.setdefault(groups[sub.id], []).append(sub.key)
+    return {group: tuple(sorted(keys)) for group, keys in out.items()}
+
+
 def test_index_basics() -> None:
     idx = SubscriptionIndex()
     paris = latlon(48.8566, 2.3522)
@@ -247,6 +258,13 @@ class IndexMachine(RuleBasedStateMachine):
         for _ in range(2):
             grouped = self.index.match_groups(topic, where)
             assert grouped == _brute_groups(self.model, self.groups, topic, where)
+        # Each group's answer starts with the topic's world block, the same tuple
+        # while nothing changes (a delivery's encoding of it is cached by identity).
+        world = self.index.world_groups(topic)
+        assert world == _brute_world(self.model, self.groups, topic)
+        for group, keys in world.items():
+            assert tuple(grouped[group][: len(keys)]) == keys
+            assert self.index.world_groups(topic)[group] is keys
 
     @rule(probes=st.lists(st.tuples(topics(), _probe_points), max_size=12))
     def match_batch(self, probes: list[tuple[str, LatLon]]) -> None:
