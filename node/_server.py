@@ -1277,9 +1277,21 @@ class BrokerServer(Guarded):
                 session.idle_since = time.monotonic()
 
     async def _reap_sessions(self) -> None:
-        """Forget sessions without a stream for longer than their expiry (or session_idle_s)."""
+        """Every `_REAP_EVERY_S`: forget sessions without a stream for longer than their
+        expiry (or session_idle_s), and commit what the store holds uncommitted.
+
+        The outbox forgets what peers acknowledged with the next commit, and a
+        broker that publishes nothing more would otherwise keep those rows on
+        disk: after a crash it would resend all of them, and a peer whose
+        duplicate window has moved past them would take them again.
+        """
         while True:
             await asyncio.sleep(_REAP_EVERY_S)
+            if self.store.dirty:
+                try:
+                    await self.store.commit()
+                except StorageFailed:  # logged by the store; the next commit tries again
+                    self.metrics.store_failures.inc()
             now = time.monotonic()
             for client, session in list(self._sessions.items()):
                 limit = session.expiry_s or self.config.session_idle_s

@@ -263,21 +263,24 @@ def test_a_full_store_refuses_publishes_and_keeps_what_it_acknowledged(tmp_path:
 def test_a_restarted_broker_drops_retries_within_its_window_and_its_store_keeps_no_more(
     tmp_path: Path,
 ) -> None:
-    """dedup_window 8: eu publishes 20 events, one by one, and is killed right after the
-    last answer; restarted, it still drops a retry of the oldest id of the last 8 and
-    takes the id before it as new. The store's copies of the windows (eu's own, ap's for
-    what came from eu) hold at most 1.25 windows (trimmed every quarter window)."""
+    """dedup_window 8: eu publishes 20 events, one by one, and is killed once its peers
+    acknowledged them (its outbox is empty on disk: else the restarted eu resends the
+    older ones, which ap's window of 8 has forgotten, and ap takes them again, w11 among
+    them); restarted, it still drops a retry of the oldest id of the last 8 and takes
+    the id before it as new. The store's copies of the windows (eu's own, ap's for what
+    came from eu) hold at most 1.25 windows (trimmed every quarter window)."""
     env = ENV | {"GEOFED_DEDUP_WINDOW": "8"}
     with LocalFederation(THREE, "event-geofence", tmp_path, durable=True, extra_env=env) as fed:
 
-        def seen_rows(broker: str, peer: str) -> int:
+        def rows(broker: str, query: str, *args: str) -> int:
             db = sqlite3.connect(fed.data_dir(broker) / "geofed.db")
             try:
-                return int(
-                    db.execute("SELECT COUNT(*) FROM seen WHERE peer = ?", (peer,)).fetchone()[0]
-                )
+                return int(db.execute(query, args).fetchone()[0])
             finally:
                 db.close()
+
+        def seen_rows(broker: str, peer: str) -> int:
+            return rows(broker, "SELECT COUNT(*) FROM seen WHERE peer = ?", peer)
 
         async def run() -> None:
             sub_client = await client(fed, "win-sub", SINGAPORE)
@@ -290,6 +293,9 @@ def test_a_restarted_broker_drops_retries_within_its_window_and_its_store_keeps_
             await pub.close()
             assert 8 <= seen_rows("eu", "") <= 10
             assert 8 <= seen_rows("ap", "eu") <= 10
+            # The acknowledgements reach eu's store within a second (its periodic commit).
+            outbox = "SELECT COUNT(*) FROM outbox"
+            await until(lambda: rows("eu", outbox) == 0, "eu's outbox empty", HANG_S)
             fed.stop_node("eu", signal.SIGKILL)
             fed.start_node("eu")
             fed.wait_ready(HANG_S)
