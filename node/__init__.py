@@ -89,6 +89,7 @@ from ._metrics import (
 from ._policy import Grant, Policy, PolicyFile, covered
 from ._run import main, run, serve
 from ._server import BrokerServer
+from ._store import Store, sqlite_memory_used
 from ._tls import (
     TLSFiles,
     broker_dns_name,
@@ -132,8 +133,10 @@ __all__ = [
     "NodeConfig",
     "NodeMetrics",
     "PeerLink",
+    "Store",
     "Transport",
     "add_arguments",
+    "sqlite_memory_used",
     # the message history (docs/design.md §10)
     "HistoryBackend",
     "HistoryLog",

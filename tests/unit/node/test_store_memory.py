@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from geofed.node._store import Store, sqlite_memory_used
+from geofed.node import Store, sqlite_memory_used
 from geofed.routing import InvalidInput
 
 _IDENTITY = {"broker_id": "eu", "strategy": "event-geofence", "federation_digest": "d"}
