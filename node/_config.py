@@ -163,7 +163,8 @@ class NodeConfig:
     )
     store_cache_kib: int = _doc(
         "SQLite page cache of the store's database, in KiB: its resident memory grows to"
-        " this as the file grows (over the first minutes to hours) and stays there",
+        " this as the file grows (over the first minutes to hours) and stays there; with"
+        " data_dir only",
         default=STORE_CACHE_KIB,
     )
     max_session_expiry_s: float = _doc(

@@ -234,6 +234,7 @@ class Store:
             keeps every page it reads or writes until it is full, so it grows
             with the file (the duplicate windows' ``seen`` rows take hours to
             reach their 1.25 windows) up to this bound and then stays there.
+            An in-memory store (no `data_dir`) keeps all its pages regardless.
     """
 
     def __init__(
