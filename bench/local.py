@@ -203,9 +203,13 @@ class LocalFederation:
             self._health_tls = tls_config(TLSFiles.in_dir(self.certs_dir / "brokers" / ids[0]))
         if self._proxies is not None:
             self._route_links_through(self._proxies)
-        for i, bid in enumerate(ids):
-            self.start_node(bid, metrics_port=ports[n * i + 2])
-        self.wait_ready(timeout)
+        try:
+            for i, bid in enumerate(ids):
+                self.start_node(bid, metrics_port=ports[n * i + 2])
+            self.wait_ready(timeout)
+        except BaseException:  # `with` runs no __exit__ when __enter__ fails: stop them here
+            self.stop()
+            raise
         return self
 
     def _route_links_through(self, host: ProxyHost) -> None:

@@ -386,8 +386,10 @@ def hello_frame(
     protocol_version: int,
     epoch: int,
     finished_table: StrategyTable | None = None,
+    adaptive: str = "off",
 ) -> fpb.Frame:
-    """The first frame on a link, each way (`finished_table`: protocol 4)."""
+    """The first frame on a link, each way (`finished_table`: protocol 4; `adaptive`: the
+    node's `NodeConfig.adaptive_digest`)."""
     return fpb.Frame(
         hello=fpb.Hello(
             broker_id=broker_id,
@@ -396,6 +398,7 @@ def hello_frame(
             protocol_version=protocol_version,
             epoch=epoch,
             finished_table=None if finished_table is None else table_to_pb(finished_table),
+            adaptive=adaptive,
         )
     )
 

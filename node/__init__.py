@@ -84,6 +84,7 @@ from ._metrics import (
     STORE_FAILURES,
     SUBSCRIBER_QUEUE_DROPPED,
     SUBSCRIPTIONS,
+    TLS_REFUSED,
     NodeMetrics,
 )
 from ._policy import Grant, Policy, PolicyFile, covered
@@ -123,6 +124,7 @@ __all__ = [
     "AUTH_REFUSED",
     "PEER_LINK_FAILURES",
     "PEER_REFUSED",
+    "TLS_REFUSED",
     "PROTOCOL_VERSION",
     # the node
     "BrokerServer",

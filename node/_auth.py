@@ -44,6 +44,7 @@ from ._tls import (
     peer_identities,
     server_credentials,
 )
+from ._tls_accept import TlsAcceptor
 from ._tokens import TokenVerifier, bearer_token
 
 log = logging.getLogger("geofed.node.auth")
@@ -149,6 +150,12 @@ class Security:
         if self._ssl is None:
             self._ssl = self._following(peer=False)
         return self._ssl
+
+    def acceptor(self, listener: str) -> TlsAcceptor | None:
+        """The TLS handshake of a listener beside gRPC (`listener`: its label in
+        ``geofed_tls_refused_total``); None without ``tls_dir``."""
+        context = self.server_ssl_context()
+        return None if context is None else TlsAcceptor(listener, context, self.metrics)
 
     def _following(self, *, peer: bool) -> ssl.SSLContext:
         """A server context whose handshake hook hands each new connection a context of

@@ -12,7 +12,7 @@ import dataclasses
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -425,6 +425,14 @@ class NodeConfig:
             InvalidInput: naming ``strategy_table`` (and the bad entry).
         """
         return StrategyTable.from_json(self.strategy, self.strategy_table, "strategy_table")
+
+    def adaptive_digest(self) -> str:
+        """What the hello says of the controller (``adaptive`` and its settings), so that
+        brokers that would decide differently refuse each other's links: "off", or "on "
+        followed by the settings as canonical JSON (defaults filled in)."""
+        if self.adaptive != "on":
+            return "off"
+        return "on " + json.dumps(asdict(self.adaptive_settings()), sort_keys=True)
 
     def adaptive_settings(self) -> AdaptiveConfig:
         """`adaptive_config` as the routing core's `AdaptiveConfig` (defaults for fields left out).

@@ -295,7 +295,7 @@ class HttpBridge:
             max_line_size=cfg.http_max_url_bytes + _URL_SLACK,
         )
         self.port = await start_site(
-            self._runner, listen, "http_listen", self.node.security.server_ssl_context()
+            self._runner, listen, "http_listen", self.node.security.acceptor("http")
         )
         return self.port
 

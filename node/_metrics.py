@@ -37,6 +37,7 @@ SESSIONS_EXPIRED = "geofed_sessions_expired_total"
 AUTH_REFUSED = "geofed_auth_refused_total"
 QUEUED_BYTES = "geofed_queued_bytes"
 PEER_REFUSED = "geofed_peer_refused_total"
+TLS_REFUSED = "geofed_tls_refused_total"
 PEER_LINK_FAILURES = "geofed_peer_link_failures_total"
 MQTT_CONNECTIONS = "geofed_mqtt_connections"
 MQTT_CONNECTS = "geofed_mqtt_connects_total"
@@ -226,6 +227,14 @@ class NodeMetrics:
             " unauthenticated (no certificate). Dialling: tls (this broker's dial failed the"
             " TLS handshake).",
             ["reason"],
+            registry=registry,
+        )
+        self.tls_refused = Counter(
+            TLS_REFUSED,
+            "Client connections refused by the TLS handshake at the listeners beside gRPC, by"
+            " listener (mqtt, mqtt_ws, http) and reason: plaintext, no_certificate, unknown_ca,"
+            " expired, bad_certificate, handshake (as geofed_peer_refused_total's).",
+            ["listener", "reason"],
             registry=registry,
         )
         self.peer_link_failures = Counter(

@@ -148,6 +148,7 @@ class MqttListener:
         self.wills: dict[str, _DelayedWill] = {}  # wills waiting out their Will Delay Interval
         self._server: asyncio.Server | None = None
         self._ws_server: Any = None  # the _mqtt_ws.WebSocketServer, with mqtt_ws_listen
+        self._acceptor = node.security.acceptor("mqtt")  # the TCP listener's TLS (tls_dir)
         self._tasks: set[asyncio.Task[None]] = set()
         self.port = 0
         self.ws_port = 0
@@ -163,8 +164,10 @@ class MqttListener:
         await self._restore_qos()
         host, _, port = listen.rpartition(":")
         try:
-            self._server = await asyncio.start_server(
-                self._accept, host or None, int(port), ssl=self._ssl_context()
+            self._server = await asyncio.get_running_loop().create_server(
+                self._acceptor.wrap(self._stream) if self._acceptor else self._stream,
+                host or None,
+                int(port),
             )
         except OSError as exc:
             raise InvalidInput(
@@ -183,7 +186,7 @@ class MqttListener:
 
         await self._restore_qos()
         self._ws_server = WebSocketServer(self._serve_websocket, self.max_packet)
-        self.ws_port = await self._ws_server.start(listen, self._ssl_context())
+        self.ws_port = await self._ws_server.start(listen, self.node.security.acceptor("mqtt_ws"))
         return self.ws_port
 
     async def _restore_qos(self) -> None:
@@ -223,8 +226,10 @@ class MqttListener:
 
         return f"{'wss' if self.tls else 'ws'}://{target.mqtt_ws_endpoint}{PATH}"
 
-    def _ssl_context(self) -> ssl.SSLContext | None:
-        return self.node.security.server_ssl_context()
+    def _stream(self) -> asyncio.StreamReaderProtocol:
+        """A TCP connection's protocol: `_accept` gets it as a reader and a writer (what
+        ``asyncio.start_server`` would make)."""
+        return asyncio.StreamReaderProtocol(asyncio.StreamReader(), self._accept)
 
     def delay_will(self, conn: _Connection, will: mq.Will, delay: float) -> None:
         """Publish `conn`'s will after `delay` s (MQTT 5 Will Delay Interval, capped by the
@@ -261,6 +266,8 @@ class MqttListener:
         self.wills.clear()
         if self._server is not None:
             self._server.close()
+        if self._acceptor is not None:
+            self._acceptor.close()
         for conn in list(self.connections.values()):
             conn.shutdown()
         if self._tasks:

@@ -14,13 +14,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import WSMsgType, web
 
 from . import _mqtt_codec as mq
+from ._tls_accept import TlsAcceptor
 from ._web_site import start_site
 
 log = logging.getLogger("geofed.node.mqtt")
@@ -129,7 +129,7 @@ class WebSocketServer:
         self._max_frame = max_packet + _FRAME_OVERHEAD
         self._runner: web.AppRunner | None = None
 
-    async def start(self, listen: str, ssl_context: ssl.SSLContext | None) -> int:
+    async def start(self, listen: str, acceptor: TlsAcceptor | None) -> int:
         """Bind `listen` and serve; returns the port.
 
         Raises:
@@ -138,7 +138,7 @@ class WebSocketServer:
         app = web.Application()
         app.router.add_get(PATH, self._handle)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-        return await start_site(self._runner, listen, "mqtt_ws_listen", ssl_context)
+        return await start_site(self._runner, listen, "mqtt_ws_listen", acceptor)
 
     async def stop(self) -> None:
         if self._runner is not None:

@@ -59,6 +59,13 @@ import grpc
 from geofed.routing import InvalidInput
 
 from ._metrics import NodeMetrics
+from ._tls_accept import (
+    RefusalLog,
+    address,
+    closed_silently,
+    describe_refusal,
+    refusal_reason,
+)
 
 log = logging.getLogger("geofed.node.peer_tls")
 
@@ -67,49 +74,6 @@ INNER_HOST = "127.0.0.1"
 
 _CHUNK = 1 << 16  # bytes a side holds before it is joined to the other; then it pauses reading
 _WILDCARD = {"", "::", "[::]", "*"}  # gRPC's "all interfaces, both families"
-
-# OpenSSL's verify codes (X509_V_ERR_*) the reasons name.
-_EXPIRED = {9, 10}  # certificate not yet valid, has expired
-_UNKNOWN_CA = {2, 18, 19, 20, 21}  # issuer unknown, self-signed, chain to an untrusted root
-# OpenSSL's reasons for a first record that is not TLS.
-_NOT_TLS = {"WRONG_VERSION_NUMBER", "HTTP_REQUEST", "HTTPS_PROXY_REQUEST", "UNKNOWN_PROTOCOL"}
-
-
-def refusal_reason(exc: BaseException) -> str:
-    """The ``reason`` label of a failed handshake (see the module docs)."""
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        if exc.verify_code in _EXPIRED:
-            return "expired"
-        if exc.verify_code in _UNKNOWN_CA:
-            return "unknown_ca"
-        return "bad_certificate"
-    reason = getattr(exc, "reason", None)
-    if reason == "PEER_DID_NOT_RETURN_A_CERTIFICATE":
-        return "no_certificate"
-    if reason in _NOT_TLS:
-        return "plaintext"
-    return "handshake"
-
-
-def _describe(exc: BaseException, reason: str) -> str:
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        return f"certificate verify failed: {exc.verify_message}"
-    if reason == "plaintext":
-        return f"the caller does not speak TLS ({exc.reason})"  # type: ignore[attr-defined]
-    if reason == "no_certificate":
-        return "the caller sent no client certificate"
-    if isinstance(exc, ssl.SSLError):
-        return exc.reason or str(exc)
-    if isinstance(exc, TimeoutError):
-        return "no TLS handshake within the handshake timeout"
-    return str(exc) or type(exc).__name__
-
-
-def _address(peername: Any) -> str:
-    if isinstance(peername, tuple) and len(peername) >= 2:
-        host, port = peername[0], peername[1]
-        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
-    return str(peername)
 
 
 class PeerFront:
@@ -135,6 +99,7 @@ class PeerFront:
         self._metrics = metrics
         self._names = names
         self._timeout = handshake_timeout_s
+        self._log = RefusalLog(log, logging.ERROR)
         self._server: asyncio.Server | None = None
         self.inner_port = 0
         """The loopback port of the gRPC peer server behind the front (0 before `start`)."""
@@ -197,7 +162,7 @@ class PeerFront:
     async def _serve(
         self, outer: _Pipe, raw: asyncio.Transport, transports: list[asyncio.Transport]
     ) -> None:
-        caller = _address(raw.get_extra_info("peername"))
+        caller = address(raw.get_extra_info("peername"))
         loop = asyncio.get_running_loop()
         try:
             tls = await loop.start_tls(
@@ -232,16 +197,17 @@ class PeerFront:
             del self._callers[key]
 
     def _refused(self, caller: str, exc: BaseException) -> None:
-        if _closed_silently(exc):
+        if closed_silently(exc):
             log.info("peer connection from %s closed during the TLS handshake", caller)
             return
         reason = refusal_reason(exc)
         self._metrics.peer_refused.labels(reason=reason).inc()
-        log.error(
+        self._log.refused(
+            reason,
             "refusing peer connection from %s: TLS handshake failed (%s): %s",
             caller,
             reason,
-            _describe(exc, reason),
+            describe_refusal(exc, reason),
         )
 
     # -- the loopback port ------------------------------------------------------
@@ -263,15 +229,6 @@ class PeerFront:
         await context.abort(
             grpc.StatusCode.UNAUTHENTICATED, "peer calls must come through the TLS peer port"
         )
-
-
-_SILENT = (ConnectionResetError, BrokenPipeError, ssl.SSLEOFError)
-
-
-def _closed_silently(exc: BaseException) -> bool:
-    """The caller just closed the connection before the handshake finished (a TCP probe,
-    a port scan): no TLS alert, no certificate refused."""
-    return isinstance(exc, _SILENT)
 
 
 class _Pipe(asyncio.Protocol):

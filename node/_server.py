@@ -336,6 +336,7 @@ class BrokerServer(Guarded):
         )
         self.peer_geofences = PeerGeofenceCache()  # as the origin validated them: no limits
         self.epoch = time.time_ns()
+        self._adaptive_digest = config.adaptive_digest()  # what the hello says and checks
         self._wan = _wan_matrix(config, self.federation)
         self.store = Store(
             config.data_dir,
@@ -572,6 +573,7 @@ class BrokerServer(Guarded):
             self.epoch,
             # Every broker has finished the transition to it (docs/design.md §6).
             self.core.placing[0],
+            self._adaptive_digest,
         )
 
     def check_hello(self, hello: fpb.Hello, expect: str | None = None) -> str:
@@ -588,6 +590,12 @@ class BrokerServer(Guarded):
             return (
                 f"strategy mismatch: broker {hello.broker_id} runs {hello.strategy!r}, "
                 f"broker {self.broker_id} runs {self.config.strategy!r}"
+            )
+        if (hello.adaptive or "off") != self._adaptive_digest:
+            return (
+                f"adaptive mismatch: broker {hello.broker_id} runs adaptive"
+                f" {hello.adaptive or 'off'!r}, broker {self.broker_id} runs"
+                f" {self._adaptive_digest!r}"
             )
         if hello.federation_digest != self.federation.digest:
             return (

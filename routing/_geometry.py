@@ -18,7 +18,6 @@ so whatever is accepted re-parses under the same limits.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import json
 import math
@@ -34,6 +33,7 @@ from shapely.geometry import MultiPolygon, Polygon, box
 from shapely.geometry.base import BaseGeometry
 
 from ._errors import InvalidInput, TooLarge
+from ._once import once
 
 EARTH_RADIUS_M = 6_371_008.8
 """Mean Earth radius (IUGG), used for circles and great-circle distances."""
@@ -112,7 +112,7 @@ class Geofence:
         shapely.prepare(self.geometry)
         object.__setattr__(self, "bounds", tuple(self.geometry.bounds))
 
-    @functools.cached_property
+    @once
     def wkt(self) -> str:
         """Canonical WKT text (full precision: parsed, it gives back these exact coordinates).
 
@@ -121,7 +121,7 @@ class Geofence:
         """
         return to_wkt(self.geometry)
 
-    @functools.cached_property
+    @once
     def key(self) -> bytes:
         """The exact shape as bytes (WKB), for caches: much cheaper to make than `wkt`."""
         return bytes(shapely.to_wkb(self.geometry))

@@ -32,6 +32,7 @@ from shapely.geometry.base import BaseGeometry
 
 from ._errors import InvalidInput
 from ._geometry import Geofence, LatLon
+from ._once import once
 from ._topics import topic_matches, validate_filter
 
 MAX_BOXES = 32
@@ -69,28 +70,22 @@ class HistoryRecord:
     location: LatLon
     geofence: Geofence | None = None
 
-    @property
+    @once
     def size(self) -> int:
         """Bytes this entry counts against history limits (payload, texts, overhead).
 
-        Computed when first asked for and kept, like a `functools.cached_property`
-        but without its lock: on Python 3.11 that lock is shared by every
-        instance, and the event loop recording entries waited on it while the
-        history's writer thread summed the sizes of a batch.
+        Computed when first asked for and kept (`once`: the history's writer
+        thread sums the sizes of a batch while the event loop records entries).
         """
-        size: int | None = self.__dict__.get("_size")
-        if size is None:
-            fence = 0 if self.geofence is None else len(self.geofence.wkt)
-            size = (
-                len(self.payload)
-                + len(self.topic.encode("utf-8"))
-                + len(self.event_id.encode("utf-8"))
-                + len(self.origin.encode("utf-8"))
-                + fence
-                + RECORD_OVERHEAD
-            )
-            self.__dict__["_size"] = size  # frozen: past the dataclass's __setattr__
-        return size
+        fence = 0 if self.geofence is None else len(self.geofence.wkt)
+        return (
+            len(self.payload)
+            + len(self.topic.encode("utf-8"))
+            + len(self.event_id.encode("utf-8"))
+            + len(self.origin.encode("utf-8"))
+            + fence
+            + RECORD_OVERHEAD
+        )
 
     def to_geojson_feature(self) -> dict[str, Any]:
         """A GeoJSON Feature: the publisher location as the point, the rest as properties.

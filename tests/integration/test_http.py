@@ -27,7 +27,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 import geofed
 from geofed.bench import LocalFederation, metric
-from geofed.node import EVENTS_PUBLISHED, REQUESTS_REJECTED
+from geofed.bench.faults import until
+from geofed.node import EVENTS_PUBLISHED, REQUESTS_REJECTED, TLS_REFUSED
 from geofed.routing import GeofenceCache
 
 pytestmark = pytest.mark.integration
@@ -565,6 +566,21 @@ def test_tls_client_certificates_and_the_policy_hold_over_http(tmp_path: Path) -
                 with pytest.raises(aiohttp.ClientError):  # no client certificate: no handshake
                     async with http.get(https("eu", "/api/status"), ssl=context(anonymous)):
                         pass
+                with pytest.raises(aiohttp.ClientError):  # plaintext on the TLS port
+                    async with http.get(f"http://{tls_fed.nodes['eu'].http}/api/status"):
+                        pass
+                # eu logs and counts both refusals (its own handshake: asyncio's is silent;
+                # aiohttp tries a dropped request twice, so each may count twice).
+                eu = tls_fed.nodes["eu"]
+                for reason in ("no_certificate", "plaintext"):
+                    labels = {"listener": "http", "reason": reason}
+                    await until(
+                        lambda labels=labels: metric(eu.metrics_url, TLS_REFUSED, **labels) >= 1,
+                        f"http {reason} refusal counted",
+                        HANG_S,
+                        scrapes=True,
+                    )
+                    assert f"TLS handshake failed ({reason})" in eu.log_path.read_text()
                 ctx = context(alice)
                 async with http.put(
                     https("eu", "/geopublish/sensors/alice/temp"),

@@ -39,6 +39,7 @@ from geofed.node import (
     DELIVERIES,
     EVENTS_PUBLISHED,
     SUBSCRIPTIONS,
+    TLS_REFUSED,
     issue_federation,
 )
 from geofed.node import _mqtt_codec as mq
@@ -384,6 +385,7 @@ def test_a_persistent_session_keeps_qos1_deliveries_across_a_disconnect(
 
 
 def test_the_will_is_published_when_a_client_vanishes(fed: LocalFederation) -> None:
+    start = local_subs(fed, "eu")
     w = Paho("x-will-watch")
     assert w.connect(fed.nodes["eu"].mqtt, user(PacketTypes.CONNECT, geofed_location=PARIS)) == 0
     assert w.subscribe("status/#", 1) == [1]
@@ -399,6 +401,8 @@ def test_the_will_is_published_when_a_client_vanishes(fed: LocalFederation) -> N
     sub.wait(HANG_S)
     assert w.receive(1) == [("status/x-will", b"gone")]
     w.close()
+    # Both subscriptions end asynchronously: gone before the next test counts eu's.
+    until(lambda: local_subs(fed, "eu") == start, "the subscriptions withdrawn")
 
 
 def test_websocket_clients_and_tcp_and_grpc_see_each_others_events(fed: LocalFederation) -> None:
@@ -566,6 +570,24 @@ def test_tls_with_client_certificates(tmp_path: Path) -> None:
                              "-m", "x", *extra)  # fmt: skip
             assert done.returncode != 0
         assert metric(eu.metrics_url, "geofed_mqtt_connects_total") == refused
+        # A wss client without a certificate fails too, and eu logs and counts every
+        # refusal (its own handshake: asyncio's TLS drops a failed one silently).
+        served_certificate(eu.mqtt_ws, TLSConfig(ca_file=alice.ca_file))
+        for listener, reason in (
+            ("mqtt", "no_certificate"),
+            ("mqtt", "plaintext"),
+            ("mqtt_ws", "no_certificate"),
+        ):
+            labels = {"listener": listener, "reason": reason}
+            until(
+                lambda labels=labels: metric(eu.metrics_url, TLS_REFUSED, **labels) == 1,
+                f"{listener} {reason} refusal counted",
+            )
+            line = f"refusing {listener} connection from 127.0.0.1:"
+            assert any(
+                line in x and f"TLS handshake failed ({reason})" in x
+                for x in eu.log_path.read_text().splitlines()
+            )
         for c in clients:
             c.close()
 
@@ -576,6 +598,7 @@ def test_a_client_silent_past_its_keep_alive_is_closed_and_its_will_published(
     """A client that stops sending (no PINGREQ: its loop is not driven) is closed once
     1.5 x its keep-alive passed without a packet, and its will is published."""
     eu = fed.nodes["eu"]
+    start = local_subs(fed, "eu")
     w = Paho("x-ka-watch")
     assert w.connect(eu.mqtt, user(PacketTypes.CONNECT, geofed_location=PARIS)) == 0
     assert w.subscribe("status/#", 1) == [1]
@@ -589,6 +612,7 @@ def test_a_client_silent_past_its_keep_alive_is_closed_and_its_will_published(
     assert "keep-alive" in line
     w.close()
     silent.c.socket().close()
+    until(lambda: local_subs(fed, "eu") == start, "the subscription withdrawn")
 
 
 def test_a_jwt_in_the_connect_password_is_the_identity(
@@ -649,6 +673,7 @@ def test_the_will_delay_interval_holds_the_will_until_it_passed_or_the_client_is
     session within the delay drops it, a reconnect with Clean Start (the old session
     ends) publishes it at once."""
     eu = fed.nodes["eu"]
+    start = local_subs(fed, "eu")
     w = Paho("x-wd-watch")
     assert w.connect(eu.mqtt, user(PacketTypes.CONNECT, geofed_location=PARIS)) == 0
     assert w.subscribe("wills/#", 1) == [1]
@@ -682,13 +707,14 @@ def test_the_will_delay_interval_holds_the_will_until_it_passed_or_the_client_is
     assert w.receive(2)[1] == ("wills/x-wd-clean", b"gone")  # the old session ended: now
     for c in (w, back, fresh):
         c.close()
+    until(lambda: local_subs(fed, "eu") == start, "the subscription withdrawn")
 
 
 def served_certificate(endpoint: str, tls: TLSConfig) -> bytes:
     """The certificate a TLS listener presents to a new connection (DER)."""
     ctx = ssl.create_default_context(cafile=tls.ca_file)
-    assert tls.cert_file and tls.key_file
-    ctx.load_cert_chain(tls.cert_file, tls.key_file)
+    if tls.cert_file and tls.key_file:  # else: the refusal, by a server that wants one
+        ctx.load_cert_chain(tls.cert_file, tls.key_file)
     ctx.check_hostname = False  # the broker's name is not the loopback address
     host, _, p = endpoint.rpartition(":")
     with (
@@ -696,6 +722,8 @@ def served_certificate(endpoint: str, tls: TLSConfig) -> bytes:
         ctx.wrap_socket(raw) as conn,
     ):
         der = conn.getpeercert(binary_form=True)
+        if not tls.cert_file:  # TLS 1.3: a server that wants one refuses after our Finished
+            assert conn.recv(1) == b""  # and hangs up
     assert der is not None
     return der
 

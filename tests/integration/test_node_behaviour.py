@@ -446,6 +446,16 @@ def test_strategy_and_federation_mismatch_are_refused(
     assert metric(fed, "eu", PEER_CONNECTED, peer="ap") == 1
 
 
+def test_a_federation_that_fails_to_start_stops_the_nodes_it_started(tmp_path: Path) -> None:
+    """`with LocalFederation(...)` runs no __exit__ when start fails: start itself stops
+    every node it started (none outlives the failed test)."""
+    fed = LocalFederation(THREE, "event-geofence", tmp_path)
+    with pytest.raises(geofed.GeofedError, match="not ready after 0s"):
+        fed.start(timeout=0)  # the first health check comes before any node can be ready
+    assert len(fed.nodes) == 3
+    assert all(node.process.poll() is not None for node in fed.nodes.values())
+
+
 def test_message_trace_records_every_message_sent(tmp_path: Path) -> None:
     fed = LocalFederation(THREE, "flooding-subscriptions", tmp_path, trace=True)
     with fed:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from geofed.v1 import geo_pb2 as geofed_dot_v1_dot_geo__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ageofed/v1/federation.proto\x12\tgeofed.v1\x1a\x13geofed/v1/geo.proto\"\xc1\x01\n\x12PeerHistoryRequest\x12\x11\n\tbroker_id\x18\x01 \x01(\t\x12\x14\n\x0ctopic_filter\x18\x02 \x01(\t\x12\x12\n\x05start\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x10\n\x03\x65nd\x18\x04 \x01(\x01H\x01\x88\x01\x01\x12\x14\n\x0cgeometry_wkb\x18\x05 \x01(\x0c\x12\r\n\x05limit\x18\x06 \x01(\r\x12\x11\n\tmax_bytes\x18\x07 \x01(\x04\x12\x12\n\ndelete_ids\x18\x08 \x03(\tB\x08\n\x06_startB\x06\n\x04_end\"J\n\x13PeerHistoryResponse\x12 \n\x06\x65vents\x18\x01 \x03(\x0b\x32\x10.geofed.v1.Event\x12\x11\n\ttruncated\x18\x02 \x01(\x08\"\xa2\x01\n\x05Hello\x12\x11\n\tbroker_id\x18\x01 \x01(\t\x12\x10\n\x08strategy\x18\x02 \x01(\t\x12\x19\n\x11\x66\x65\x64\x65ration_digest\x18\x03 \x01(\t\x12\x18\n\x10protocol_version\x18\x04 \x01(\r\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\x12\x30\n\x0e\x66inished_table\x18\x06 \x01(\x0b\x32\x18.geofed.v1.StrategyTable\"D\n\nTableState\x12\'\n\x05table\x18\x01 \x01(\x0b\x32\x18.geofed.v1.StrategyTable\x12\r\n\x05phase\x18\x02 \x01(\r\":\n\x10StrategyProposal\x12\x14\n\x0ctopic_filter\x18\x01 \x01(\t\x12\x10\n\x08strategy\x18\x02 \x01(\t\"p\n\x12RemoteSubscription\x12-\n\x0csubscription\x18\x01 \x01(\x0b\x32\x17.geofed.v1.Subscription\x12\x0c\n\x04home\x18\x02 \x01(\t\x12\x1d\n\x02\x61t\x18\x03 \x01(\x0b\x32\x11.geofed.v1.LatLon\"b\n\nRelocation\x12\x0e\n\x06\x63lient\x18\x01 \x01(\t\x12\x17\n\x0fsubscription_id\x18\x02 \x01(\t\x12\x0c\n\x04home\x18\x03 \x01(\t\x12\x1d\n\x02\x61t\x18\x04 \x01(\x0b\x32\x11.geofed.v1.LatLon\"G\n\x0eUnsubscription\x12\x17\n\x0fsubscription_id\x18\x01 \x01(\t\x12\x0c\n\x04home\x18\x02 \x01(\t\x12\x0e\n\x06\x63lient\x18\x03 \x01(\t\"-\n\x0fSubscriptionRef\x12\x0e\n\x06\x63lient\x18\x01 \x01(\t\x12\n\n\x02id\x18\x02 \x01(\t\"i\n\rEventDelivery\x12\x1f\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x10.geofed.v1.Event\x12\x31\n\rsubscriptions\x18\x03 \x03(\x0b\x32\x1a.geofed.v1.SubscriptionRefJ\x04\x08\x02\x10\x03\"_\n\x14SubscriptionSnapshot\x12\x34\n\rsubscriptions\x18\x01 \x03(\x0b\x32\x1d.geofed.v1.RemoteSubscription\x12\x11\n\tcontinued\x18\x02 \x01(\x08\"\x12\n\x03\x41\x63k\x12\x0b\n\x03seq\x18\x01 \x01(\x04\"\xff\x03\n\x05\x46rame\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x1f\n\x05hello\x18\x02 \x01(\x0b\x32\x10.geofed.v1.Hello\x12\x1b\n\x03\x61\x63k\x18\x03 \x01(\x0b\x32\x0e.geofed.v1.Ack\x12 \n\x06\x65vents\x18\x04 \x03(\x0b\x32\x10.geofed.v1.Event\x12\x31\n\nsubscribes\x18\x05 \x03(\x0b\x32\x1d.geofed.v1.RemoteSubscription\x12/\n\x0cunsubscribes\x18\x06 \x03(\x0b\x32\x19.geofed.v1.Unsubscription\x12,\n\ndeliveries\x18\x07 \x03(\x0b\x32\x18.geofed.v1.EventDelivery\x12\x31\n\x08snapshot\x18\x08 \x01(\x0b\x32\x1f.geofed.v1.SubscriptionSnapshot\x12\x15\n\rrefuse_reason\x18\t \x01(\t\x12*\n\x0brelocations\x18\n \x03(\x0b\x32\x15.geofed.v1.Relocation\x12%\n\x06tables\x18\x0b \x03(\x0b\x32\x15.geofed.v1.TableState\x12.\n\tproposals\x18\x0c \x03(\x0b\x32\x1b.geofed.v1.StrategyProposal\x12*\n\x07reports\x18\r \x03(\x0b\x32\x19.geofed.v1.AdaptiveReport\"C\n\x0e\x41\x64\x61ptiveReport\x12\x0e\n\x06window\x18\x01 \x01(\x04\x12!\n\x04keys\x18\x02 \x03(\x0b\x32\x13.geofed.v1.KeyShare\"\xea\x01\n\x08KeyShare\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x10\n\x08strategy\x18\x02 \x01(\t\x12\x0e\n\x06\x65vents\x18\x03 \x01(\x04\x12\x12\n\nsubscribes\x18\x04 \x01(\x04\x12\x14\n\x0cunsubscribes\x18\x05 \x01(\x04\x12\x13\n\x0b\x65vent_reach\x18\x06 \x01(\x04\x12\x1a\n\x12subscription_reach\x18\x07 \x01(\x04\x12+\n\tpredicted\x18\x08 \x03(\x0b\x32\x18.geofed.v1.StrategyCount\x12\'\n\x05moved\x18\t \x03(\x0b\x32\x18.geofed.v1.StrategyCount\"3\n\rStrategyCount\x12\x10\n\x08strategy\x18\x01 \x01(\t\x12\x10\n\x08messages\x18\x02 \x01(\x04\x32\x8d\x01\n\x11\x46\x65\x64\x65rationService\x12.\n\x04Link\x12\x10.geofed.v1.Frame\x1a\x10.geofed.v1.Frame(\x01\x30\x01\x12H\n\x07History\x12\x1d.geofed.v1.PeerHistoryRequest\x1a\x1e.geofed.v1.PeerHistoryResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ageofed/v1/federation.proto\x12\tgeofed.v1\x1a\x13geofed/v1/geo.proto\"\xc1\x01\n\x12PeerHistoryRequest\x12\x11\n\tbroker_id\x18\x01 \x01(\t\x12\x14\n\x0ctopic_filter\x18\x02 \x01(\t\x12\x12\n\x05start\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x10\n\x03\x65nd\x18\x04 \x01(\x01H\x01\x88\x01\x01\x12\x14\n\x0cgeometry_wkb\x18\x05 \x01(\x0c\x12\r\n\x05limit\x18\x06 \x01(\r\x12\x11\n\tmax_bytes\x18\x07 \x01(\x04\x12\x12\n\ndelete_ids\x18\x08 \x03(\tB\x08\n\x06_startB\x06\n\x04_end\"J\n\x13PeerHistoryResponse\x12 \n\x06\x65vents\x18\x01 \x03(\x0b\x32\x10.geofed.v1.Event\x12\x11\n\ttruncated\x18\x02 \x01(\x08\"\xb4\x01\n\x05Hello\x12\x11\n\tbroker_id\x18\x01 \x01(\t\x12\x10\n\x08strategy\x18\x02 \x01(\t\x12\x19\n\x11\x66\x65\x64\x65ration_digest\x18\x03 \x01(\t\x12\x18\n\x10protocol_version\x18\x04 \x01(\r\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\x12\x30\n\x0e\x66inished_table\x18\x06 \x01(\x0b\x32\x18.geofed.v1.StrategyTable\x12\x10\n\x08\x61\x64\x61ptive\x18\x07 \x01(\t\"D\n\nTableState\x12\'\n\x05table\x18\x01 \x01(\x0b\x32\x18.geofed.v1.StrategyTable\x12\r\n\x05phase\x18\x02 \x01(\r\":\n\x10StrategyProposal\x12\x14\n\x0ctopic_filter\x18\x01 \x01(\t\x12\x10\n\x08strategy\x18\x02 \x01(\t\"p\n\x12RemoteSubscription\x12-\n\x0csubscription\x18\x01 \x01(\x0b\x32\x17.geofed.v1.Subscription\x12\x0c\n\x04home\x18\x02 \x01(\t\x12\x1d\n\x02\x61t\x18\x03 \x01(\x0b\x32\x11.geofed.v1.LatLon\"b\n\nRelocation\x12\x0e\n\x06\x63lient\x18\x01 \x01(\t\x12\x17\n\x0fsubscription_id\x18\x02 \x01(\t\x12\x0c\n\x04home\x18\x03 \x01(\t\x12\x1d\n\x02\x61t\x18\x04 \x01(\x0b\x32\x11.geofed.v1.LatLon\"G\n\x0eUnsubscription\x12\x17\n\x0fsubscription_id\x18\x01 \x01(\t\x12\x0c\n\x04home\x18\x02 \x01(\t\x12\x0e\n\x06\x63lient\x18\x03 \x01(\t\"-\n\x0fSubscriptionRef\x12\x0e\n\x06\x63lient\x18\x01 \x01(\t\x12\n\n\x02id\x18\x02 \x01(\t\"i\n\rEventDelivery\x12\x1f\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x10.geofed.v1.Event\x12\x31\n\rsubscriptions\x18\x03 \x03(\x0b\x32\x1a.geofed.v1.SubscriptionRefJ\x04\x08\x02\x10\x03\"_\n\x14SubscriptionSnapshot\x12\x34\n\rsubscriptions\x18\x01 \x03(\x0b\x32\x1d.geofed.v1.RemoteSubscription\x12\x11\n\tcontinued\x18\x02 \x01(\x08\"\x12\n\x03\x41\x63k\x12\x0b\n\x03seq\x18\x01 \x01(\x04\"\xff\x03\n\x05\x46rame\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x1f\n\x05hello\x18\x02 \x01(\x0b\x32\x10.geofed.v1.Hello\x12\x1b\n\x03\x61\x63k\x18\x03 \x01(\x0b\x32\x0e.geofed.v1.Ack\x12 \n\x06\x65vents\x18\x04 \x03(\x0b\x32\x10.geofed.v1.Event\x12\x31\n\nsubscribes\x18\x05 \x03(\x0b\x32\x1d.geofed.v1.RemoteSubscription\x12/\n\x0cunsubscribes\x18\x06 \x03(\x0b\x32\x19.geofed.v1.Unsubscription\x12,\n\ndeliveries\x18\x07 \x03(\x0b\x32\x18.geofed.v1.EventDelivery\x12\x31\n\x08snapshot\x18\x08 \x01(\x0b\x32\x1f.geofed.v1.SubscriptionSnapshot\x12\x15\n\rrefuse_reason\x18\t \x01(\t\x12*\n\x0brelocations\x18\n \x03(\x0b\x32\x15.geofed.v1.Relocation\x12%\n\x06tables\x18\x0b \x03(\x0b\x32\x15.geofed.v1.TableState\x12.\n\tproposals\x18\x0c \x03(\x0b\x32\x1b.geofed.v1.StrategyProposal\x12*\n\x07reports\x18\r \x03(\x0b\x32\x19.geofed.v1.AdaptiveReport\"C\n\x0e\x41\x64\x61ptiveReport\x12\x0e\n\x06window\x18\x01 \x01(\x04\x12!\n\x04keys\x18\x02 \x03(\x0b\x32\x13.geofed.v1.KeyShare\"\xea\x01\n\x08KeyShare\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x10\n\x08strategy\x18\x02 \x01(\t\x12\x0e\n\x06\x65vents\x18\x03 \x01(\x04\x12\x12\n\nsubscribes\x18\x04 \x01(\x04\x12\x14\n\x0cunsubscribes\x18\x05 \x01(\x04\x12\x13\n\x0b\x65vent_reach\x18\x06 \x01(\x04\x12\x1a\n\x12subscription_reach\x18\x07 \x01(\x04\x12+\n\tpredicted\x18\x08 \x03(\x0b\x32\x18.geofed.v1.StrategyCount\x12\'\n\x05moved\x18\t \x03(\x0b\x32\x18.geofed.v1.StrategyCount\"3\n\rStrategyCount\x12\x10\n\x08strategy\x18\x01 \x01(\t\x12\x10\n\x08messages\x18\x02 \x01(\x04\x32\x8d\x01\n\x11\x46\x65\x64\x65rationService\x12.\n\x04Link\x12\x10.geofed.v1.Frame\x1a\x10.geofed.v1.Frame(\x01\x30\x01\x12H\n\x07History\x12\x1d.geofed.v1.PeerHistoryRequest\x1a\x1e.geofed.v1.PeerHistoryResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,33 +37,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PEERHISTORYRESPONSE']._serialized_start=258
   _globals['_PEERHISTORYRESPONSE']._serialized_end=332
   _globals['_HELLO']._serialized_start=335
-  _globals['_HELLO']._serialized_end=497
-  _globals['_TABLESTATE']._serialized_start=499
-  _globals['_TABLESTATE']._serialized_end=567
-  _globals['_STRATEGYPROPOSAL']._serialized_start=569
-  _globals['_STRATEGYPROPOSAL']._serialized_end=627
-  _globals['_REMOTESUBSCRIPTION']._serialized_start=629
-  _globals['_REMOTESUBSCRIPTION']._serialized_end=741
-  _globals['_RELOCATION']._serialized_start=743
-  _globals['_RELOCATION']._serialized_end=841
-  _globals['_UNSUBSCRIPTION']._serialized_start=843
-  _globals['_UNSUBSCRIPTION']._serialized_end=914
-  _globals['_SUBSCRIPTIONREF']._serialized_start=916
-  _globals['_SUBSCRIPTIONREF']._serialized_end=961
-  _globals['_EVENTDELIVERY']._serialized_start=963
-  _globals['_EVENTDELIVERY']._serialized_end=1068
-  _globals['_SUBSCRIPTIONSNAPSHOT']._serialized_start=1070
-  _globals['_SUBSCRIPTIONSNAPSHOT']._serialized_end=1165
-  _globals['_ACK']._serialized_start=1167
-  _globals['_ACK']._serialized_end=1185
-  _globals['_FRAME']._serialized_start=1188
-  _globals['_FRAME']._serialized_end=1699
-  _globals['_ADAPTIVEREPORT']._serialized_start=1701
-  _globals['_ADAPTIVEREPORT']._serialized_end=1768
-  _globals['_KEYSHARE']._serialized_start=1771
-  _globals['_KEYSHARE']._serialized_end=2005
-  _globals['_STRATEGYCOUNT']._serialized_start=2007
-  _globals['_STRATEGYCOUNT']._serialized_end=2058
-  _globals['_FEDERATIONSERVICE']._serialized_start=2061
-  _globals['_FEDERATIONSERVICE']._serialized_end=2202
+  _globals['_HELLO']._serialized_end=515
+  _globals['_TABLESTATE']._serialized_start=517
+  _globals['_TABLESTATE']._serialized_end=585
+  _globals['_STRATEGYPROPOSAL']._serialized_start=587
+  _globals['_STRATEGYPROPOSAL']._serialized_end=645
+  _globals['_REMOTESUBSCRIPTION']._serialized_start=647
+  _globals['_REMOTESUBSCRIPTION']._serialized_end=759
+  _globals['_RELOCATION']._serialized_start=761
+  _globals['_RELOCATION']._serialized_end=859
+  _globals['_UNSUBSCRIPTION']._serialized_start=861
+  _globals['_UNSUBSCRIPTION']._serialized_end=932
+  _globals['_SUBSCRIPTIONREF']._serialized_start=934
+  _globals['_SUBSCRIPTIONREF']._serialized_end=979
+  _globals['_EVENTDELIVERY']._serialized_start=981
+  _globals['_EVENTDELIVERY']._serialized_end=1086
+  _globals['_SUBSCRIPTIONSNAPSHOT']._serialized_start=1088
+  _globals['_SUBSCRIPTIONSNAPSHOT']._serialized_end=1183
+  _globals['_ACK']._serialized_start=1185
+  _globals['_ACK']._serialized_end=1203
+  _globals['_FRAME']._serialized_start=1206
+  _globals['_FRAME']._serialized_end=1717
+  _globals['_ADAPTIVEREPORT']._serialized_start=1719
+  _globals['_ADAPTIVEREPORT']._serialized_end=1786
+  _globals['_KEYSHARE']._serialized_start=1789
+  _globals['_KEYSHARE']._serialized_end=2023
+  _globals['_STRATEGYCOUNT']._serialized_start=2025
+  _globals['_STRATEGYCOUNT']._serialized_end=2076
+  _globals['_FEDERATIONSERVICE']._serialized_start=2079
+  _globals['_FEDERATIONSERVICE']._serialized_end=2220
 # @@protoc_insertion_point(module_scope)

@@ -36,20 +36,22 @@ class PeerHistoryResponse(_message.Message):
     def __init__(self, events: _Optional[_Iterable[_Union[_geo_pb2.Event, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("broker_id", "strategy", "federation_digest", "protocol_version", "epoch", "finished_table")
+    __slots__ = ("broker_id", "strategy", "federation_digest", "protocol_version", "epoch", "finished_table", "adaptive")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
     FEDERATION_DIGEST_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     FINISHED_TABLE_FIELD_NUMBER: _ClassVar[int]
+    ADAPTIVE_FIELD_NUMBER: _ClassVar[int]
     broker_id: str
     strategy: str
     federation_digest: str
     protocol_version: int
     epoch: int
     finished_table: _geo_pb2.StrategyTable
-    def __init__(self, broker_id: _Optional[str] = ..., strategy: _Optional[str] = ..., federation_digest: _Optional[str] = ..., protocol_version: _Optional[int] = ..., epoch: _Optional[int] = ..., finished_table: _Optional[_Union[_geo_pb2.StrategyTable, _Mapping]] = ...) -> None: ...
+    adaptive: str
+    def __init__(self, broker_id: _Optional[str] = ..., strategy: _Optional[str] = ..., federation_digest: _Optional[str] = ..., protocol_version: _Optional[int] = ..., epoch: _Optional[int] = ..., finished_table: _Optional[_Union[_geo_pb2.StrategyTable, _Mapping]] = ..., adaptive: _Optional[str] = ...) -> None: ...
 
 class TableState(_message.Message):
     __slots__ = ("table", "phase")

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from node_fixtures import unstarted_node
 
 from geofed.node import NodeConfig, add_arguments, from_args
 from geofed.routing import AdaptiveConfig, InvalidInput
@@ -158,3 +159,26 @@ def test_the_strategy_table_starts_from_the_default_and_its_entries() -> None:
     assert table.strategy_for("u") == "flooding-events"
     admins = NodeConfig.load({**BASE, "strategy_admins": "ops, alice ,"})
     assert admins.strategy_admin_names() == {"ops", "alice"}
+
+
+def test_brokers_whose_adaptive_controllers_differ_refuse_each_others_links() -> None:
+    """The hello carries ``adaptive`` and its settings: the sequencer sums every broker's
+    share, so a broker metering nothing (off) or by other settings is refused."""
+    on = '{"window_s": 2.5}'
+    eu = unstarted_node("eu", adaptive="on", adaptive_config=on)
+    assert (
+        eu.check_hello(unstarted_node("us", adaptive="on", adaptive_config=on).hello().hello) == ""
+    )
+    for other in (
+        unstarted_node("us"),
+        unstarted_node("us", adaptive="on"),
+        unstarted_node("us", adaptive="on", adaptive_config='{"window_s": 5}'),
+    ):
+        why = eu.check_hello(other.hello().hello)
+        assert why.startswith("adaptive mismatch: broker us runs adaptive"), why
+        assert "broker eu runs 'on {" in why and '"window_s": 2.5' in why
+    off = unstarted_node("eu")
+    older = unstarted_node("us").hello().hello
+    older.ClearField("adaptive")  # a sender from before the field: off
+    assert off.check_hello(older) == ""
+    assert eu.check_hello(older).startswith("adaptive mismatch")

@@ -11,7 +11,7 @@ import ssl
 
 import pytest
 
-from geofed.node._peer_front import refusal_reason
+from geofed.node._tls_accept import refusal_reason
 
 
 def _verify_error(code: int) -> ssl.SSLCertVerificationError:
