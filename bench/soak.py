@@ -15,7 +15,9 @@
   (a plain session) connects and subscribes, or closes, in turn.
 
 Every few seconds (`--sample-s`) it reads each node process's resident memory
-(VmRSS in ``/proc/<pid>/status``). At the end publishing stops, one marker
+(VmRSS in ``/proc/<pid>/status``) and the memory SQLite holds in it
+(``geofed_sqlite_memory_bytes``: the store's and the history's page caches,
+which fill up to their bounds as the files grow). At the end publishing stops, one marker
 event per publisher settles the run (each link and stream is ordered: once
 the markers arrived, everything before them did), and the history checker
 (`geofed.bench.history`) holds every acknowledged event against the oracle.
@@ -48,6 +50,7 @@ from geofed.node import (
     SESSION_QUEUE_DROPPED,
     SESSIONS,
     SESSIONS_EXPIRED,
+    SQLITE_MEMORY,
     SUBSCRIBER_QUEUE_DROPPED,
 )
 from geofed.routing import GeofedError, LatLon
@@ -108,6 +111,8 @@ class SoakResult:
     report: Report
     rss: dict[str, list[tuple[float, float]]]
     """Per broker: (seconds since the load started, RSS MiB)."""
+    sqlite: dict[str, list[tuple[float, float]]]
+    """Per broker: (seconds since the load started, MiB SQLite holds), when the node tells."""
     counters: dict[str, dict[str, float]]
     """Per broker: the `COUNTERS` at the end."""
     load: tuple[tuple[float, float, float], tuple[float, float, float]]
@@ -294,18 +299,25 @@ class _Load:
             await client.close()
 
 
+_Series = dict[str, list[tuple[float, float]]]
+
+
 async def _sample_forever(
-    fed: LocalFederation, t0: float, period_s: float, out: dict[str, list[tuple[float, float]]]
+    fed: LocalFederation, t0: float, period_s: float, rss: _Series, sqlite: _Series
 ) -> None:
     while True:
-        _sample(fed, t0, out)
+        await _sample(fed, t0, rss, sqlite)
         await asyncio.sleep(period_s)
 
 
-def _sample(fed: LocalFederation, t0: float, out: dict[str, list[tuple[float, float]]]) -> None:
+async def _sample(fed: LocalFederation, t0: float, rss: _Series, sqlite: _Series) -> None:
     now = time.monotonic() - t0
     for b, node in fed.nodes.items():
-        out.setdefault(b, []).append((now, rss_mib(node.process.pid)))
+        rss.setdefault(b, []).append((now, rss_mib(node.process.pid)))
+    scraped = await asyncio.to_thread(scrape_all, fed.metrics_urls())
+    for b, samples in scraped.items():
+        if (SQLITE_MEMORY, ()) in samples:
+            sqlite.setdefault(b, []).append((now, samples[SQLITE_MEMORY, ()] / 2**20))
 
 
 async def run_soak(
@@ -335,13 +347,14 @@ async def run_soak(
     await asyncio.to_thread(fed.start, wait_s)
     history = History()
     load = _Load(fed, history, rate, payload_bytes)
-    rss: dict[str, list[tuple[float, float]]] = {}
+    rss: _Series = {}
+    sqlite: _Series = {}
     load_start = os.getloadavg()
     sampler: asyncio.Task[None] | None = None
     try:
         await load.start()
         t0 = time.monotonic()
-        sampler = asyncio.create_task(_sample_forever(fed, t0, sample_s, rss))
+        sampler = asyncio.create_task(_sample_forever(fed, t0, sample_s, rss, sqlite))
         load.publish_steadily()
         end = t0 + minutes * 60 if minutes is not None else None
         next_churn = churn_every
@@ -356,7 +369,7 @@ async def run_soak(
             await load.churn()
         await load.settle(wait_s)
         sampler.cancel()
-        _sample(fed, t0, rss)
+        await _sample(fed, t0, rss, sqlite)
         duration = time.monotonic() - t0
         urls = fed.metrics_urls()
         scraped = await asyncio.to_thread(scrape_all, urls)
@@ -378,6 +391,7 @@ async def run_soak(
         load.churns,
         history.check(),
         rss,
+        sqlite,
         counters,
         (load_start, os.getloadavg()),
         load.errors,
@@ -440,18 +454,22 @@ def markdown(result: SoakResult, plot_name: str) -> str:
         f" | {c['duplicated']:,} | {c['unexpected']:,} | {status} |",
         "",
         "Resident memory of each node process (VmRSS), sampled every few seconds; slope by"
-        " least squares over the whole run and over its second half (after warm-up):",
+        " least squares over the whole run and over its second half (after warm-up); the"
+        " memory SQLite holds in the process (`geofed_sqlite_memory_bytes`, its page caches)"
+        " at the start and the end:",
         "",
         "| broker | samples | RSS start MiB | RSS end MiB | RSS max MiB | slope MiB/h"
-        " | slope, 2nd half MiB/h |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        " | slope, 2nd half MiB/h | SQLite start → end MiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for b, samples in sorted(result.rss.items()):
         values = [v for _, v in samples]
         half = [s for s in samples if s[0] >= result.duration_s / 2]
+        held = result.sqlite.get(b)
+        sqlite = f"{held[0][1]:.2f} → {held[-1][1]:.2f}" if held else "n/a"
         lines.append(
             f"| {b} | {len(samples)} | {values[0]:.1f} | {values[-1]:.1f} | {max(values):.1f}"
-            f" | {slope_mib_per_h(samples):+.1f} | {slope_mib_per_h(half):+.1f} |"
+            f" | {slope_mib_per_h(samples):+.1f} | {slope_mib_per_h(half):+.1f} | {sqlite} |"
         )
     lines += [
         "",

@@ -81,6 +81,7 @@ from ._metrics import (
     SESSION_QUEUE_DROPPED,
     SESSIONS,
     SESSIONS_EXPIRED,
+    SQLITE_MEMORY,
     STORE_FAILURES,
     SUBSCRIBER_QUEUE_DROPPED,
     SUBSCRIPTIONS,
@@ -90,6 +91,7 @@ from ._metrics import (
 from ._policy import Grant, Policy, PolicyFile, covered
 from ._run import main, run, serve
 from ._server import BrokerServer
+from ._store import Store, sqlite_memory_used
 from ._tls import (
     TLSFiles,
     broker_dns_name,
@@ -135,8 +137,10 @@ __all__ = [
     "NodeConfig",
     "NodeMetrics",
     "PeerLink",
+    "Store",
     "Transport",
     "add_arguments",
+    "sqlite_memory_used",
     # the message history (docs/design.md §10)
     "HistoryBackend",
     "HistoryLog",
@@ -210,6 +214,7 @@ __all__ = [
     "SESSIONS",
     "SESSIONS_EXPIRED",
     "SESSION_QUEUE_DROPPED",
+    "SQLITE_MEMORY",
     "STORE_FAILURES",
     "PUBLISH_BACKPRESSURE_SECONDS",
     "PUBLISH_BACKPRESSURE_WAITS",

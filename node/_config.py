@@ -45,6 +45,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 SYNC_MODES = ("normal", "full", "off")
 CLIENT_AUTH = ("none", "cert", "token")
 """`store_sync` values: SQLite's ``synchronous`` pragma in WAL mode."""
+STORE_CACHE_KIB = 512
+"""Default `store_cache_kib` (SQLite's own default is 2,000 KiB; node/_store.py `Store`)."""
 
 
 def _doc(text: str, **kw: Any) -> Any:
@@ -158,6 +160,12 @@ class NodeConfig:
         "most bytes the store's database may grow to (0 = no limit); a full store refuses"
         " publishes (UNAVAILABLE) rather than acknowledge what it cannot keep",
         default=0,
+    )
+    store_cache_kib: int = _doc(
+        "SQLite page cache of the store's database, in KiB: its resident memory grows to"
+        " this as the file grows (over the first minutes to hours) and stays there; with"
+        " data_dir only",
+        default=STORE_CACHE_KIB,
     )
     max_session_expiry_s: float = _doc(
         "longest a persistent session is kept without an open stream (clients ask for less)",
@@ -338,6 +346,7 @@ class NodeConfig:
             "history_max_bytes",
             "history_max_rows",
             "history_max_answer_bytes",
+            "store_cache_kib",
             "subscriber_batch_max",
             "filter_scheme_audit_every",
         ):

@@ -31,6 +31,7 @@ REQUESTS_REJECTED = "geofed_requests_rejected_total"
 MATCH_SECONDS = "geofed_match_seconds"
 PUBLISH_DUPLICATES = "geofed_publish_duplicates_total"
 STORE_FAILURES = "geofed_store_failures_total"
+SQLITE_MEMORY = "geofed_sqlite_memory_bytes"
 SESSION_QUEUE_DROPPED = "geofed_session_queue_dropped_total"
 SESSIONS_EXPIRED = "geofed_sessions_expired_total"
 AUTH_REFUSED = "geofed_auth_refused_total"
@@ -378,6 +379,12 @@ class NodeMetrics:
         self.store_failures = Counter(
             STORE_FAILURES,
             "Store commits that failed (the publish or peer frame was refused, not acknowledged).",
+            registry=registry,
+        )
+        self.sqlite_memory = Gauge(
+            SQLITE_MEMORY,
+            "Bytes SQLite holds in this process: the store's and the history's page caches"
+            " (store_cache_kib), statements, schema.",
             registry=registry,
         )
         self.session_dropped = Counter(

@@ -117,7 +117,7 @@ from ._heap import HeapFreezer
 from ._history import HistoryAnswer, HistoryLog, open_backend
 from ._links import PROTOCOL_VERSION, SERVER_OPTIONS, ContextTransport, PeerLink
 from ._metrics import NodeMetrics
-from ._store import Loaded, PendingInfo, Store
+from ._store import Loaded, PendingInfo, Store, sqlite_memory_used
 from ._tracefile import MessageTrace
 
 log = logging.getLogger("geofed.node")
@@ -350,8 +350,11 @@ class BrokerServer(Guarded):
                 "federation_digest": self.federation.digest,
             },
             config.store_max_bytes,
+            config.store_cache_kib,
         )
         self.durable = self.store.durable
+        if sqlite_memory_used() is not None:  # read at each scrape
+            self.metrics.sqlite_memory.set_function(lambda: sqlite_memory_used() or 0)
         self.history: HistoryLog | None = None
         if config.history == "on":
             self.history = HistoryLog(

@@ -32,6 +32,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import functools
+import importlib.util
 import logging
 import sqlite3
 from collections.abc import Callable, Sequence
@@ -42,7 +45,7 @@ from typing import Any, Generic, TypeVar
 
 from geofed.routing import InvalidInput, StorageFailed
 
-from ._config import SYNC_MODES
+from ._config import STORE_CACHE_KIB, SYNC_MODES
 
 log = logging.getLogger("geofed.node.store")
 T = TypeVar("T")
@@ -162,6 +165,32 @@ CREATE INDEX IF NOT EXISTS seen_order ON seen (peer, n);
 _FILE = "geofed.db"
 
 
+@functools.cache
+def _sqlite_memory_used() -> Callable[[], int] | None:
+    # The library Python's sqlite3 module is linked with (dlsym on the module's
+    # handle searches its dependencies too); None if it does not export it.
+    spec = importlib.util.find_spec("_sqlite3")
+    try:
+        fn = ctypes.CDLL(spec.origin if spec is not None else None).sqlite3_memory_used
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_int64
+    fn.argtypes = []
+    return fn
+
+
+def sqlite_memory_used() -> int | None:
+    """Bytes of memory SQLite holds in this process, or None where it cannot be read.
+
+    SQLite's own counter (``sqlite3_memory_used``): every connection's page
+    cache, prepared statements and schema, the store's and the history's
+    together. It is what the node's RSS gains as the page caches fill
+    (`geofed_sqlite_memory_bytes`).
+    """
+    fn = _sqlite_memory_used()
+    return None if fn is None else int(fn())
+
+
 @dataclass
 class PendingInfo:
     """What the node keeps in memory about one persistent subscription's queue."""
@@ -201,10 +230,20 @@ class Store:
             queues would be wrong here.
         max_bytes: most bytes the database may grow to (0: no limit); a
             transaction that would grow it further fails (`StorageFailed`).
+        cache_kib: SQLite's page cache for this connection, in KiB. The cache
+            keeps every page it reads or writes until it is full, so it grows
+            with the file (the duplicate windows' ``seen`` rows take hours to
+            reach their 1.25 windows) up to this bound and then stays there.
+            An in-memory store (no `data_dir`) keeps all its pages regardless.
     """
 
     def __init__(
-        self, data_dir: str, sync: str, identity: dict[str, str], max_bytes: int = 0
+        self,
+        data_dir: str,
+        sync: str,
+        identity: dict[str, str],
+        max_bytes: int = 0,
+        cache_kib: int = STORE_CACHE_KIB,
     ) -> None:
         if sync not in SYNC_MODES:
             raise InvalidInput("store_sync", f"one of {', '.join(SYNC_MODES)}, got {sync!r}")
@@ -222,6 +261,9 @@ class Store:
         self._sync = sync
         self._identity = identity
         self._max_bytes = max_bytes
+        if cache_kib < 1:
+            raise InvalidInput("store_cache_kib", f"must be >= 1, got {cache_kib!r}")
+        self._cache_kib = cache_kib
         self._exec = ThreadPoolExecutor(max_workers=1, thread_name_prefix="geofed-store")
         self._db: sqlite3.Connection | None = None
         self._writes: GroupCommit[tuple[str, Sequence[Any]]] = GroupCommit(
@@ -239,6 +281,7 @@ class Store:
             db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             db.execute("PRAGMA journal_mode=WAL")
             db.execute(f"PRAGMA synchronous={self._sync.upper()}")
+            db.execute(f"PRAGMA cache_size=-{self._cache_kib}")  # negative: KiB, not pages
             db.executescript(_SCHEMA)
             if self._max_bytes:
                 page = db.execute("PRAGMA page_size").fetchone()[0]

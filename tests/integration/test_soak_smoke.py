@@ -2,7 +2,8 @@
 
 A few hundred acknowledged events on a durable three-broker federation with
 churn steps every few dozen: nothing lost, duplicated or unexpected, and the
-report and the RSS plot are written with a row per node. The run ends on
+report and the RSS plot are written with a row per node (with the memory
+SQLite holds in it). The run ends on
 events acknowledged and on the settled markers, never on a clock.
 """
 
@@ -37,8 +38,14 @@ def test_a_tiny_soak_loses_nothing_and_reports_memory_per_node(tmp_path: Path) -
     churns = re.search(r"(\d+) churn steps", text)
     assert churns is not None and int(churns.group(1)) >= 240 // 40, text
     for broker in REGIONS:
-        row = re.search(rf"^\| {broker} \| (\d+) \| [\d.]+ \| [\d.]+ \| [\d.]+ \|", text, re.M)
+        row = re.search(
+            rf"^\| {broker} \| (\d+) \| [\d.]+ \| [\d.]+ \| [\d.]+ \|.* \| ([\d.]+) → ([\d.]+) \|$",
+            text,
+            re.M,
+        )
         assert row is not None and int(row.group(1)) >= 2, text  # at the start and at the end
+        # SQLite's memory, from each node's geofed_sqlite_memory_bytes: its caches in use
+        assert 0 < float(row.group(3)) < 16, text
     assert "![RSS over time](soak-rss.png)" in text
     png = tmp_path / "soak-rss.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

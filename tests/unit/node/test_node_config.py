@@ -76,6 +76,7 @@ def test_flags_parse_into_config(monkeypatch: pytest.MonkeyPatch) -> None:
         ({"history_max_answer_bytes": 0}, {}, "history_max_answer_bytes"),
         ({"history_timeout_s": 0.0}, {}, "history_timeout_s"),
         ({"subscriber_batch_max": 0}, {}, "subscriber_batch_max"),
+        ({}, {"GEOFED_STORE_CACHE_KIB": "0"}, "store_cache_kib"),
         ({"subscriber_batch_delay_ms": -1.0}, {}, "subscriber_batch_delay_ms"),
         ({}, {"GEOFED_SUBSCRIBER_BACKPRESSURE_MS": "-5"}, "subscriber_backpressure_ms"),
         ({"strategy_table": "{"}, {}, "strategy_table"),
