@@ -1,6 +1,7 @@
 """Scale benchmark of the Spark analysis: 1M- and 10M-event workloads on local[2].
 
-Generates each workload with `geofed.bench.workload` (JSON Lines), runs
+Generates each workload with `geofed.bench.workload` (JSON Lines, or Parquet
+with --trace-format parquet), runs
 ``geofed analyze`` on it as its own process (JVM start included), records
 wall time, events per second and the job's stage timings, and writes
 bench/results/spark.md. Generated traces are deleted afterwards unless
@@ -9,6 +10,7 @@ bench/results/spark.md. Generated traces are deleted afterwards unless
     python -m geofed.bench.spark_scale_bench            # 1M and 10M events
     python -m geofed.bench.spark_scale_bench --events 100000 --results /tmp/spark.md
     python -m geofed.bench.spark_scale_bench --baseline /tmp/before/site --reuse --keep
+    python -m geofed.bench.spark_scale_bench --trace-format parquet --reuse --keep
 
 With --baseline (a folder holding an older geofed, put first on PYTHONPATH)
 each size runs that version first and this one right after, on the same
@@ -53,7 +55,7 @@ def generate_trace(events: int, path: Path, seed: int) -> dict[str, Any]:
     summary = write_trace(generate(cfg), path)
     return {
         "ops": summary.ops,
-        "bytes": path.stat().st_size,
+        "bytes": _size(path),
         "generate_s": round(time.monotonic() - start, 1),
         "config": {
             "scenario": SCENARIO,
@@ -70,6 +72,17 @@ STAGE_START = re.compile(r"^\[geofed analyze +[0-9.]+s\] (.+) \.\.\.$")
 """The line a stage starts with."""
 RENAMED = {"workload: validating ops (parse_op in executors)": "workload: validating ops"}
 """Stages older versions named otherwise: their name now."""
+
+
+def _size(path: Path) -> int:
+    """Bytes of a trace: a file, or a folder of files (a Parquet trace Spark wrote)."""
+    if path.is_dir():
+        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    return path.stat().st_size
+
+
+def _cpu(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.0f}"
 
 
 def load() -> str:
@@ -118,6 +131,7 @@ def run_job(
     stages: dict[str, float] = {}
     cpu: dict[str, float] = {}  # CPU seconds of the job's processes per stage
     started: float | None = None
+    last: float | None = None  # the tree's CPU seconds at the last stage's end
     first = load()
     start = time.monotonic()
     stopped = False
@@ -140,6 +154,7 @@ def run_job(
                 now = tree_cpu_seconds(proc.pid)
                 if started is not None and now is not None:
                     cpu[name] = now - started
+                    last = now
                 if name == stop_after:
                     os.killpg(proc.pid, signal.SIGTERM)
                     stopped = True
@@ -154,6 +169,7 @@ def run_job(
         "wall_s": None if stopped else wall,
         "timings": stages,
         "cpu": cpu,
+        "cpu_s": None if stopped else last,
         "summary": summary,
         "command": cmd,
         "load": f"{first} -> {load()}",
@@ -168,30 +184,41 @@ def shown(cmd: list[str], workdir: str) -> str:
     return " ".join(shlex.quote(c) if "<workdir>" not in c else c for c in words)
 
 
+FORMATS = {"json": ("jsonl", "JSON Lines"), "parquet": ("parquet", "Parquet")}
+"""--trace-format: the trace's file suffix (`write_trace` picks the format by it) and name."""
+
+
 def report(rows: list[dict[str, Any]], env: dict[str, Any]) -> str:
     """The body of the results section (`record` writes command and machine above it)."""
     lines = [
         f"Workload: `geofed.bench.workload`, scenario `{SCENARIO}`, {CLIENTS} clients (half publish"
-        " at 1 Hz, half hold two subscriptions each, 10% world-wide), JSON Lines; federation"
+        f" at 1 Hz, half hold two subscriptions each, 10% world-wide), {env['format']};"
+        " federation"
         f" `{env['federation']}`; Spark `{env['master']}`, one process per run"
         " (JVM start included). The machine is shared: load is the 1-minute load average"
         " at each run's start -> end.",
         "",
-        "| run | ops | trace size | wall time | events/s | load |",
-        "|---|---:|---:|---:|---:|---|",
+        "| run | ops | trace size | wall time | CPU s | events/s | load |",
+        "|---|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         wall = r["wall_s"]
         lines.append(
             f"| {r['label']} | {sum(r['ops'].values()):,} | {r['bytes'] / 1e9:.2f} GB"
             + (
-                f" | {wall:.0f} s | {r['events'] / wall:,.0f}"
+                f" | {wall:.0f} s | {_cpu(r.get('cpu_s'))} | {r['events'] / wall:,.0f}"
                 if wall is not None
-                else f" | stopped after {r['stop_after']!r} | -"
+                else f" | stopped after {r['stop_after']!r} | - | -"
             )
             + f" | {r['load']} |"
         )
-    lines += ["", "Where the time goes (seconds per stage of the job):", ""]
+    lines += [
+        "",
+        "CPU s: user + system seconds of the job's processes up to the end of its last stage.",
+        "",
+        "Where the time goes (seconds per stage of the job):",
+        "",
+    ]
     lines.append("| stage | " + " | ".join(r["label"] for r in rows) + " |")
     lines.append("|---|" + "---:|" * len(rows))
     stages = list(dict.fromkeys(stage for r in rows for stage in r["timings"]))
@@ -251,6 +278,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="analyze a trace left in --workdir by an earlier --keep run instead of generating it",
     )
+    parser.add_argument(
+        "--trace-format",
+        choices=sorted(FORMATS),
+        default="json",
+        help="write (or, with --reuse, read) the traces as JSON Lines or Parquet"
+        " (trace-N.jsonl / trace-N.parquet: a file, or a folder of Parquet files)",
+    )
     parser.add_argument("--conf", action="append", default=[], help="passed to geofed analyze")
     parser.add_argument(
         "--baseline",
@@ -267,7 +301,9 @@ def main(argv: list[str] | None = None) -> int:
 
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
+    suffix, format_name = FORMATS[args.trace_format]
     env: dict[str, Any] = {
+        "format": format_name,
         "federation": os.path.relpath(args.federation, REPO),
         "master": args.master,
         "workdir": str(work),
@@ -277,9 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     versions: list[str | None] = [args.baseline, None] if args.baseline else [None]
     for n in args.events:
         size = f"{n // 1_000_000}M" if n % 1_000_000 == 0 else f"{n:,}"
-        trace = work / f"trace-{n}.jsonl"
+        trace = work / f"trace-{n}.{suffix}"
         if args.reuse and trace.exists():
-            info = {"ops": None, "bytes": trace.stat().st_size, "generate_s": 0.0}
+            info = {"ops": None, "bytes": _size(trace), "generate_s": 0.0}
         else:
             print(f"[bench] generating {size} events -> {trace}", file=sys.stderr, flush=True)
             info = generate_trace(n, trace, args.seed)
@@ -319,7 +355,10 @@ def main(argv: list[str] | None = None) -> int:
                     shutil.rmtree(out, ignore_errors=True)
         finally:
             if not args.keep:
-                trace.unlink(missing_ok=True)
+                if trace.is_dir():
+                    shutil.rmtree(trace)
+                else:
+                    trace.unlink(missing_ok=True)
     for row in rows:  # a stopped run counts the ops its pair counted
         if not row["ops"]:
             row["ops"] = next(

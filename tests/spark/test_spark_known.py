@@ -116,6 +116,25 @@ def test_three_brokers_by_hand(spark: Any, tmp_path: Path) -> None:
     assert s["matrix"]["event-geofence"] == {"ap": {"eu": 1, "us": 1}}
 
 
+def test_checkpoint_folder_given_to_a_local_master_holds_the_tables(
+    spark: Any, tmp_path: Path
+) -> None:
+    # --checkpoint-dir with a local master: the intermediate tables are files
+    # there while the result is held, deleted on release, and the results are
+    # those of the default (a temporary folder).
+    trace = write_jsonl(tmp_path / "t.jsonl", THREE_TRACE)
+    default = run(spark, THREE, trace)
+    folder = tmp_path / "checkpoints"
+    given = run(spark, THREE, trace, checkpoint_dir=str(folder))
+    assert [p for p in folder.rglob("*") if p.is_file()], "no checkpoint files in the folder"
+    assertDataFrameEqual(given.messages, default.messages, checkRowOrder=False)
+    same = {k: v for k, v in default.summary.items() if k != "timings_s"}
+    assert {k: v for k, v in given.summary.items() if k != "timings_s"} == same
+    given.release()
+    default.release()
+    assert not [p for p in folder.rglob("*") if p.is_file()]
+
+
 # Mainland Europe, roughly: Iberia to the Baltics, Brittany to the Black Sea.
 MAINLAND_EUROPE = "POLYGON((-9.5 36, 30 36, 30 60, 5 60, -5 48, -9.5 44, -9.5 36))"
 
