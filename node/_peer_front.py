@@ -59,13 +59,7 @@ import grpc
 from geofed.routing import InvalidInput
 
 from ._metrics import NodeMetrics
-from ._tls_accept import (
-    RefusalLog,
-    address,
-    closed_silently,
-    describe_refusal,
-    refusal_reason,
-)
+from ._tls_accept import RefusalLog, address
 
 log = logging.getLogger("geofed.node.peer_tls")
 
@@ -197,18 +191,9 @@ class PeerFront:
             del self._callers[key]
 
     def _refused(self, caller: str, exc: BaseException) -> None:
-        if closed_silently(exc):
-            log.info("peer connection from %s closed during the TLS handshake", caller)
-            return
-        reason = refusal_reason(exc)
-        self._metrics.peer_refused.labels(reason=reason).inc()
-        self._log.refused(
-            reason,
-            "refusing peer connection from %s: TLS handshake failed (%s): %s",
-            caller,
-            reason,
-            describe_refusal(exc, reason),
-        )
+        reason = self._log.handshake_failed("peer", caller, exc)
+        if reason is not None:
+            self._metrics.peer_refused.labels(reason=reason).inc()
 
     # -- the loopback port ------------------------------------------------------
 

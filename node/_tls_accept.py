@@ -104,6 +104,24 @@ class RefusalLog:
         else:
             window[2] += 1
 
+    def handshake_failed(self, what: str, caller: str, exc: BaseException) -> str | None:
+        """Log a failed handshake of a `what` connection (``peer``, ``mqtt``, ...) from
+        `caller`; its ``reason`` label for the caller's counter, or None when the caller
+        just hung up (logged at INFO, not counted: a TCP probe, a port scan)."""
+        if closed_silently(exc):
+            self._log.info("%s connection from %s closed during the TLS handshake", what, caller)
+            return None
+        reason = refusal_reason(exc)
+        self.refused(
+            reason,
+            "refusing %s connection from %s: TLS handshake failed (%s): %s",
+            what,
+            caller,
+            reason,
+            describe_refusal(exc, reason),
+        )
+        return reason
+
 
 def refusal_reason(exc: BaseException) -> str:
     """The ``reason`` label of a failed handshake (see the module docs)."""
@@ -201,19 +219,9 @@ class TlsAcceptor:
             first.hand_over(tls)
 
     def _refuse(self, caller: str, exc: BaseException) -> None:
-        if closed_silently(exc):
-            log.info("%s connection from %s closed during the TLS handshake", self.listener, caller)
-            return
-        reason = refusal_reason(exc)
-        self._refused.labels(listener=self.listener, reason=reason).inc()
-        self._log.refused(
-            reason,
-            "refusing %s connection from %s: TLS handshake failed (%s): %s",
-            self.listener,
-            caller,
-            reason,
-            describe_refusal(exc, reason),
-        )
+        reason = self._log.handshake_failed(self.listener, caller, exc)
+        if reason is not None:
+            self._refused.labels(listener=self.listener, reason=reason).inc()
 
 
 class _Handshaking(asyncio.Protocol):
@@ -227,7 +235,6 @@ class _Handshaking(asyncio.Protocol):
     def __init__(self, acceptor: TlsAcceptor, factory: ProtocolFactory) -> None:
         self._acceptor = acceptor
         self._factory = factory
-        self._inner: asyncio.BaseProtocol | None = None
         self._pending: list[bytes] = []
         self._eof = False
         self._lost: tuple[Exception | None] | None = None
@@ -241,7 +248,7 @@ class _Handshaking(asyncio.Protocol):
         task.add_done_callback(self._acceptor._handshaking.pop)
 
     def hand_over(self, tls: asyncio.Transport) -> None:
-        inner = self._inner = self._factory()
+        inner = self._factory()
         tls.set_protocol(inner)
         inner.connection_made(tls)
         if self._pending:
