@@ -22,6 +22,10 @@ full pass at the same growth would have.
 from __future__ import annotations
 
 import gc
+import logging
+import time
+
+log = logging.getLogger("geofed.node")
 
 FREEZE_GROWTH = 1.25  # refreeze once the subscriptions held grew by this factor
 FREEZE_LEAST = 10_000  # below this many subscriptions a full pass is cheap: never freeze
@@ -39,9 +43,15 @@ class HeapFreezer:
         """Note the subscriptions held; freeze if they grew enough (True when it froze)."""
         if subscriptions < self._next:
             return False
+        t0 = time.process_time()
         gc.unfreeze()  # what was frozen before and died since is collected now
         gc.collect()
         gc.freeze()
         self.freezes += 1
+        log.info(
+            "heap frozen at %d subscriptions (%.2f s of CPU)",
+            subscriptions,
+            time.process_time() - t0,
+        )
         self._next = max(self._next, int(subscriptions * self._growth))
         return True

@@ -594,11 +594,11 @@ class BrokerServer(Guarded):
                 f"strategy mismatch: broker {hello.broker_id} runs {hello.strategy!r}, "
                 f"broker {self.broker_id} runs {self.config.strategy!r}"
             )
-        if (hello.adaptive or "off") != self._adaptive_digest:
+        adaptive = hello.adaptive or "off"  # empty: a sender older than the field
+        if adaptive != self._adaptive_digest:
             return (
-                f"adaptive mismatch: broker {hello.broker_id} runs adaptive"
-                f" {hello.adaptive or 'off'!r}, broker {self.broker_id} runs"
-                f" {self._adaptive_digest!r}"
+                f"adaptive mismatch: broker {hello.broker_id} runs adaptive {adaptive!r},"
+                f" broker {self.broker_id} runs {self._adaptive_digest!r}"
             )
         if hello.federation_digest != self.federation.digest:
             return (
@@ -1675,13 +1675,7 @@ class BrokerServer(Guarded):
         local, remote = len(self.core.local), len(self.core.remote)
         self.metrics.subscriptions.labels(scope="local").set(local)
         self.metrics.subscriptions.labels(scope="remote").set(remote)
-        t0 = time.process_time()
-        if self._heap.held(local + remote):
-            log.info(
-                "heap frozen at %d subscriptions (%.2f s of CPU)",
-                local + remote,
-                time.process_time() - t0,
-            )
+        self._heap.held(local + remote)
         self.metrics.sessions.set(len(self.core.sessions))
         self._filter_load()
 
