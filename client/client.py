@@ -48,6 +48,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import logging
 import random
 import uuid
 from collections import OrderedDict, deque
@@ -104,6 +105,7 @@ from geofed.wire import (
 )
 
 T = TypeVar("T")
+_log = logging.getLogger("geofed.client")
 
 DEFAULT_PENDING_LIMIT = 10_000
 """Deliveries a subscription buffers before it drops the oldest."""
@@ -566,7 +568,10 @@ class Client:
         none of them once this returns (unless it could not be reached: then it
         drops them when it sees the streams end). In a persistent session they
         stay at the broker, which queues their deliveries until the session
-        expires or a client with this id subscribes again.
+        expires or a client with this id subscribes again; each one's last
+        acknowledgement is retried like a request (`RetryConfig`), and if it
+        never reaches the broker a warning says what the next client with this
+        id receives again.
         """
         if self._closed or self._closing:
             return
@@ -577,7 +582,7 @@ class Client:
             subs, self._subs = list(self._subs.values()), {}
             for sub in subs:
                 if self.session_expiry_s:
-                    await sub._flush_ack()
+                    await sub._flush_ack(final=True)
                     continue
                 with contextlib.suppress(GeofedError):
                     await self._unary(
@@ -743,17 +748,25 @@ class Client:
 
         return await self._retrying(operation, once)
 
-    async def _retrying(self, operation: str, attempt: Callable[[], Awaitable[T]]) -> T:
-        """`attempt` again while the broker is unavailable, with jittered exponential backoff."""
+    async def _retrying(
+        self, operation: str, attempt: Callable[[], Awaitable[T]], *, closing: bool = False
+    ) -> T:
+        """`attempt` again while the broker is unavailable, with jittered exponential backoff.
+
+        Retries stop once the client is closing, except for what `close` itself
+        sends (``closing``).
+        """
         retry = self.config.retry
         backoff = retry.initial_backoff_s
         for n in range(1, retry.attempts + 1):
             try:
                 return await attempt()
-            except _RETRIED:
-                if n == retry.attempts or self._closed or self._closing:
+            except _RETRIED as exc:
+                if n == retry.attempts or self._closed or (self._closing and not closing):
                     raise
-            await asyncio.sleep(random.uniform(0.5, 1.0) * backoff)
+                wait = random.uniform(0.5, 1.0) * backoff
+                _log.debug("%s, try %d: %s; again in %.2f s", operation, n, exc, wait)
+            await asyncio.sleep(wait)
             backoff = min(retry.max_backoff_s, backoff * 2)
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -975,13 +988,21 @@ class Subscription:
         await asyncio.sleep(_ACK_DELAY_S)  # batch: one Ack covers what was taken meanwhile
         await self._flush_ack()
 
-    async def _flush_ack(self) -> None:
-        """Tell the broker what the application took (best effort: a resume covers a loss)."""
+    async def _flush_ack(self, final: bool = False) -> None:
+        """Tell the broker what the application took.
+
+        While the subscription runs this is best effort: the next
+        acknowledgement covers a lost one. The ``final`` one (`Client.close`)
+        is retried like any request, since nothing comes after it: a broker
+        that never gets it sends what the application took again to the next
+        client with this id (logged at warning).
+        """
         client = self._client
         offset = self._taken
         if offset <= self._acked or client._closed or not client._endpoint:
             return
-        with contextlib.suppress(GeofedError):
+
+        async def once() -> None:
             await client._unary(
                 "ack",
                 client._stub().Ack(
@@ -989,7 +1010,23 @@ class Subscription:
                     timeout=client.config.request_timeout_s,
                 ),
             )
-            self._acked = max(self._acked, offset)
+
+        try:
+            await (client._retrying("ack", once, closing=True) if final else once())
+        except GeofedError as exc:
+            if final:
+                _log.warning(
+                    "subscription %s of client %s: the last acknowledgement (offset %d) did "
+                    "not reach the broker: %s; a client resuming this session receives the "
+                    "deliveries after offset %d again",
+                    self.id,
+                    client.client_id,
+                    offset,
+                    exc,
+                    self._acked,
+                )
+            return
+        self._acked = max(self._acked, offset)
 
     def _finish(self, error: GeofedError | None) -> None:
         if self._done:

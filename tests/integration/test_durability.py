@@ -11,6 +11,7 @@ only turn a hang into a failure.
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import sqlite3
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ import pytest
 
 import geofed
 from geofed.bench import LocalFederation, metric
+from geofed.bench.faultproxy import FaultProxy, ProxyHost
 from geofed.bench.faults import until
 from geofed.client import Publication, RetryConfig, Subscription
 from geofed.node import EVENTS_PUBLISHED, PUBLISH_DUPLICATES, SESSIONS, SESSIONS_EXPIRED
@@ -156,6 +158,95 @@ def test_a_persistent_session_keeps_deliveries_while_its_client_is_away(
         got = await collect(sub, 7)
         assert [m.event_id for m in got] == [f"y{i}" for i in range(7)]
         assert [m.offset for m in got] == list(range(6, 13))
+        await again.close()
+        await pub.close()
+
+    asyncio.run(run())
+
+
+@pytest.fixture
+def to_ap(durable: LocalFederation) -> Iterator[FaultProxy]:
+    """A fault proxy in front of ap's client port."""
+    host = ProxyHost()
+    try:
+        yield host.add("client->ap", durable.federation.broker("ap").client_endpoint)
+    finally:
+        host.close()
+
+
+async def _taken_while_cut(
+    pub: geofed.Client, proxy: FaultProxy, cid: str, n: int, retry: RetryConfig
+) -> geofed.Client:
+    """A persistent client of ap behind `proxy` that took `n` deliveries while cut off."""
+    persistent = await geofed.connect(
+        client_id=cid,
+        location=SINGAPORE,
+        endpoint=proxy.address,
+        retry=retry,
+        session_expiry_s=300.0,
+    )
+    sub = await persistent.subscribe("d/#", subscription_id=f"{cid}-s")
+    await pub.publish_many(batch("x", n))
+    await until(lambda: sub.received == n, f"{n} deliveries at the client", HANG_S)
+    proxy.partition()  # the periodic acknowledgement of what is taken now fails
+    assert [m.offset for m in await collect(sub, n)] == list(range(1, n + 1))
+    return persistent
+
+
+def _client_warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "geofed.client" and r.levelno >= logging.WARNING]
+
+
+def test_a_closing_persistent_client_retries_its_last_acknowledgement(
+    durable: LocalFederation, to_ap: FaultProxy, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`close` sends a persistent subscription's last acknowledgement until the broker
+    takes it: with the client's connection cut while it takes its deliveries and
+    closes, the acknowledgement arrives once the connection is back, and the next
+    client with its id gets nothing the first one took."""
+    fed = durable
+    caplog.set_level(logging.DEBUG, logger="geofed.client")
+
+    def retried_ack() -> bool:
+        return any(r.getMessage().startswith("ack, try") for r in caplog.records)
+
+    async def run() -> None:
+        pub = await client(fed, "ack-pub", PARIS)
+        first = await _taken_while_cut(pub, to_ap, "acker", 5, RETRY)
+        closing = asyncio.create_task(first.close())
+        await until(retried_ack, "a failed try of the last acknowledgement", HANG_S)
+        to_ap.heal()
+        await closing
+        assert not _client_warnings(caplog)
+        await pub.publish_many(batch("y", 3))
+        again = await client(fed, "acker", SINGAPORE, session_expiry_s=300.0)
+        sub = await again.subscribe("d/#", subscription_id="acker-s")
+        got = await collect(sub, 3)
+        assert [(m.event_id, m.offset) for m in got] == [("y0", 6), ("y1", 7), ("y2", 8)]
+        await again.close()
+        await pub.close()
+
+    asyncio.run(run())
+
+
+def test_a_closing_persistent_client_that_cannot_reach_its_broker_says_what_comes_again(
+    durable: LocalFederation, to_ap: FaultProxy, caplog: pytest.LogCaptureFixture
+) -> None:
+    """When every try of the last acknowledgement fails, `close` still returns, and logs
+    which deliveries the next client with its id will receive again; that client
+    does receive them again (at least once across a client restart)."""
+    fed = durable
+
+    async def run() -> None:
+        pub = await client(fed, "gone-pub", PARIS)
+        retry = RetryConfig(attempts=3, initial_backoff_s=0.05, max_backoff_s=0.1)
+        await (await _taken_while_cut(pub, to_ap, "gone", 4, retry)).close()
+        (warning,) = _client_warnings(caplog)
+        assert "(offset 4)" in warning.getMessage()
+        assert "deliveries after offset 0 again" in warning.getMessage()
+        again = await client(fed, "gone", SINGAPORE, session_expiry_s=300.0)
+        sub = await again.subscribe("d/#", subscription_id="gone-s")
+        assert [m.offset for m in await collect(sub, 4)] == [1, 2, 3, 4]
         await again.close()
         await pub.close()
 
