@@ -685,9 +685,11 @@ class Client:
         The client's broker proposes the change; the sequencer numbers it and
         every broker carries it out with state transfer — no subscriber
         resubscribes, and no event is lost or delivered twice meanwhile
-        (docs/design.md §3). Answers at once, before the transition is done:
+        (docs/design.md §3). Answers once the sequencer has numbered the
+        change (``newest`` has the entry), before the transition is done:
         `strategy_table` tells when (``in_transition`` false, ``table`` with
-        the entry). Needs `strategy_admins` membership when the broker
+        the entry). A change lost on its way to the sequencer is asked for
+        again (`RetryConfig`). Needs `strategy_admins` membership when the broker
         authenticates clients.
 
         Returns:

@@ -79,6 +79,7 @@ _FIELDS: dict[type[GeofedError], tuple[str, ...]] = {
     PermissionDenied: ("rule", "detail"),
     Unauthenticated: ("reason",),
     StorageFailed: ("reason",),
+    Unavailable: ("endpoint", "reason"),
 }
 _BY_NAME: dict[str, type[GeofedError]] = {
     cls.__name__: cls for cls in (*_FIELDS, FederationMismatch, GeofedError)

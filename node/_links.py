@@ -224,6 +224,8 @@ class PeerLink:
         self._dialer: asyncio.Task[None] | None = None
         self._stopping = False
         self.connected = False
+        self.sessions = 0
+        """Sessions begun so far: a change tells a waiter that the link broke meanwhile."""
         self.delay_s = node.wan_delay_s(peer.id)
         self._delay_line: asyncio.Queue[tuple[float, EncodedFrame]] | None = None
         self._labels = {"peer": peer.id}
@@ -512,6 +514,7 @@ class PeerLink:
     def _begin_session(self) -> None:
         self._restart.clear()
         self.connected = True
+        self.sessions += 1
         self._seq = 0
         self._ack_pending = 0
         self._last_heard = time.monotonic()

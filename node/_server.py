@@ -129,6 +129,7 @@ _REAP_EVERY_S = 1.0
 _REPLAY_PAGE = 1024  # queued deliveries read back from the store at a time
 _LOCAL = ""  # the duplicate window of local publishes, among the peers' windows in the store
 _PUBLISH = "publish"
+_NUMBERED_WAIT_S = 20.0  # a strategy change waits this long for its number without peer_timeout_s
 
 Refill = Callable[[int], Awaitable[list[tuple[int, cpb.Delivery]]]]
 
@@ -394,6 +395,7 @@ class BrokerServer(Guarded):
         self.http: Any = None  # the HttpBridge, with http_listen
         self.http_port = 0
         self._started = False
+        self._table_news = asyncio.Event()  # set (and replaced) when a table or a link changes
         self._stopped = False
         self._ready = asyncio.Event()
 
@@ -559,6 +561,7 @@ class BrokerServer(Guarded):
         )
         if not self._stopped and self._started:
             asyncio.get_running_loop().create_task(self.health.set(FEDERATION_SERVICE, status))
+        self._announce_tables()  # a strategy change waiting on a link that broke
 
     # -- federation protocol -----------------------------------------------
 
@@ -652,15 +655,34 @@ class BrokerServer(Guarded):
         epoch, phase = self.core.progress
         self.metrics.strategy_epoch.set(epoch)
         self.metrics.strategy_phase.set(int(phase) if len(self.core.placing) > 1 else 0)
+        self._announce_tables()
 
-    async def set_strategy(self, who: Principal, topic_filter: str, strategy: str | None) -> None:
-        """Propose a change of the strategy table (the sequencer numbers it, §3).
+    def _announce_tables(self) -> None:
+        """Wake what waits for a table to be numbered (`_numbered`)."""
+        self._table_news.set()
+        self._table_news = asyncio.Event()
+
+    async def set_strategy(
+        self,
+        who: Principal,
+        topic_filter: str,
+        strategy: str | None,
+        wait_s: float | None = None,
+    ) -> None:
+        """Propose a change of the strategy table; return once the sequencer numbered it (§3).
+
+        Args:
+            wait_s: how long to wait for the sequencer's table with the change
+                (default and at most ``peer_timeout_s``).
 
         Raises:
             PermissionDenied: client authentication is on and `who` is not in
                 `strategy_admins`.
             InvalidInput: naming ``topic_filter`` or ``strategy``.
-            Unavailable: the change cannot be numbered now (a link it needs is down).
+            Unavailable: the change cannot be numbered now (a link it needs is
+                down), or was not numbered in time (the link to the sequencer
+                broke while the proposal was on it, or the sequencer refused
+                it): asking again is safe, a change already made makes no epoch.
         """
         if self.config.client_auth != "none":
             admins = self.config.strategy_admin_names()
@@ -673,9 +695,56 @@ class BrokerServer(Guarded):
         self._check_links()
         if self.controller is not None:
             self.controller.released(topic_filter)  # an operator's entry: pinned
+        link = self.links.get(self.core.sequencer)
+        sessions = 0 if link is None else link.sessions
         self._transition(self.core.propose(topic_filter, strategy))
         if self.store.dirty:
             await self.store.commit()
+        if link is not None:
+            limit = self.config.peer_timeout_s or _NUMBERED_WAIT_S
+            await self._numbered(
+                topic_filter, strategy, link, sessions, min(limit, wait_s or limit)
+            )
+
+    async def _numbered(
+        self,
+        topic_filter: str,
+        strategy: str | None,
+        link: PeerLink,
+        sessions: int,
+        wait_s: float,
+    ) -> None:
+        """Wait until the newest table known here routes `topic_filter` by `strategy`.
+
+        A proposal travels as link state, which the next session does not
+        resend (the snapshot and the table state repair everything else):
+        one on a link that broke is lost, so the caller hears of it.
+
+        Raises:
+            Unavailable: the link to the sequencer broke (or came back) first,
+                or `wait_s` passed.
+        """
+        deadline = asyncio.get_running_loop().time() + wait_s
+        seq = self.core.sequencer
+        while True:
+            newest = self.core.newest_table
+            if newest.with_entry(topic_filter, strategy).same_routes(newest):
+                return
+            if not link.connected or link.sessions != sessions:
+                raise Unavailable(
+                    self.broker_id,
+                    f"the link to the sequencer {seq} broke with the strategy change on it; "
+                    "ask again",
+                )
+            news = self._table_news
+            try:
+                await asyncio.wait_for(news.wait(), deadline - asyncio.get_running_loop().time())
+            except TimeoutError:
+                raise Unavailable(
+                    self.broker_id,
+                    f"the sequencer {seq} did not number the strategy change within "
+                    f"{wait_s:g}s (a link of its down?); ask again",
+                ) from None
 
     async def _adapt(self) -> None:
         """The adaptive controller's windows (docs/design.md §13).
@@ -1986,7 +2055,13 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
     async def SetStrategy(self, request: cpb.SetStrategyRequest, context: Any) -> cpb.StrategyState:
         _decoded(request, "request")
         who = self.node.security.principal(context)
-        await self.node.set_strategy(who, request.topic_filter, request.strategy or None)
+        left = context.time_remaining()  # answer before the caller's deadline
+        await self.node.set_strategy(
+            who,
+            request.topic_filter,
+            request.strategy or None,
+            None if left is None else max(0.1, 0.8 * left),
+        )
         return self.node.strategy_state()
 
     @unary

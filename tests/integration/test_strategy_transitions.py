@@ -341,6 +341,45 @@ def test_a_down_broker_holds_a_transition_up_and_a_restart_keeps_the_table(
         asyncio.run(scenario())
 
 
+def test_a_strategy_change_lost_on_a_breaking_link_is_not_answered_as_made(
+    tmp_path: Path,
+) -> None:
+    # eu's link to the sequencer (ap) swallows everything (a black hole) as the
+    # admin at eu asks for a change: the proposal is lost with the link. eu
+    # must not answer the change as made: it answers once the sequencer has
+    # numbered it, so the client's retries carry it through once the link is
+    # back, and every broker ends up routing by it.
+    env = {"GEOFED_PEER_HEARTBEAT_S": "0.2", "GEOFED_PEER_TIMEOUT_S": "1.5"}
+    with LocalFederation(THREE, "event-geofence", tmp_path, links=True, extra_env=env) as fed:
+        urls = fed.metrics_urls()
+        link = fed.link("ap", "eu")
+        retry = geofed.RetryConfig(attempts=200, initial_backoff_s=0.05, max_backoff_s=0.5)
+
+        async def scenario() -> None:
+            admin = await geofed.connect(
+                client_id="admin-lost",
+                location=HOMES["eu"],
+                federation=str(fed.federation_path),
+                retry=retry,
+            )
+            await asyncio.to_thread(link.set_mode, "blackhole")
+            change = asyncio.create_task(admin.set_strategy("a/#", "flooding-events"))
+            await until(
+                lambda: metric(urls["eu"], "geofed_peer_connected", peer="ap") == 0,
+                "eu saw its link to ap break",
+            )
+            assert not change.done() or change.exception() is not None
+            await asyncio.to_thread(link.heal)
+            state = await change
+            assert {"topic_filter": "a/#", "strategy": "flooding-events"} in state["newest"][
+                "entries"
+            ]
+            await until(lambda: _finished(fed, 1), "every broker routes by the change")
+            await admin.close()
+
+        asyncio.run(scenario())
+
+
 def test_the_cli_pins_a_topic_and_a_broker_restarted_without_data_learns_the_table(
     tmp_path: Path,
 ) -> None:

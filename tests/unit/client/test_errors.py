@@ -44,6 +44,8 @@ SERVER_ERRORS = [
     (PermissionDenied("location", "outside the area"), grpc.StatusCode.PERMISSION_DENIED),
     (Unauthenticated("token expired"), grpc.StatusCode.UNAUTHENTICATED),
     (StorageFailed("disk full"), grpc.StatusCode.UNAVAILABLE),
+    # Raised by a broker that cannot do it now: retried by the client like a broker that is down.
+    (Unavailable("eu", "a strategy change needs every broker"), grpc.StatusCode.UNAVAILABLE),
     (GeofedError("unexpected"), grpc.StatusCode.INTERNAL),
 ]
 
