@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
+import time
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -37,7 +38,13 @@ from geofed.routing import (
 )
 from geofed.v1 import client_pb2 as cpb
 from geofed.v1 import geo_pb2 as gpb
-from geofed.wire import geofence_from_text, geofence_to_pb, location_from_text
+from geofed.wire import (
+    event_from_pb,
+    event_to_pb,
+    geofence_from_text,
+    geofence_to_pb,
+    location_from_text,
+)
 
 from . import _mqtt_codec as mq
 from ._auth import ANONYMOUS, Principal, certificate_names
@@ -121,6 +128,7 @@ class _DelayedWill:
 
     task: asyncio.Task[None]
     now: asyncio.Event
+    event_id: str  # its row in the store's mqtt_wills
 
 
 @dataclass
@@ -161,7 +169,7 @@ class MqttListener:
         Raises:
             InvalidInput: naming ``mqtt_listen`` when the port cannot be bound.
         """
-        await self._restore_qos()
+        await self._restore()
         host, _, port = listen.rpartition(":")
         try:
             self._server = await asyncio.get_running_loop().create_server(
@@ -184,19 +192,25 @@ class MqttListener:
         """
         from ._mqtt_ws import WebSocketServer  # aiohttp is imported only when it serves
 
-        await self._restore_qos()
+        await self._restore()
         self._ws_server = WebSocketServer(self._serve_websocket, self.max_packet)
         self.ws_port = await self._ws_server.start(listen, self.node.security.acceptor("mqtt_ws"))
         return self.ws_port
 
-    async def _restore_qos(self) -> None:
-        """The QoS of the persistent MQTT subscriptions a durable node kept (once)."""
+    async def _restore(self) -> None:
+        """What a durable node kept (once): the QoS of the persistent MQTT subscriptions, and
+        the delayed wills (one whose delay passed while the node was down goes at once)."""
         if self._restored:
             return
         self._restored = True
-        for stored, qos in (await self.node.store.mqtt_qos()).items():
+        store = self.node.store
+        for stored, qos in (await store.mqtt_qos()).items():
             client, sub_id = stored.split("\x1f")  # as _stored joined them
             self.qos[(client, sub_id)] = qos
+        for client, due, data in await store.mqtt_wills():
+            event = event_from_pb(gpb.Event.FromString(data), self.node.geofences)
+            self._schedule_will(client, event, max(0.0, due - time.time()))
+            log.info("mqtt client %s: delayed will kept, due in %.0f s", client, due - time.time())
 
     def grant(self, key: SubKey, qos: int) -> None:
         """Remember the QoS granted to an MQTT subscription.
@@ -231,21 +245,45 @@ class MqttListener:
         ``asyncio.start_server`` would make)."""
         return asyncio.StreamReaderProtocol(asyncio.StreamReader(), self._accept)
 
-    def delay_will(self, conn: _Connection, will: mq.Will, delay: float) -> None:
-        """Publish `conn`'s will after `delay` s (MQTT 5 Will Delay Interval, capped by the
-        session expiry) unless its client reconnects first (`reconnected`)."""
+    async def delay_will(self, client: str, event: Event, delay: float) -> None:
+        """Publish `client`'s will `event` after `delay` s (MQTT 5 Will Delay Interval, capped
+        by the session expiry) unless the client reconnects first (`reconnected`).
+
+        The will is in the store (committed) before this returns: a durable node that
+        stops or crashes meanwhile publishes it when it is back (`_restore`).
+        """
+        store = self.node.store
+        store.put_mqtt_will(
+            event.id, client, time.time() + delay, event_to_pb(event).SerializeToString()
+        )
+        try:
+            await store.commit()
+        except StorageFailed as exc:  # it still waits here; only a restart would lose it
+            log.warning("mqtt client %s: delayed will not stored: %s", client, exc)
+        self._schedule_will(client, event, delay)
+        log.info("mqtt client %s gone without DISCONNECT: will in %.0f s", client, delay)
+
+    def _schedule_will(self, client: str, event: Event, delay: float) -> None:
         now = asyncio.Event()
 
         async def later() -> None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(now.wait(), delay)
-            if self.wills.get(conn.client) is delayed:
-                del self.wills[conn.client]
-            await conn._publish_will(will)
+            if self.wills.get(client) is delayed:
+                del self.wills[client]
+            await self.publish_will(client, event)
 
-        task = asyncio.get_running_loop().create_task(later(), name=f"mqtt-will-{conn.client}")
-        delayed = self.wills[conn.client] = _DelayedWill(task, now)
-        log.info("mqtt client %s gone without DISCONNECT: will in %.0f s", conn.client, delay)
+        task = asyncio.get_running_loop().create_task(later(), name=f"mqtt-will-{client}")
+        delayed = self.wills[client] = _DelayedWill(task, now, event.id)
+
+    async def publish_will(self, client: str, event: Event) -> None:
+        """Publish a will (the store forgets it with the same commit)."""
+        self.node.store.delete_mqtt_will(event.id)
+        try:
+            await self.node.publish([event])
+            log.info("mqtt client %s gone without DISCONNECT: will published", client)
+        except GeofedError as exc:
+            log.warning("mqtt client %s: will not published: %s", client, exc)
 
     def reconnected(self, client: str, clean_start: bool) -> None:
         """A client connected again: its delayed will is dropped, or (Clean Start: the old
@@ -257,11 +295,12 @@ class MqttListener:
             delayed.now.set()
         else:
             delayed.task.cancel()
+            self.node.store.delete_mqtt_will(delayed.event_id)
             log.info("mqtt client %s reconnected within its Will Delay Interval: no will", client)
 
     async def stop(self) -> None:
         """Stop accepting, tell MQTT 5 clients the server shuts down, close every connection."""
-        for delayed in self.wills.values():  # not published when the node stops
+        for delayed in self.wills.values():  # not published now: kept in a durable store
             delayed.task.cancel()
         self.wills.clear()
         if self._server is not None:
@@ -416,26 +455,27 @@ class _Connection:
                 del self.listener.connections[self.client]
             if not clean and self.will is not None and not node._stopped:
                 delay = min(self.will.properties.get(mq.WILL_DELAY_INTERVAL, 0), self.expiry)
-                if delay > 0:
-                    self.listener.delay_will(self, self.will, delay)
-                else:
-                    await self._publish_will(self.will)
+                event = await self._will_event(self.will)
+                if event is not None and delay > 0:
+                    await self.listener.delay_will(self.client, event, delay)
+                elif event is not None:
+                    await self.listener.publish_will(self.client, event)
         with contextlib.suppress(Exception):
             self.flush()
             self.writer.close()
             await asyncio.wait_for(self.writer.wait_closed(), 1.0)
         self.closed.set()
 
-    async def _publish_will(self, will: mq.Will) -> None:
+    async def _will_event(self, will: mq.Will) -> Event | None:
+        """The will as the client's event, from where the client was last (None: refused)."""
         try:
             fence = will.properties.user_values(GEOFENCE_PROPERTY)
-            event = await self._event(
+            return await self._event(
                 will.topic, will.payload, fence[-1] if fence else None, GEOFENCE_PROPERTY
             )
-            await self.node.publish([event])
-            log.info("mqtt client %s gone without DISCONNECT: will published", self.client)
         except GeofedError as exc:
             log.warning("mqtt client %s: will not published: %s", self.client, exc)
+            return None
 
     # -- CONNECT -----------------------------------------------------------------
 

@@ -156,6 +156,8 @@ CREATE TABLE IF NOT EXISTS pending (
 CREATE TABLE IF NOT EXISTS remote (
     id TEXT PRIMARY KEY, home TEXT NOT NULL, data BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS mqtt_qos (key TEXT PRIMARY KEY, qos INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS mqtt_wills (
+    event_id TEXT PRIMARY KEY, client TEXT NOT NULL, due REAL NOT NULL, data BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS seen (
     peer TEXT NOT NULL, kind TEXT NOT NULL, event_id TEXT NOT NULL, n INTEGER NOT NULL,
     PRIMARY KEY (peer, kind, event_id)) WITHOUT ROWID;
@@ -382,6 +384,20 @@ class Store:
     async def mqtt_qos(self) -> dict[str, int]:
         """The QoS kept for each persistent MQTT subscription, by subscription key."""
         return dict(await self._read("SELECT key, qos FROM mqtt_qos", ()))
+
+    def put_mqtt_will(self, event_id: str, client: str, due: float, data: bytes) -> None:
+        """An MQTT will waiting out its Will Delay Interval: its event, due at `due` (epoch s)."""
+        self._write(
+            "INSERT OR REPLACE INTO mqtt_wills VALUES (?, ?, ?, ?)", (event_id, client, due, data)
+        )
+
+    def delete_mqtt_will(self, event_id: str) -> None:
+        """The will was published or dropped."""
+        self._write("DELETE FROM mqtt_wills WHERE event_id = ?", (event_id,))
+
+    async def mqtt_wills(self) -> list[tuple[str, float, bytes]]:
+        """The delayed wills kept: (client, due, encoded event), the earliest due first."""
+        return list(await self._read("SELECT client, due, data FROM mqtt_wills ORDER BY due", ()))
 
     def put_pending(self, key: str, offset: int, data: bytes) -> None:
         self._write(

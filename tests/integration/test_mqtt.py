@@ -11,9 +11,11 @@ hang timeouts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import signal
 import socket
+import sqlite3
 import ssl
 import subprocess
 import time
@@ -757,6 +759,53 @@ def test_a_durable_broker_keeps_the_qos_of_persistent_subscriptions_across_a_res
         s.receive(2)
         assert sorted((m.topic, m.qos) for m in s.messages) == [("q0/a", 0), ("q1/a", 1)]
         s.close()
+
+
+def test_a_durable_broker_keeps_delayed_wills_across_a_crash(tmp_path: Path) -> None:
+    """Two clients vanish with wills delayed by 300 s and the broker is killed (SIGKILL):
+    after the restart both wills are still waiting. The client that comes back to its
+    session drops its will; the one that comes back with Clean Start ends its old
+    session, so its will is published at once; the store keeps neither afterwards."""
+    with LocalFederation(THREE, "subscription-geofence", tmp_path, durable=True) as dur:
+        eu = dur.nodes["eu"]
+
+        def connect_props() -> Properties:
+            props = user(PacketTypes.CONNECT, geofed_location=PARIS)
+            props.SessionExpiryInterval = 300
+            return props
+
+        def logged(line: str) -> None:
+            until(lambda: line in dur.nodes["eu"].log_path.read_text(), line)
+
+        for cid in ("x-dw-back", "x-dw-clean"):
+            c = Paho(cid)
+            will = Properties(PacketTypes.WILLMESSAGE)
+            will.WillDelayInterval = 300
+            c.c.will_set(f"wills/{cid}", b"gone", qos=1, properties=will)
+            assert c.connect(eu.mqtt, connect_props()) == 0
+            c.c.socket().close()
+            logged(f"mqtt client {cid} gone without DISCONNECT: will in 300 s")  # stored by then
+        dur.stop_node("eu", signal.SIGKILL)
+        dur.start_node("eu")
+        dur.wait_ready(HANG_S)
+        eu = dur.nodes["eu"]
+        for cid in ("x-dw-back", "x-dw-clean"):
+            logged(f"mqtt client {cid}: delayed will kept")
+        w = Paho("x-dw-watch")
+        assert w.connect(eu.mqtt, user(PacketTypes.CONNECT, geofed_location=PARIS)) == 0
+        assert w.subscribe("wills/#", 1) == [1]
+        back = Paho("x-dw-back")
+        assert back.connect(eu.mqtt, connect_props(), clean=False) == 0
+        assert back.session_present is True
+        logged("mqtt client x-dw-back reconnected within its Will Delay Interval: no will")
+        fresh = Paho("x-dw-clean")
+        assert fresh.connect(eu.mqtt, connect_props(), clean=True) == 0
+        assert w.receive(1) == [("wills/x-dw-clean", b"gone")]
+        for c in (w, back, fresh):
+            c.close()
+        dur.stop_node("eu")
+        with contextlib.closing(sqlite3.connect(dur.data_dir("eu") / "geofed.db")) as db:
+            assert db.execute("SELECT count(*) FROM mqtt_wills").fetchone() == (0,)
 
 
 def test_a_roaming_geofence_follows_an_mqtt_subscriber_across_an_area_edge(
