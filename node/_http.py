@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import ClientSession, ClientTimeout, web
 
-from geofed.errors import error_record, status_for
+from geofed.errors import Unavailable, error_record, status_for
 from geofed.routing import (
     Federation,
     GeofedError,
@@ -55,7 +55,13 @@ from geofed.routing import (
 )
 from geofed.v1 import client_pb2 as cpb
 from geofed.v1 import geo_pb2 as gpb
-from geofed.wire import geofence_from_pb, geofence_from_text, geofence_to_pb, location_from_text
+from geofed.wire import (
+    geofence_from_pb,
+    geofence_from_text,
+    geofence_to_pb,
+    location_from_text,
+    strategy_state_from_pb,
+)
 
 from ._auth import ANONYMOUS, Principal, certificate_names
 from ._http_openapi import openapi_document
@@ -123,7 +129,7 @@ def _status(exc: GeofedError) -> int:
         return 404
     if isinstance(exc, TooLarge):
         return 413
-    if isinstance(exc, StorageFailed):
+    if isinstance(exc, StorageFailed | Unavailable):
         return 503
     if isinstance(exc, WrongBroker):
         return 409  # a redirect without an http_endpoint to send the client to
@@ -276,6 +282,9 @@ class HttpBridge:
         r.add_get("/api/status", self.status)
         r.add_get("/api/federation/status", self.federation_status)
         r.add_get("/api/route", self.route)
+        r.add_get("/api/strategy", self.strategy)
+        r.add_put("/api/strategy/{filter:.+}", self.set_strategy)
+        r.add_delete("/api/strategy/{filter:.+}", self.set_strategy)
         r.add_get("/", self.index)
         r.add_static("/static/", WEB_DIR, name="static")
         return app
@@ -760,6 +769,27 @@ class HttpBridge:
         if origin not in self.node.federation:
             raise InvalidInput("origin", f"no broker {origin!r} in the federation")
         return web.json_response(route_summary(self.node.federation, origin, fence))
+
+    async def strategy(self, request: web.Request) -> web.Response:
+        """GET /api/strategy: this broker's strategy table (as ``geofed strategy show``)."""
+        _Params(request, ())
+        self.principal(request)
+        return web.json_response(strategy_state_from_pb(self.node.strategy_state()))
+
+    async def set_strategy(self, request: web.Request) -> web.Response:
+        """PUT /api/strategy/{filter}?strategy=S: route the filter's topics by S, federation-wide;
+        DELETE: remove the filter's entry. Answers once the sequencer numbered the change."""
+        put = request.method == "PUT"
+        params = _Params(request, ("strategy",) if put else ())
+        who = self.principal(request)
+        strategy = params.get("strategy") if put else None
+        if put and not strategy:
+            raise InvalidInput("strategy", "is required (DELETE removes the entry)")
+        try:
+            await self.node.set_strategy(who, request.match_info["filter"], strategy)
+        except GeofedError as exc:
+            raise _as_param(exc, {"topic_filter": "filter"}) from None
+        return web.json_response(strategy_state_from_pb(self.node.strategy_state()))
 
 
 class _Ended(Exception):

@@ -109,6 +109,15 @@ def _json(description: str, schema: dict[str, Any] | None = None) -> dict[str, A
     }
 
 
+_STRATEGY_CHANGED: dict[str, Any] = {
+    "200": _json("strategy state"),
+    "400": _ERROR,
+    "401": _ERROR,
+    "403": _ERROR,
+    "503": _ERROR,
+}
+
+
 def openapi_document(broker_id: str) -> dict[str, Any]:
     """The bridge's API (the same on every broker; `broker_id` names this one)."""
     publish_location = {
@@ -208,6 +217,43 @@ def openapi_document(broker_id: str) -> dict[str, Any]:
                     ],
                     "responses": {"200": _json("route summary"), "400": _ERROR, "413": _ERROR},
                 }
+            },
+            "/api/strategy": {
+                "get": {
+                    "summary": "This broker's strategy table, the newest it knows, and whether a"
+                    " transition is under way (as `geofed strategy show`)",
+                    "responses": {"200": _json("strategy state"), "401": _ERROR},
+                }
+            },
+            "/api/strategy/{filter}": {
+                "put": {
+                    "summary": "Route the filter's topics by a strategy, federation-wide",
+                    "description": (
+                        "Answered once the federation's sequencer has numbered the change;"
+                        " the transition then runs on every broker (`in_transition`)."
+                        " Needs `strategy_admins` membership when clients authenticate."
+                        " 503 while a link is down or when the change was lost on its way:"
+                        " asking again is safe."
+                    ),
+                    "parameters": [
+                        _FILTER,
+                        {
+                            **_param(
+                                "strategy",
+                                "query",
+                                "flooding-events, flooding-subscriptions,"
+                                " event-geofence or subscription-geofence",
+                            ),
+                            "required": True,
+                        },
+                    ],
+                    "responses": _STRATEGY_CHANGED,
+                },
+                "delete": {
+                    "summary": "Remove the filter's entry (its topics follow the table's others)",
+                    "parameters": [_FILTER],
+                    "responses": _STRATEGY_CHANGED,
+                },
             },
             "/openapi.json": {
                 "get": {"summary": "This document", "responses": {"200": _json("OpenAPI 3")}}

@@ -641,7 +641,7 @@ def test_bearer_tokens_authenticate_http_clients(tmp_path: Path) -> None:
         tmp_path / "fed",
         tls=True,
         client_auth="token",
-        extra_env={"GEOFED_TOKEN_KEY": str(public)},
+        extra_env={"GEOFED_TOKEN_KEY": str(public), "GEOFED_STRATEGY_ADMINS": "ops"},
     ) as tls_fed:
         tls = tls_fed.client_tls()
         assert tls is not None
@@ -700,5 +700,58 @@ def test_bearer_tokens_authenticate_http_clients(tmp_path: Path) -> None:
                     ) as resp:
                         assert resp.status == status, await resp.text()
                         assert (await resp.json()).get("field") == field
+                # Only strategy_admins change the strategy table.
+                change = f"https://{eu}/api/strategy/t7%2F%23"
+                for who, status in (("carol", 403), ("ops", 200)):
+                    headers = {"Authorization": f"Bearer {token(who)}"}
+                    async with http.put(
+                        change, params={"strategy": "flooding-events"}, headers=headers, ssl=ctx
+                    ) as resp:
+                        assert resp.status == status, await resp.text()
+                async with http.get(f"https://{eu}/api/strategy", ssl=ctx) as resp:
+                    assert resp.status == 401
 
         run(main())
+
+
+def test_the_strategy_table_is_read_and_changed_over_http(fed: LocalFederation) -> None:
+    """PUT /api/strategy/{filter} at one broker changes the table of every broker (GET
+    /api/strategy at another shows it in force); DELETE removes the entry; bad input is
+    refused naming the parameter."""
+
+    async def state(http: aiohttp.ClientSession, broker: str) -> dict[str, Any]:
+        async with http.get(url(fed, broker, "/api/strategy")) as resp:
+            assert resp.status == 200
+            answer: dict[str, Any] = await resp.json()
+            return answer
+
+    async def in_force(http: aiohttp.ClientSession, broker: str, entries: list[Any]) -> None:
+        deadline = time.monotonic() + HANG_S
+        while (now := await state(http, broker))["in_transition"] or now["table"][
+            "entries"
+        ] != entries:
+            assert time.monotonic() < deadline, now
+            await asyncio.sleep(0.02)
+
+    async def main() -> None:
+        async with aiohttp.ClientSession() as http:
+            before = await state(http, "ap")
+            assert before["table"]["default"] == "subscription-geofence"
+            entry = {"topic_filter": "strat/#", "strategy": "flooding-events"}
+            path = url(fed, "us", "/api/strategy/strat%2F%23")
+            async with http.put(path, params={"strategy": "flooding-events"}) as resp:
+                assert resp.status == 200, await resp.text()
+                assert entry in (await resp.json())["newest"]["entries"]
+            await in_force(http, "ap", [*before["table"]["entries"], entry])
+            for params, field in (({"strategy": "nope"}, "strategy"), ({}, "strategy")):
+                async with http.put(path, params=params) as resp:
+                    assert resp.status == 400 and (await resp.json())["field"] == field
+            async with http.put(
+                url(fed, "us", "/api/strategy/a%2F%23%2Fb"), params={"strategy": "event-geofence"}
+            ) as resp:
+                assert resp.status == 400 and (await resp.json())["field"] == "filter"
+            async with http.delete(path) as resp:
+                assert resp.status == 200, await resp.text()
+            await in_force(http, "eu", before["table"]["entries"])
+
+    run(main())
