@@ -555,10 +555,20 @@ class Client:
             if resp.accepted:
                 return False
             self.redirects += 1
-            # The old broker ended our streams and withdrew the subscriptions.
+            # The old broker ended our streams and withdrew the subscriptions: until
+            # the new one holds them, what is published is missed, so they are renewed
+            # all at once (one round trip, not one per subscription).
             await self._open_session(*self._redirect_target(resp))
-            for sub in list(self._subs.values()):
-                await self._retrying("subscribe", functools.partial(self._reattach, sub))
+            renewed = await asyncio.gather(
+                *(
+                    self._retrying("subscribe", functools.partial(self._reattach, sub, True))
+                    for sub in list(self._subs.values())
+                ),
+                return_exceptions=True,
+            )
+            for outcome in renewed:
+                if isinstance(outcome, BaseException):
+                    raise outcome
             return True
 
     async def close(self) -> None:
@@ -596,6 +606,7 @@ class Client:
             for sub in subs:
                 sub._finish(None)
                 await sub._detach()
+                await sub._stop_draining()
         if self._own_channels:
             await self._channels.close()
 
@@ -666,8 +677,8 @@ class Client:
             raise Unavailable("", f"broker {broker_id} is responsible but has no client endpoint")
         return broker_id, endpoint
 
-    async def _reattach(self, sub: Subscription) -> None:
-        await sub._attach(self._broker_id, self._stub())
+    async def _reattach(self, sub: Subscription, moved: bool = False) -> None:
+        await sub._attach(self._broker_id, self._stub(), moved)
 
     async def _renew(self, sub: Subscription) -> None:
         """Re-establish `sub` after its stream broke (the broker restarted, say)."""
@@ -812,6 +823,7 @@ class Subscription:
         self._error: GeofedError | None = None
         self._call: Any = None
         self._pump: asyncio.Task[None] | None = None
+        self._draining: set[asyncio.Task[None]] = set()  # old brokers' streams after a move
         self._recovery: asyncio.Task[None] | None = None
         self._broker = ""  # the broker its offsets come from
         self._offset = 0  # last offset received (persistent sessions)
@@ -884,11 +896,24 @@ class Subscription:
             finally:
                 self._finish(None)
                 await self._detach()
+                await self._stop_draining()
 
     # -- the stream underneath -------------------------------------------------
 
-    async def _attach(self, broker_id: str, stub: cpb_grpc.ClientServiceStub) -> None:
-        """Register at a broker and pump its stream (replacing any earlier one)."""
+    async def _attach(
+        self, broker_id: str, stub: cpb_grpc.ClientServiceStub, moved: bool = False
+    ) -> None:
+        """Register at a broker and pump its stream (replacing any earlier one).
+
+        After a move (`moved`) the old broker's stream is not cancelled: that
+        broker ends it after what it had already queued, and the deliveries
+        still on their way arrive (a duplicate of one the new broker also
+        sends is dropped by event id).
+        """
+        if moved and self._pump is not None and not self._pump.done():
+            self._draining.add(self._pump)
+            self._pump.add_done_callback(self._draining.discard)
+            self._call = self._pump = None
         await self._detach()
         client = self._client
         if broker_id != self._broker:
@@ -937,6 +962,15 @@ class Subscription:
             with contextlib.suppress(asyncio.CancelledError):
                 await pump
 
+    async def _stop_draining(self) -> None:
+        """Cancel what still reads an old broker's stream (the subscription ends)."""
+        tasks, self._draining = set(self._draining), set()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
     async def _read(self, call: Any, broker_id: str) -> None:
         try:
             async for pb in call:
@@ -966,6 +1000,10 @@ class Subscription:
 
     def _push(self, msg: Message) -> None:
         self.received += 1
+        if msg.offset and msg.broker != self._broker:
+            # From the broker left behind by a move, draining: its offsets mean nothing
+            # at the new one (neither for resuming nor for acknowledging).
+            msg = dataclasses.replace(msg, offset=0)
         if msg.offset:
             if msg.offset <= self._offset:
                 self.duplicates += 1  # sent again after a resume

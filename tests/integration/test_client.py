@@ -188,6 +188,62 @@ def test_move_across_a_boundary_renews_subscriptions_while_events_flow(
     asyncio.run(run())
 
 
+def test_moves_back_and_forth_lose_no_delivery_a_broker_made(fed: LocalFederation) -> None:
+    """Ten handovers of a client with eight subscriptions while events flow from eu: every
+    delivery a broker made reaches the client, the old broker's in-flight ones included
+    (its stream is drained, not cancelled, after a move), and none arrives twice. (What
+    a handover may miss: `test_move_across_a_boundary_renews_subscriptions_while_events_flow`.)"""
+
+    async def run() -> None:
+        mover = await geofed.connect(
+            client_id="shuttle", location=PARIS, federation=fed.federation_path
+        )
+        pub = await geofed.connect(
+            client_id="shuttle-pub", location=FRANKFURT, federation=fed.federation_path
+        )
+        before = deliveries(fed)
+        subs = [await mover.subscribe(f"shuttle/{i}", subscription_id=f"s{i}") for i in range(8)]
+        await quiet(fed)
+        published: list[str] = []
+        stop = asyncio.Event()
+
+        async def publish() -> None:
+            while not stop.is_set():  # bursts of 50 events of 4 KiB: many in flight
+                burst = (
+                    Publication(f"shuttle/{i % 8}", bytes(MAX_PAYLOAD), FRANKFURT)
+                    for i in range(50)
+                )
+                published.extend(await pub.publish_many(burst))
+
+        got: list[str] = []
+
+        async def take(sub: geofed.Subscription) -> None:
+            async for msg in sub:
+                got.append(msg.event_id)
+
+        takers = [asyncio.create_task(take(s)) for s in subs]
+        flowing = asyncio.create_task(publish())
+        for i in range(10):
+            mark = len(published)
+            while len(published) < mark + 10:
+                await asyncio.sleep(0)  # events flow between the moves
+            assert await mover.move(NEW_YORK if i % 2 == 0 else PARIS)
+        stop.set()
+        await flowing
+        await quiet(fed)
+        made = deliveries(fed) - before
+        async with asyncio.timeout(120):  # a delivery made and lost: hung here
+            while sum(s.received for s in subs) < made:
+                await asyncio.sleep(0.01)
+        await mover.close()  # iterations end after what arrived
+        await asyncio.gather(*takers)
+        assert len(got) == len(set(got)), "an event was delivered twice"
+        assert set(got) <= set(published)
+        await pub.close()
+
+    asyncio.run(run())
+
+
 def deliveries(fed: LocalFederation) -> float:
     """Deliveries the brokers have handed to subscriber streams so far."""
     return sum(metric(n.metrics_url, DELIVERIES) for n in fed.nodes.values())
