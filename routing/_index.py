@@ -413,13 +413,15 @@ class SubscriptionIndex:
         of an earlier one copies its answer: publishing a batch costs less
         than publishing its events one by one.
         """
+        if not self._subs:  # e.g. a broker's local index while no client subscribes
+            return [[] for _ in events]
         found: list[list[Subscription]] = []  # world subscriptions first
         slots: list[list[int]] = []
         firsts = _firsts(events)
         for i, (topic, location) in enumerate(events):
             matched: list[Subscription] = []
             some: list[int] = []
-            if self._subs and firsts[i] == i:
+            if firsts[i] == i:
                 lon, lat = location.lon, location.lat
                 keys: list[list[_Key] | None] = [None] * (_MAX_LEVEL + 1)
                 for node in self._nodes(topic):
@@ -451,12 +453,14 @@ class SubscriptionIndex:
         As `match_many`, the geometric test of the batch runs in one go, and
         an event with the topic and point of an earlier one copies its answer.
         """
+        if not self._subs:
+            return [{} for _ in events]
         found: list[dict[str, list[SubKey]]] = []
         slots: list[list[int]] = []
         firsts = _firsts(events)
         for i, (topic, location) in enumerate(events):
             some: list[int] = []
-            nodes = self._nodes(topic) if self._subs and firsts[i] == i else []
+            nodes = self._nodes(topic) if firsts[i] == i else []
             if not nodes:
                 found.append({})
                 slots.append(some)
