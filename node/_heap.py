@@ -23,10 +23,11 @@ with Python's default (a young pass every 700 new objects, a middle one every
 10 young ones) a batch of 1,000 events, whose ~30,000 objects live until its
 commit, is promoted generation by generation and walked again there, and the
 full passes it then starts walk everything that arrived since the last freeze
-(tens of ms each). A node of the benchmark's size spent ~11 µs of CPU per
-world-wide event in the collector that way; with young passes every 20,000
-objects the batch mostly dies before it is walked (bench/results/node.md,
-2026-11-27). Garbage in cycles waits at most that many allocations longer.
+(tens of ms each). A node of the benchmark's size spent ~10 µs of CPU per
+world-wide event in the collector that way, ~4 with young passes every
+20,000 objects, where most of a batch dies before it is walked and no
+middle or full pass ran in the run (bench/results/node.md, 2026-11-27).
+Garbage in cycles waits at most that many allocations longer.
 """
 
 from __future__ import annotations
