@@ -17,6 +17,17 @@ and index entries hold no reference cycles); a cycle that became garbage
 while frozen is collected at the next freeze, which first unfreezes,
 collects and then freezes again. That one collection costs what Python's own
 full pass at the same growth would have.
+
+The first freeze also raises the collector's thresholds (`YOUNG_THRESHOLD`):
+with Python's default (a young pass every 700 new objects, a middle one every
+10 young ones) a batch of 1,000 events, whose ~30,000 objects live until its
+commit, is promoted generation by generation and walked again there, and the
+full passes it then starts walk everything that arrived since the last freeze
+(tens of ms each). A node of the benchmark's size spent ~10 µs of CPU per
+world-wide event in the collector that way, ~4 with young passes every
+20,000 objects, where most of a batch dies before it is walked and no
+middle or full pass ran in the run (bench/results/node.md, 2026-11-27).
+Garbage in cycles waits at most that many allocations longer.
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ log = logging.getLogger("geofed.node")
 
 FREEZE_GROWTH = 1.25  # refreeze once the subscriptions held grew by this factor
 FREEZE_LEAST = 10_000  # below this many subscriptions a full pass is cheap: never freeze
+YOUNG_THRESHOLD = 20_000  # new objects between young passes once frozen (Python's default: 700)
 
 
 class HeapFreezer:
@@ -47,6 +59,9 @@ class HeapFreezer:
         gc.unfreeze()  # what was frozen before and died since is collected now
         gc.collect()
         gc.freeze()
+        if not self.freezes:
+            _, middle, old = gc.get_threshold()
+            gc.set_threshold(max(gc.get_threshold()[0], YOUNG_THRESHOLD), middle, old)
         self.freezes += 1
         log.info(
             "heap frozen at %d subscriptions (%.2f s of CPU)",

@@ -203,6 +203,7 @@ class PeerLink:
         self._byte_cap = cfg.peer_queue_bytes
         self._queue: deque[tuple[PeerMessage, int]] = deque()  # (message, outbox id or 0)
         self._queued_bytes = 0
+        self._queue_gauge: Any = None  # this peer's child of the queue gauge (`_count_queued`)
         self._resend: deque[tuple[PeerMessage, int]] = deque()
         self.durable = node.durable
         # Durable mode: the outbox id from which the queue must be read back from
@@ -293,7 +294,10 @@ class PeerLink:
         # message leaves the gauge only once it is counted as sent, so "queues
         # empty and sent == received" means nothing is in flight (the
         # quiescence barrier relies on it).
-        gauge = self.node.metrics.peer_queue.labels(peer=self.peer.id)
+        # The labelled child is looked up once: this runs on every message queued.
+        gauge = self._queue_gauge
+        if gauge is None:
+            gauge = self._queue_gauge = self.node.metrics.peer_queue.labels(peer=self.peer.id)
         gauge.set(len(self._queue) + self._writing + self._outboxed())
 
     def _pop(self) -> PeerMessage:

@@ -1573,6 +1573,16 @@ class BrokerServer(Guarded):
         if len(pb.payload) > self.config.max_payload_bytes:
             raise TooLarge(f"{field}.payload", len(pb.payload), self.config.max_payload_bytes)
         await self.parse_ahead(pb.geofence, f"{field}.geofence")
+        return self.client_event_now(who, client, pb, field)
+
+    def client_event_now(self, who: Principal, client: str, pb: gpb.Event, field: str) -> Event:
+        """`client_event` without a wait: for an event with no long geofence text to parse.
+
+        A `PublishStream` batch of world-wide events converts each with no
+        coroutine to create and await (two per event, ~1 µs of the loop's time).
+        """
+        if len(pb.payload) > self.config.max_payload_bytes:
+            raise TooLarge(f"{field}.payload", len(pb.payload), self.config.max_payload_bytes)
         if not pb.id:
             pb.id = new_event_id()
         pb.publish_time = time.time()
@@ -2098,10 +2108,14 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
                 if len(ids) + len(batch.events) > limit:
                     raise TooLarge("batch.events", len(ids) + len(batch.events), limit)
                 # A batch is published whole or not at all: validate it first.
-                events = [
-                    await self.node.client_event(who, client, pb, f"batch.events[{len(ids) + i}]")
-                    for i, pb in enumerate(batch.events)
-                ]
+                events = []
+                for i, pb in enumerate(batch.events, len(ids)):
+                    field = f"batch.events[{i}]"
+                    events.append(
+                        await self.node.client_event(who, client, pb, field)
+                        if pb.HasField("geofence")  # its text may be parsed off the loop
+                        else self.node.client_event_now(who, client, pb, field)
+                    )
                 await self.node.publish(events)
             except GeofedError as exc:
                 self.on_reject(status_for(exc))

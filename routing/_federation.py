@@ -105,7 +105,7 @@ class Federation:
         self._all = frozenset(self.ids)
         self._route_cache: OrderedDict[bytes, frozenset[str]] = OrderedDict()
         # Publishers publish from few places over and over: their owner is looked up once.
-        self._owner_cache: dict[LatLon, str] = {}
+        self._owner_cache: dict[tuple[float, float], str] = {}  # (lon, lat) -> owner
 
     def __len__(self) -> int:
         return len(self.brokers)
@@ -129,7 +129,9 @@ class Federation:
 
     def responsible(self, location: LatLon) -> str:
         """Id of the broker responsible for `location` (its local broker)."""
-        owner = self._owner_cache.get(location)
+        # Keyed by a tuple: hashing the dataclass runs its generated `__hash__` in Python.
+        key = (location.lon, location.lat)
+        owner = self._owner_cache.get(key)
         if owner is None:
             owners = self._owners_at(location.lon, location.lat)
             if abs(location.lon) == 180.0:
@@ -137,7 +139,7 @@ class Federation:
             owner = min(owners) if owners else self._nearest(location)
             if len(self._owner_cache) >= _ROUTE_CACHE_SIZE:
                 self._owner_cache.clear()  # cheap, and bounded
-            self._owner_cache[location] = owner
+            self._owner_cache[key] = owner
         return owner
 
     def _owners_at(self, lon: float, lat: float) -> set[str]:

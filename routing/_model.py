@@ -120,6 +120,7 @@ def make_event(
     *,
     payload_size: int = 0,
     t: float = 0.0,
+    payload: bytes = b"",
     field: str = "event",
     max_vertices: int = DEFAULT_MAX_VERTICES,
 ) -> Event:
@@ -133,6 +134,7 @@ def make_event(
         else parse_geofence(geofence, f"{field}.geofence", max_vertices=max_vertices),
         payload_size=payload_size,
         t=t,
+        payload=payload,
     )
 
 

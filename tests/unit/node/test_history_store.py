@@ -1,4 +1,4 @@
-"""The history store behind its interface, against SQLite (R*Tree) and a real PostgreSQL/PostGIS.
+"""The history store behind its interface, against SQLite and a real PostgreSQL/PostGIS.
 
 Every test runs on both backends: the answers are held against an independent
 oracle (the reference topic matcher, shapely's own point-in-polygon with ±180
@@ -9,6 +9,8 @@ bounded by age and by size.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import sqlite3
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,6 +28,8 @@ from geofed.node._history import (
     HistoryRecord,
     PostgisHistory,
     SqliteHistory,
+    z_order,
+    z_ranges,
 )
 from geofed.routing import LatLon, parse_geofence, reference_topic_match
 
@@ -325,6 +329,104 @@ def test_sqlite_file_stays_bounded(tmp_path: Path) -> None:
     assert max(db_sizes[3:]) <= db_sizes[2] * 1.1, sizes
     assert max(wal_sizes[3:]) <= wal_sizes[2] * 1.1, sizes
     assert db_sizes[-1] <= 4 * limit, sizes
+
+
+lons = st.floats(-180.0, 180.0)
+lats = st.floats(-90.0, 90.0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    boxes=st.lists(st.tuples(lons, lats, lons, lats), min_size=1, max_size=40),
+    where=st.lists(st.tuples(st.floats(0.0, 1.0), st.floats(0.0, 1.0)), min_size=1, max_size=5),
+)
+def test_z_ranges_hold_every_point_of_the_boxes(
+    boxes: list[tuple[float, float, float, float]], where: list[tuple[float, float]]
+) -> None:
+    """The SQLite index's superset: a point in (or on the edge of) a box has a code in a range."""
+    boxes = [(min(a, c), min(b, d), max(a, c), max(b, d)) for a, b, c, d in boxes]
+    ranges = z_ranges(boxes)
+    assert all(low <= high for low, high in ranges)
+    assert all(a[1] + 1 < b[0] for a, b in itertools.pairwise(ranges))  # merged
+    assert len(ranges) <= 4 * len(boxes) + 64
+    for minx, miny, maxx, maxy in boxes:
+        corners = [(minx, miny), (minx, maxy), (maxx, miny), (maxx, maxy)]
+        inside = [(minx + u * (maxx - minx), miny + v * (maxy - miny)) for u, v in where]
+        for lon, lat in corners + inside:
+            lon, lat = min(max(lon, minx), maxx), min(max(lat, miny), maxy)  # rounding
+            z = z_order(lon, lat)
+            assert any(low <= z <= high for low, high in ranges), (lon, lat, z)
+
+
+# The SQLite history's schema before the z-order column (publisher locations in an R*Tree).
+_RTREE_SCHEMA = """
+CREATE TABLE history (
+    n INTEGER PRIMARY KEY, event_id TEXT NOT NULL UNIQUE, topic TEXT NOT NULL,
+    published_at REAL NOT NULL, origin TEXT NOT NULL, lat REAL NOT NULL, lon REAL NOT NULL,
+    geofence TEXT, payload BLOB NOT NULL, size INTEGER NOT NULL);
+CREATE INDEX history_time ON history (published_at, event_id);
+CREATE INDEX history_topic ON history (topic, published_at);
+CREATE VIRTUAL TABLE history_where USING rtree (n, minx, maxx, miny, maxy);
+CREATE TRIGGER history_in AFTER INSERT ON history BEGIN
+    INSERT INTO history_where VALUES (new.n, new.lon, new.lon, new.lat, new.lat); END;
+CREATE TRIGGER history_out AFTER DELETE ON history BEGIN
+    DELETE FROM history_where WHERE n = old.n; END;
+"""
+
+
+def test_a_file_of_the_rtree_schema_is_migrated(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Entries written under the old schema are kept, answered by area, and deletable."""
+    path = tmp_path / "history.db"
+    records = [
+        rec(i, t=float(i), lat=lat, lon=lon)
+        for i, (lat, lon) in enumerate([(48.85, 2.35), (52.52, 13.4), (-33.87, 151.21), (0, 180)])
+    ]
+    old = sqlite3.connect(path)
+    old.executescript(_RTREE_SCHEMA)
+    old.executemany(
+        "INSERT INTO history (event_id, topic, published_at, origin, lat, lon, geofence,"
+        " payload, size) VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?)",
+        [
+            (r.event_id, r.topic, r.published_at, r.origin, r.location.lat, r.location.lon, *row)
+            for r in records
+            for row in [(r.payload, r.size)]
+        ],
+    )
+    old.commit()
+    old.close()
+    europe = HistoryQuery("#", None, None, box(-10, 35, 30, 60), 10)
+    seam = HistoryQuery("#", None, None, box(-180, -10, -170, 10), 10)
+
+    async def body(log: HistoryLog) -> tuple[list[str], list[str], list[str]]:
+        assert log.entries == 4 and log.bytes == sum(r.size for r in records)
+        log.record([rec(9, t=9.0, lat=45.0, lon=5.0)])
+        found, _ = await log.query(europe)
+        on_seam, _ = await log.query(seam)
+        gone = await log.delete(["e00000"])
+        ids = [[r.event_id for r in some] for some in (found, on_seam, gone)]
+        return ids[0], ids[1], ids[2]
+
+    with caplog.at_level("WARNING", logger="geofed.node.history"):
+        found, on_seam, gone = run(with_log(SqliteHistory(str(path)), body))  # type: ignore[misc]
+    assert found == ["e00009", "e00001", "e00000"]
+    assert on_seam == ["e00003"]
+    assert gone == ["e00000"]
+    assert [m for m in caplog.messages if str(path) in m and "migrating 4 entries" in m]
+    db = sqlite3.connect(path)
+    tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
+    db.close()
+    assert "history_where" not in tables and "history_z" in tables
+    # Opened again: nothing left to migrate, the entries are all there.
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="geofed.node.history"):
+        assert run(with_log(SqliteHistory(str(path)), _entries)) == 4
+    assert not caplog.messages
+
+
+async def _entries(log: HistoryLog) -> int:
+    return log.entries
 
 
 def test_query_validation_names_the_field() -> None:
