@@ -323,6 +323,7 @@ def matched_pairs(pairs: DataFrame) -> DataFrame:
     sg_ok: the publisher's broker is on the subscription's path under
     subscription-geofence (origin in the brokers its geofence meets);
     em_ok: the subscriber's home meets the event geofence (delivery targets).
+    The topic travels as its number (tid, `with_topic_ids`).
     """
     return pairs.select(
         "ek",
@@ -343,7 +344,8 @@ def per_home(pairs: DataFrame, full: Column) -> DataFrame:
 
     n_full: pairs that fully match (`full`), i.e. deliveries; sg_ok/em_ok:
     whether any pair there passes the flag. Everything the costs need, at a
-    fraction of the rows (pairs fold within a task before any shuffle).
+    fraction of the rows: pairs fold within a task before any shuffle, and
+    need none when they come partitioned by event (`spread_by_event`).
     """
     return pairs.groupBy("ek", "home", "origin", "tid", "payload").agg(
         F.sum(full.cast("long")).alias("n_full"),
