@@ -135,16 +135,44 @@ def subscription_messages(sources: DataFrame, n: int) -> DataFrame:
     return _tally(out[0].unionByName(out[1]))
 
 
-def delivery_messages(homes: DataFrame) -> DataFrame:
-    """Deliveries and the lower bound, from one row per (event, subscriber home).
+def delivery_tally(homes: DataFrame) -> DataFrame:
+    """One row per (event, subscriber home) folded to what the costs and the summary need.
 
     `homes` holds each (event, home) with a subscription passing ContentCheck
-    and Subscription GeoCheck. A remote home gets one delivery when it meets
-    the event geofence (em_ok), under subscription-geofence only if the
-    subscription's path reaches the publisher's broker (sg_ok); the lower
-    bound counts remote homes with a full match (n_full > 0).
+    and Subscription GeoCheck (`_match.per_home`). The rows that share origin,
+    home, topic and flags (sg_ok, em_ok, full: some pair fully matches) are
+    counted together: ``rows`` (event-home rows), ``bytes`` (their payload)
+    and ``n_full`` (deliveries). The result has at most topics x brokers^2 x 8
+    rows, whatever the trace's length, so the job keeps this instead of the
+    (event, home) table, which is several rows per event (its checkpoint and
+    the reads of it cost more than the whole fold).
     """
-    remote = homes.where(F.col("home") != F.col("origin"))
+    return homes.groupBy(
+        "origin",
+        "home",
+        "tid",
+        "sg_ok",
+        "em_ok",
+        (F.col("n_full") > 0).alias("full"),
+    ).agg(
+        F.count(F.lit(1)).alias("rows"),
+        F.sum("payload").alias("bytes"),
+        F.sum("n_full").alias("n_full"),
+    )
+
+
+def delivery_messages(tally: DataFrame, topics: DataFrame) -> DataFrame:
+    """Deliveries and the lower bound, from `delivery_tally`'s rows.
+
+    `topics` names the tally's topic numbers: (tid, topic) rows, one per tid.
+
+    A remote home gets one delivery per event when it meets the event
+    geofence (em_ok), under subscription-geofence only if the subscription's
+    path reaches the publisher's broker (sg_ok); the lower bound counts
+    remote homes with a full match. Each tally row stands for ``rows``
+    (event, home) rows.
+    """
+    remote = tally.where(F.col("home") != F.col("origin")).join(F.broadcast(topics), "tid")
     labels = F.filter(
         F.array(
             F.when(
@@ -155,7 +183,7 @@ def delivery_messages(homes: DataFrame) -> DataFrame:
                 F.struct(F.lit(SUB_GEOFENCE).alias("s"), F.lit("delivery").alias("k")),
             ),
             F.when(
-                F.col("n_full") > 0,
+                F.col("full"),
                 F.struct(F.lit(LOWER_BOUND).alias("s"), F.lit("event").alias("k")),
             ),
         ),
@@ -166,14 +194,14 @@ def delivery_messages(homes: DataFrame) -> DataFrame:
         .groupBy(
             F.col("_l.s").alias("strategy"), F.col("_l.k").alias("kind"), "origin", "home", "topic"
         )
-        .agg(F.count(F.lit(1)).alias("messages"), F.sum("payload").alias("bytes"))
+        .agg(F.sum("rows").alias("messages"), F.sum("bytes").alias("bytes"))
         .select(
             "strategy",
             "kind",
             F.col("origin").alias("src"),
             F.col("home").alias("dst"),
             "topic",
-            "messages",
+            F.col("messages").cast("long").alias("messages"),
             F.col("bytes").cast("long").alias("bytes"),
         )
     )

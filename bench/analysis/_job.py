@@ -362,18 +362,21 @@ def analyze(spark: SparkSession, cfg: AnalysisConfig, progress: Progress | None 
         filters = sorted(r["filter"] for r in segs.select("filter").distinct().collect())
         fbc = sc.broadcast(filters)
         keep.append(fbc)
-        tf = _persist(match.topic_filter_pairs(ev.select("topic").distinct(), fbc), keep)
+        tf = _persist(
+            match.with_topic_ids(match.topic_filter_pairs(ev.select("topic").distinct(), fbc)),
+            keep,
+        )
         n_tf = tf.count()
     summary["matching"].update({"filters": len(filters), "topic_filter_pairs": n_tf})
 
     # -- matching -----------------------------------------------------------
     with progress.stage("matching: candidates and exact Subscription GeoCheck"):
         small = cfg.broadcast_rows
-        expanded = ev.join(F.broadcast(tf) if n_tf <= small else tf, "topic")
+        expanded = ev.join(F.broadcast(tf) if n_tf <= small else tf, "topic").drop("topic")
         sgeom = match.FenceGeometry(spark, sub_fences, cfg.broadcast_bytes)
         keep.append(sgeom)
 
-        def pairs_of(events: DataFrame) -> DataFrame:
+        def pairs_of(events: DataFrame, by_event: int | None = None) -> DataFrame:
             to_check, world = match.candidates(
                 events,
                 keyed,
@@ -381,18 +384,23 @@ def analyze(spark: SparkSession, cfg: AnalysisConfig, progress: Progress | None 
                 res,
                 broadcast_keyed=n_keyed <= small,
                 broadcast_unkeyed=n_unkeyed <= small,
+                by_event=by_event,
             )
             checked = (
                 sgeom.with_covers(to_check, "sfence", "lat", "lon", "sgeo")
                 .where("sgeo")
                 .drop("sgeo")
             )
+            if by_event is not None:
+                checked = match.spread_by_event(checked, by_event)
             return match.matched_pairs(checked.unionByName(world))
 
         # Events without a geofence pass the Event GeoCheck everywhere: their
-        # pairs fold right away. The others wait for subscriber locations.
+        # pairs fold right away, where they are (see `match.spread_by_event`).
+        # The others wait for subscriber locations.
+        spread = int(spark.conf.get("spark.sql.shuffle.partitions") or 200)
         homes_world = match.per_home(
-            pairs_of(expanded.where(F.col("efence").isNull())), F.lit(True)
+            pairs_of(expanded.where(F.col("efence").isNull()), spread), F.lit(True)
         )
         fenced = _persist(pairs_of(expanded.where(F.col("efence").isNotNull())), keep)
         n_fenced = fenced.count()
@@ -408,12 +416,13 @@ def analyze(spark: SparkSession, cfg: AnalysisConfig, progress: Progress | None 
         keep.append(egeom)
         at = match.subscriber_locations(fenced, located)
         checked = egeom.with_covers(at, "efence", "slat", "slon", "egeo")
-        homes = _persist(_union(homes_world, match.per_home(checked, F.col("egeo"))), keep)
-        totals = homes.agg(F.sum("n_full").alias("d"), F.count(F.lit(1)).alias("h")).first()
+        homes = _union(homes_world, match.per_home(checked, F.col("egeo")))
+        tally = _persist(cost.delivery_tally(homes), keep)
+        totals = tally.agg(F.sum("n_full").alias("d"), F.sum("rows").alias("h")).first()
         assert totals is not None
         deliveries = int(totals["d"] or 0)
     summary["matching"].update(
-        {"pairs_awaiting_event_geocheck": n_fenced, "event_home_rows": int(totals["h"])}
+        {"pairs_awaiting_event_geocheck": n_fenced, "event_home_rows": int(totals["h"] or 0)}
     )
     summary["deliveries"] = deliveries
     summary["events"] = by_op.get("publish", 0)
@@ -424,7 +433,7 @@ def analyze(spark: SparkSession, cfg: AnalysisConfig, progress: Progress | None 
         msgs = _union(
             cost.event_messages(ev, n),
             cost.subscription_messages(sources, n),
-            cost.delivery_messages(homes),
+            cost.delivery_messages(tally, tf.select("tid", "topic").distinct()),
         )
         named = _persist(cost.with_broker_names(msgs, ids), keep)
         summary.update(_summaries(named, cfg.top_topics))

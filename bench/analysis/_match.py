@@ -107,6 +107,18 @@ def topic_filter_pairs(topics: DataFrame, filters: Broadcast[list[str]]) -> Data
 _TF_SCHEMA = pa.schema([("topic", pa.string()), ("filter", pa.string())])
 
 
+def with_topic_ids(tf: DataFrame) -> DataFrame:
+    """The (topic, filter) table plus ``tid``: a number per distinct topic (dense, from 1).
+
+    Pairs carry the number instead of the topic text through the fold per
+    (event, home) (`per_home`): a long hashes and compares in a fraction of
+    a string's time there, and the text is joined back once the rows are few
+    (`_cost.delivery_messages`). One window over the whole table: it has a
+    row per (topic, matching filter), not per event.
+    """
+    return tf.withColumn("tid", F.dense_rank().over(Window.orderBy("topic")).cast("long"))
+
+
 # --------------------------------------------------------------------------
 # Spatial keys
 
@@ -174,6 +186,7 @@ def candidates(
     *,
     broadcast_keyed: bool,
     broadcast_unkeyed: bool,
+    by_event: int | None = None,
 ) -> tuple[DataFrame, DataFrame]:
     """(event, segment) pairs passing ContentCheck and liveness, spatially pre-filtered.
 
@@ -181,6 +194,10 @@ def candidates(
     pairs still needing the exact Subscription GeoCheck (geofenced
     subscriptions) and those that need none (world subscriptions), so that
     only the former cross into Python.
+
+    With `by_event`, the world pairs come out hash-partitioned by event
+    (``ek``, that many partitions; see `by_event`): the events are shuffled
+    before the filter join, which multiplies them, rather than the pairs.
     """
     keyed_side = F.broadcast(keyed) if broadcast_keyed else keyed
     unkeyed_side = F.broadcast(unkeyed) if broadcast_unkeyed else unkeyed
@@ -190,9 +207,26 @@ def candidates(
         .where(_live())
         .drop("cell")
     )
-    by_filter = expanded.drop("cell").join(unkeyed_side, ["filter"]).where(_live())
+    world_side = expanded.drop("cell")
+    if by_event is not None:
+        world_side = spread_by_event(world_side, by_event)
+    by_filter = world_side.join(unkeyed_side, ["filter"]).where(_live())
     fenced = by_cell.unionByName(by_filter.where(F.col("sfence").isNotNull()))
     return fenced, by_filter.where(F.col("sfence").isNull())
+
+
+def spread_by_event(df: DataFrame, partitions: int) -> DataFrame:
+    """`df` hash-partitioned by event (``ek``) into `partitions` partitions.
+
+    Pair tables spread this way, with the same count, union into one that
+    Spark knows is partitioned by event (spark.sql.unionOutputPartitioning),
+    so `per_home` folds them where they are, with no shuffle of its own: the
+    fold's shuffle carried several rows per event (every (event, home) row),
+    this one an event's row (or a checked pair's) once. Broadcast joins keep
+    the partitioning of the side they stream; a Python UDF does not (its
+    output is re-spread after it).
+    """
+    return df.repartition(partitions, "ek")
 
 
 # --------------------------------------------------------------------------
@@ -289,12 +323,13 @@ def matched_pairs(pairs: DataFrame) -> DataFrame:
     sg_ok: the publisher's broker is on the subscription's path under
     subscription-geofence (origin in the brokers its geofence meets);
     em_ok: the subscriber's home meets the event geofence (delivery targets).
+    The topic travels as its number (tid, `with_topic_ids`).
     """
     return pairs.select(
         "ek",
         "et",
         "origin",
-        "topic",
+        "tid",
         "payload",
         "efence",
         "sclient",
@@ -309,9 +344,10 @@ def per_home(pairs: DataFrame, full: Column) -> DataFrame:
 
     n_full: pairs that fully match (`full`), i.e. deliveries; sg_ok/em_ok:
     whether any pair there passes the flag. Everything the costs need, at a
-    fraction of the rows (pairs fold within a task before any shuffle).
+    fraction of the rows: pairs fold within a task before any shuffle, and
+    need none when they come partitioned by event (`spread_by_event`).
     """
-    return pairs.groupBy("ek", "home", "origin", "topic", "payload").agg(
+    return pairs.groupBy("ek", "home", "origin", "tid", "payload").agg(
         F.sum(full.cast("long")).alias("n_full"),
         F.max("sg_ok").alias("sg_ok"),
         F.max("em_ok").alias("em_ok"),
