@@ -376,27 +376,24 @@ def analyze(spark: SparkSession, cfg: AnalysisConfig, progress: Progress | None 
         sgeom = match.FenceGeometry(spark, sub_fences, cfg.broadcast_bytes)
         keep.append(sgeom)
 
-        # The exact Subscription GeoCheck, once per (geofence, publisher point):
-        # the pairs then keep those inside by a join (`match.candidates`).
-        points = match.fence_points(ev, tf, keyed, unkeyed, res)
-        inside = sgeom.with_covers(points, "sfence", "lat", "lon", "sgeo").where("sgeo")
-        inside = _persist(inside.drop("sgeo"), keep)
-        n_inside = inside.count()
-
         def pairs_of(events: DataFrame, by_event: int | None = None) -> DataFrame:
-            return match.matched_pairs(
-                match.candidates(
-                    events,
-                    keyed,
-                    unkeyed,
-                    inside,
-                    res,
-                    broadcast_keyed=n_keyed <= small,
-                    broadcast_unkeyed=n_unkeyed <= small,
-                    broadcast_inside=n_inside <= small,
-                    by_event=by_event,
-                )
+            to_check, world = match.candidates(
+                events,
+                keyed,
+                unkeyed,
+                res,
+                broadcast_keyed=n_keyed <= small,
+                broadcast_unkeyed=n_unkeyed <= small,
+                by_event=by_event,
             )
+            checked = (
+                sgeom.with_covers(to_check, "sfence", "lat", "lon", "sgeo")
+                .where("sgeo")
+                .drop("sgeo")
+            )
+            if by_event is not None:
+                checked = match.spread_by_event(checked, by_event)
+            return match.matched_pairs(checked.unionByName(world))
 
         # Events without a geofence pass the Event GeoCheck everywhere: their
         # pairs fold right away, where they are (see `match.spread_by_event`).

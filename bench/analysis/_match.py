@@ -12,9 +12,7 @@ event stream and only candidate pairs reach Python:
    over a conservative H3 cover of their geofence (the core's `h3_cover`);
    events join them on (H3 cell of the publisher, filter). World subscriptions
    (and geofences without a usable cover) join on the filter alone. The exact
-   `covers` check runs in an Arrow UDF, per geofence, vectorized, once per
-   distinct (geofence, publisher point) (`fence_points`); the pairs keep the
-   combinations that passed through an equi-join, so none reach Python.
+   `covers` check then runs in an Arrow UDF, per geofence, vectorized.
 3. Event GeoCheck: needs where the subscriber is when the event is
    published: an as-of join (the subscriber's last location op at or before
    the event), built by a window over the client's ops, then `covers` again.
@@ -180,76 +178,41 @@ def _live() -> Column:
     )
 
 
-def fence_points(
-    events: DataFrame, tf: DataFrame, keyed: DataFrame, unkeyed: DataFrame, res: int
-) -> DataFrame:
-    """Distinct (sfence, lat, lon): every publisher point a candidate pair asks a geofence about.
-
-    The exact Subscription GeoCheck depends on the geofence and the point
-    only, and publishers mostly do not move: far fewer combinations than
-    pairs. They are found the way `candidates` finds pairs (a filter of the
-    event's topic, from `tf`, the (topic, filter) table; the point's cell in
-    the geofence's cover, or the filter alone for geofences without a
-    cover), without the liveness test: no more rows than the pairs (before
-    liveness) even when every event has a point of its own. No join hints:
-    the distinct points are usually the small side, which adaptive execution
-    sees at run time and broadcasts.
-    """
-    pts = (
-        events.select("topic", h3_parent(F.col("cell"), res).alias("cell"), "lat", "lon")
-        .distinct()
-        .join(tf.select("topic", "filter"), "topic")
-    )
-    uncovered = unkeyed.where(F.col("sfence").isNotNull())
-    by_cell = pts.join(keyed.select("filter", "cell", "sfence"), ["filter", "cell"])
-    by_filter = pts.join(uncovered.select("filter", "sfence"), "filter")
-    return (
-        by_cell.select("sfence", "lat", "lon")
-        .unionByName(by_filter.select("sfence", "lat", "lon"))
-        .distinct()
-    )
-
-
 def candidates(
     expanded: DataFrame,
     keyed: DataFrame,
     unkeyed: DataFrame,
-    inside: DataFrame,
     res: int,
     *,
     broadcast_keyed: bool,
     broadcast_unkeyed: bool,
-    broadcast_inside: bool,
     by_event: int | None = None,
-) -> DataFrame:
-    """(event, segment) pairs passing ContentCheck, liveness and Subscription GeoCheck.
+) -> tuple[DataFrame, DataFrame]:
+    """(event, segment) pairs passing ContentCheck and liveness, spatially pre-filtered.
 
-    `expanded` is events joined with the (topic, filter) table; `inside` the
-    (sfence, lat, lon) of `fence_points` whose geofence covers the point (the
-    exact check, made once per combination): geofenced pairs keep those
-    found there, an equi-join in the JVM instead of a Python UDF per pair.
+    `expanded` is events joined with the (topic, filter) table. Returns the
+    pairs still needing the exact Subscription GeoCheck (geofenced
+    subscriptions) and those that need none (world subscriptions), so that
+    only the former cross into Python.
 
-    With `by_event`, the pairs come out hash-partitioned by event (``ek``,
-    that many partitions; see `spread_by_event`): the events are shuffled
-    before the filter joins, which multiply them, rather than the pairs;
-    broadcast joins keep that partitioning.
+    With `by_event`, the world pairs come out hash-partitioned by event
+    (``ek``, that many partitions; see `by_event`): the events are shuffled
+    before the filter join, which multiplies them, rather than the pairs.
     """
     keyed_side = F.broadcast(keyed) if broadcast_keyed else keyed
     unkeyed_side = F.broadcast(unkeyed) if broadcast_unkeyed else unkeyed
-    inside_side = F.broadcast(inside) if broadcast_inside else inside
-    if by_event is not None:
-        expanded = spread_by_event(expanded, by_event)
     by_cell = (
         expanded.withColumn("cell", h3_parent(F.col("cell"), res))
         .join(keyed_side, ["filter", "cell"])
         .where(_live())
         .drop("cell")
     )
-    by_filter = expanded.drop("cell").join(unkeyed_side, ["filter"]).where(_live())
-    fenced = by_cell.unionByName(by_filter.where(F.col("sfence").isNotNull())).join(
-        inside_side, ["sfence", "lat", "lon"], "left_semi"
-    )
-    return fenced.unionByName(by_filter.where(F.col("sfence").isNull()))
+    world_side = expanded.drop("cell")
+    if by_event is not None:
+        world_side = spread_by_event(world_side, by_event)
+    by_filter = world_side.join(unkeyed_side, ["filter"]).where(_live())
+    fenced = by_cell.unionByName(by_filter.where(F.col("sfence").isNotNull()))
+    return fenced, by_filter.where(F.col("sfence").isNull())
 
 
 def spread_by_event(df: DataFrame, partitions: int) -> DataFrame:
@@ -259,8 +222,9 @@ def spread_by_event(df: DataFrame, partitions: int) -> DataFrame:
     Spark knows is partitioned by event (spark.sql.unionOutputPartitioning),
     so `per_home` folds them where they are, with no shuffle of its own: the
     fold's shuffle carried several rows per event (every (event, home) row),
-    this one an event's row once. Broadcast joins keep the partitioning of
-    the side they stream (a Python UDF would not: no pair goes through one).
+    this one an event's row (or a checked pair's) once. Broadcast joins keep
+    the partitioning of the side they stream; a Python UDF does not (its
+    output is re-spread after it).
     """
     return df.repartition(partitions, "ek")
 
