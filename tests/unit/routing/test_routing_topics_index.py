@@ -35,7 +35,7 @@ from geofed.routing import (
     validate_filter,
     validate_topic,
 )
-from geofed.routing._index import part_discs
+from geofed.routing._index import _VECTOR_MIN, _point_cells, part_discs
 
 # --------------------------------------------------------------------------
 # Topic matching
@@ -180,6 +180,24 @@ def test_index_matches_on_both_sides_of_the_antimeridian() -> None:
     for lon in (180.0, -180.0):
         assert sorted(s.id for s in idx.match("t", latlon(0.5, lon))) == ["east", "west"]
     assert [s.id for s in idx.match("t", latlon(0.5, 179.5))] == ["east"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(st.floats(-180.0, 180.0), st.sampled_from([-180.0, -90.0, 0.0, 45.0, 180.0])),
+            st.one_of(st.floats(-90.0, 90.0), st.sampled_from([-90.0, -45.0, 0.0, 90.0])),
+        ),
+        min_size=1,
+        max_size=3 * _VECTOR_MIN,
+    )
+)
+def test_point_cells_of_a_batch_equal_each_points_own(points: list[tuple[float, float]]) -> None:
+    # The array path (a batch of _VECTOR_MIN points or more) must find the very
+    # cells the scalar one does, on cell edges too.
+    batch = points + [(0.0, 0.0)] * _VECTOR_MIN
+    assert _point_cells(batch)[: len(points)] == [_point_cells([p])[0] for p in points]
 
 
 def test_index_batch_repeats_get_their_own_answers() -> None:
