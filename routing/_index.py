@@ -456,18 +456,20 @@ class SubscriptionIndex:
                 found[i] = list(found[first])
         return found
 
-    def match_groups(self, topic: str, location: LatLon) -> dict[str, list[SubKey]]:
+    def match_groups(self, topic: str, location: LatLon) -> dict[str, tuple[SubKey, ...]]:
         """`match` as subscription keys per group (see `add`); no empty groups.
 
         In a group the world subscriptions come first, then the geofenced
         ones, each part sorted (deterministic; sorting the whole would cost
-        more than the rest of the lookup when there are many).
+        more than the rest of the lookup when there are many). Tuples: a
+        group with no geofenced hit answers with the topic's cached world
+        tuple itself (`world_groups`), uncopied.
         """
         return self.match_groups_many([(topic, location)])[0]
 
     def match_groups_many(
         self, events: Sequence[tuple[str, LatLon]]
-    ) -> list[dict[str, list[SubKey]]]:
+    ) -> list[dict[str, tuple[SubKey, ...]]]:
         """`match_groups` for each (topic, publisher location) of a batch, in order.
 
         As `match_many`, the geometric test of the batch runs in one go, and
@@ -475,7 +477,7 @@ class SubscriptionIndex:
         """
         if not self._subs:
             return [{} for _ in events]
-        found: list[dict[str, list[SubKey]]] = []
+        found: list[dict[str, tuple[SubKey, ...]]] = []
         slots: list[list[int]] = []
         firsts = _firsts(events)
         rows = _cell_rows(events, firsts)
@@ -489,7 +491,7 @@ class SubscriptionIndex:
             world = self._world.get(topic)
             if world is None:
                 world = self._world_groups(topic, nodes)
-            found.append({group: list(keys) for group, keys in world.items()})
+            found.append(dict(world))
             for cells in rows[i]:
                 for node in nodes:
                     bucket = node.bucket
@@ -513,14 +515,10 @@ class SubscriptionIndex:
                     hits.setdefault(group, []).append(key)
             for group, keys in hits.items():
                 keys.sort()
-                got = out.get(group)
-                if got is None:
-                    out[group] = keys
-                else:
-                    got += keys
+                out[group] = out.get(group, ()) + tuple(keys)
         for i, first in enumerate(firsts):
             if first != i:
-                found[i] = {group: list(keys) for group, keys in found[first].items()}
+                found[i] = dict(found[first])
         return found
 
     def world_groups(self, topic: str) -> dict[str, tuple[SubKey, ...]]:

@@ -106,7 +106,7 @@ def _brute(subs: dict[str, Subscription], topic: str, where: LatLon) -> list[str
 
 def _brute_groups(
     subs: dict[str, Subscription], groups: dict[str, str], topic: str, where: LatLon
-) -> dict[str, list[tuple[str, str]]]:
+) -> dict[str, tuple[tuple[str, str], ...]]:
     """What `match_groups` answers: per group, world keys sorted, then geofenced ones sorted."""
     out: dict[str, list[tuple[str, str]]] = {}
     for world in (True, False):
@@ -117,7 +117,7 @@ def _brute_groups(
                 hits.setdefault(groups[sub_id], []).append(sub.key)
         for group, keys in hits.items():
             out.setdefault(group, []).extend(sorted(keys))
-    return out
+    return {group: tuple(keys) for group, keys in out.items()}
 
 
 def _brute_world(
@@ -210,9 +210,9 @@ def test_index_batch_repeats_get_their_own_answers() -> None:
     assert [sorted(s.id for s in f) for f in found] == [["near", "world"]] * 3
     assert found[0] is not found[2]
     grouped = idx.match_groups_many(batch)
-    assert grouped == [{"east": [("c", "world")], "west": [("c", "near")]}] * 3
-    grouped[0]["east"].append(("c", "x"))  # a caller's change stays in its answer
-    assert grouped[2]["east"] == [("c", "world")]
+    assert grouped == [{"east": (("c", "world"),), "west": (("c", "near"),)}] * 3
+    grouped[0]["east"] = ()  # a caller's change stays in its answer
+    assert grouped[2]["east"] == (("c", "world"),)
 
 
 @st.composite
