@@ -46,7 +46,7 @@ import dataclasses
 import functools
 import itertools
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ._broker import BrokerState
@@ -637,14 +637,14 @@ class ShareMeter:
     # ------------------------------------------------------------- hooks
 
     def published(
-        self, state: BrokerState, event: Event, by_home: Mapping[str, list[SubKey]] | None
+        self, state: BrokerState, event: Event, by_home: Mapping[str, Sequence[SubKey]] | None
     ) -> None:
         """An event published here; `by_home`: the remote copies matching it, by home,
         when this broker matches it for a subscription strategy (None: an event strategy)."""
         fed, strats = state.federation, state.strategies
         copies = by_home or {}
 
-        def placed_here(table: StrategyTable, home: str, keys: list[SubKey]) -> bool:
+        def placed_here(table: StrategyTable, home: str, keys: Sequence[SubKey]) -> bool:
             # One copy placed here is enough: usually the first (copies are fetched lazily).
             for key in keys:
                 sub = state.remote.get(key)

@@ -365,7 +365,7 @@ class BrokerState:
             self.check_publisher(event)
         out = [Outcome(deliveries=d) for d in self._match_local_many(events)]
         # Per event, its remote subscriptions matched by home (None: routed as an event).
-        homes: list[dict[str, list[SubKey]] | None] = [None] * len(events)
+        homes: list[dict[str, tuple[SubKey, ...]] | None] = [None] * len(events)
         remote: list[tuple[int, frozenset[str]]] = []  # events to match against remote subs
         for i, event in enumerate(events):
             strategy = self.strategy_for(event.topic)
@@ -391,7 +391,7 @@ class BrokerState:
                 world = self.remote.world_groups(events[i].topic) if by_home else {}
                 for dst in sorted(by_home):
                     if dst in reachable:
-                        msg = DeliveryMsg(events[i], tuple(by_home[dst]), world.get(dst, ()))
+                        msg = DeliveryMsg(events[i], by_home[dst], world.get(dst, ()))
                         out[i].sends.append(Send(dst, msg))
         if self.meter is not None:
             for event, matched in zip(events, homes, strict=True):

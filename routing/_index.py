@@ -214,6 +214,8 @@ class _SpatialBucket:
     """Subscriptions of one topic filter, bucketed by where their geofence is.
 
     Geofenced subscriptions are held as the slots of their parts in `_PartStore`.
+    World subscriptions match anywhere and sit in this one bucket only, so a
+    lookup takes them with neither the covers check nor de-duplication.
     """
 
     __slots__ = ("cells", "levels", "world")
@@ -266,35 +268,13 @@ class _SpatialBucket:
                     if not self.levels[level]:
                         del self.levels[level]
 
-    def candidates(
-        self,
-        lon: float,
-        lat: float,
-        keys: list[list[_Key] | None],
-        out: list[int],
-        world: list[Subscription],
-    ) -> None:
-        """Add the slots of the parts that may cover the point (`keys` caches its cells).
-
-        World subscriptions go to `world`: they match anywhere and sit in this
-        one bucket only, so they need neither the covers check nor de-duplication.
-        """
-        world.extend(self.world.values())
-        if self.cells:
-            self.cell_candidates(lon, lat, keys, out)
-
-    def cell_candidates(
-        self, lon: float, lat: float, keys: list[list[_Key] | None], out: list[int]
-    ) -> None:
-        """Add the slots of the geofence parts that may cover the point."""
+    def cell_candidates(self, cells: list[_Key], out: list[int]) -> None:
+        """Add the slots of the geofence parts that may cover a point (its cells per level)."""
+        get = self.cells.get
         for level in self.levels:
-            cells = keys[level]
-            if cells is None:
-                cells = keys[level] = _point_keys(level, lon, lat)
-            for key in cells:
-                cell = self.cells.get(key)
-                if cell:
-                    out.extend(cell)
+            cell = get(cells[level])
+            if cell:
+                out.extend(cell)
 
 
 _Key = int  # `_grid_key`
@@ -311,15 +291,52 @@ def _firsts(events: Sequence[tuple[str, LatLon]]) -> list[int]:
 
 
 _SIZES = [180.0 / (1 << level) for level in range(_MAX_LEVEL + 1)]
+_SIZES_ARRAY = np.array(_SIZES)
+_LEVELS_ARRAY = np.arange(_MAX_LEVEL + 1, dtype=np.int64)
 
 
-def _point_keys(level: int, lon: float, lat: float) -> list[_Key]:
-    """The grid cell of a point at `level` (both sides of the antimeridian)."""
-    size = _SIZES[level]
-    iy = math.floor((lat + 90.0) / size)
-    if abs(lon) == 180.0:
-        return [_grid_key(level, math.floor(x / size), iy) for x in (360.0, 0.0)]
-    return [_grid_key(level, math.floor((lon + 180.0) / size), iy)]
+def _point_cells(points: Sequence[tuple[float, float]]) -> list[list[_Key]]:
+    """Each (lon, lat)'s grid cell at every level, as `_grid_key`s indexed by level.
+
+    All levels of all the points in a few array calls: a batch of events
+    probes ~20 cells per (topic, point), and computing each key in Python
+    cost more than the probe. A point on the antimeridian sits in two cells
+    per level; this gives the one of its own longitude (see `_cell_rows`).
+    """
+    if len(points) < _VECTOR_MIN:
+        return [
+            [
+                _grid_key(level, _cell(lon, 180.0, size), _cell(lat, 90.0, size))
+                for level, size in enumerate(_SIZES)
+            ]
+            for lon, lat in points
+        ]
+    xy = np.asarray(points, dtype=float)
+    ix = np.floor((xy[:, :1] + 180.0) / _SIZES_ARRAY).astype(np.int64)
+    iy = np.floor((xy[:, 1:] + 90.0) / _SIZES_ARRAY).astype(np.int64)
+    keys: list[list[_Key]] = (((iy << 17) | ix) << 4 | _LEVELS_ARRAY).tolist()
+    return keys
+
+
+def _cell_rows(events: Sequence[tuple[str, LatLon]], firsts: list[int]) -> list[list[list[_Key]]]:
+    """Per event, the cell rows (`_point_cells`) to probe: none for a repeat (it copies
+    its first), two for a point on the antimeridian (-180 and 180 are one meridian)."""
+    points: list[tuple[float, float]] = []
+    for i, (_, p) in enumerate(events):
+        if firsts[i] == i:
+            points.append((p.lon, p.lat))
+            if abs(p.lon) == 180.0:
+                points.append((-p.lon, p.lat))
+    cells = iter(_point_cells(points))
+    rows: list[list[list[_Key]]] = []
+    for i, (_, p) in enumerate(events):
+        if firsts[i] != i:
+            rows.append([])
+        elif abs(p.lon) == 180.0:
+            rows.append([next(cells), next(cells)])
+        else:
+            rows.append([next(cells)])
+    return rows
 
 
 class _TrieNode:
@@ -418,14 +435,17 @@ class SubscriptionIndex:
         found: list[list[Subscription]] = []  # world subscriptions first
         slots: list[list[int]] = []
         firsts = _firsts(events)
-        for i, (topic, location) in enumerate(events):
+        rows = _cell_rows(events, firsts)
+        for i, (topic, _) in enumerate(events):
             matched: list[Subscription] = []
             some: list[int] = []
             if firsts[i] == i:
-                lon, lat = location.lon, location.lat
-                keys: list[list[_Key] | None] = [None] * (_MAX_LEVEL + 1)
                 for node in self._nodes(topic):
-                    node.bucket.candidates(lon, lat, keys, some, matched)
+                    bucket = node.bucket
+                    matched.extend(bucket.world.values())
+                    if bucket.cells:
+                        for cells in rows[i]:
+                            bucket.cell_candidates(cells, some)
             found.append(matched)
             slots.append(some)
         owners = self._parts.owners
@@ -436,18 +456,20 @@ class SubscriptionIndex:
                 found[i] = list(found[first])
         return found
 
-    def match_groups(self, topic: str, location: LatLon) -> dict[str, list[SubKey]]:
+    def match_groups(self, topic: str, location: LatLon) -> dict[str, tuple[SubKey, ...]]:
         """`match` as subscription keys per group (see `add`); no empty groups.
 
         In a group the world subscriptions come first, then the geofenced
         ones, each part sorted (deterministic; sorting the whole would cost
-        more than the rest of the lookup when there are many).
+        more than the rest of the lookup when there are many). Tuples: a
+        group with no geofenced hit answers with the topic's cached world
+        tuple itself (`world_groups`), uncopied.
         """
         return self.match_groups_many([(topic, location)])[0]
 
     def match_groups_many(
         self, events: Sequence[tuple[str, LatLon]]
-    ) -> list[dict[str, list[SubKey]]]:
+    ) -> list[dict[str, tuple[SubKey, ...]]]:
         """`match_groups` for each (topic, publisher location) of a batch, in order.
 
         As `match_many`, the geometric test of the batch runs in one go, and
@@ -455,10 +477,11 @@ class SubscriptionIndex:
         """
         if not self._subs:
             return [{} for _ in events]
-        found: list[dict[str, list[SubKey]]] = []
+        found: list[dict[str, tuple[SubKey, ...]]] = []
         slots: list[list[int]] = []
         firsts = _firsts(events)
-        for i, (topic, location) in enumerate(events):
+        rows = _cell_rows(events, firsts)
+        for i, topic in enumerate(topic for topic, _ in events):
             some: list[int] = []
             nodes = self._nodes(topic) if firsts[i] == i else []
             if not nodes:
@@ -468,13 +491,12 @@ class SubscriptionIndex:
             world = self._world.get(topic)
             if world is None:
                 world = self._world_groups(topic, nodes)
-            found.append({group: list(keys) for group, keys in world.items()})
-            lon, lat = location.lon, location.lat
-            cells: list[list[_Key] | None] = [None] * (_MAX_LEVEL + 1)
-            for node in nodes:
-                bucket = node.bucket
-                if bucket.cells:
-                    bucket.cell_candidates(lon, lat, cells, some)
+            found.append(dict(world))
+            for cells in rows[i]:
+                for node in nodes:
+                    bucket = node.bucket
+                    if bucket.cells:
+                        bucket.cell_candidates(cells, some)
             slots.append(some)
         slot_keys = self._parts.keys
         slot_groups = self._parts.groups  # per slot: no look-up in a dict of every subscription
@@ -493,14 +515,10 @@ class SubscriptionIndex:
                     hits.setdefault(group, []).append(key)
             for group, keys in hits.items():
                 keys.sort()
-                got = out.get(group)
-                if got is None:
-                    out[group] = keys
-                else:
-                    got += keys
+                out[group] = out.get(group, ()) + tuple(keys)
         for i, first in enumerate(firsts):
             if first != i:
-                found[i] = {group: list(keys) for group, keys in found[first].items()}
+                found[i] = dict(found[first])
         return found
 
     def world_groups(self, topic: str) -> dict[str, tuple[SubKey, ...]]:

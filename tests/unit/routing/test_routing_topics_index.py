@@ -35,7 +35,7 @@ from geofed.routing import (
     validate_filter,
     validate_topic,
 )
-from geofed.routing._index import part_discs
+from geofed.routing._index import _VECTOR_MIN, _point_cells, part_discs
 
 # --------------------------------------------------------------------------
 # Topic matching
@@ -106,7 +106,7 @@ def _brute(subs: dict[str, Subscription], topic: str, where: LatLon) -> list[str
 
 def _brute_groups(
     subs: dict[str, Subscription], groups: dict[str, str], topic: str, where: LatLon
-) -> dict[str, list[tuple[str, str]]]:
+) -> dict[str, tuple[tuple[str, str], ...]]:
     """What `match_groups` answers: per group, world keys sorted, then geofenced ones sorted."""
     out: dict[str, list[tuple[str, str]]] = {}
     for world in (True, False):
@@ -117,7 +117,7 @@ def _brute_groups(
                 hits.setdefault(groups[sub_id], []).append(sub.key)
         for group, keys in hits.items():
             out.setdefault(group, []).extend(sorted(keys))
-    return out
+    return {group: tuple(keys) for group, keys in out.items()}
 
 
 def _brute_world(
@@ -182,6 +182,24 @@ def test_index_matches_on_both_sides_of_the_antimeridian() -> None:
     assert [s.id for s in idx.match("t", latlon(0.5, 179.5))] == ["east"]
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(st.floats(-180.0, 180.0), st.sampled_from([-180.0, -90.0, 0.0, 45.0, 180.0])),
+            st.one_of(st.floats(-90.0, 90.0), st.sampled_from([-90.0, -45.0, 0.0, 90.0])),
+        ),
+        min_size=1,
+        max_size=3 * _VECTOR_MIN,
+    )
+)
+def test_point_cells_of_a_batch_equal_each_points_own(points: list[tuple[float, float]]) -> None:
+    # The array path (a batch of _VECTOR_MIN points or more) must find the very
+    # cells the scalar one does, on cell edges too.
+    batch = points + [(0.0, 0.0)] * _VECTOR_MIN
+    assert _point_cells(batch)[: len(points)] == [_point_cells([p])[0] for p in points]
+
+
 def test_index_batch_repeats_get_their_own_answers() -> None:
     idx = SubscriptionIndex()
     paris = latlon(48.8566, 2.3522)
@@ -192,9 +210,9 @@ def test_index_batch_repeats_get_their_own_answers() -> None:
     assert [sorted(s.id for s in f) for f in found] == [["near", "world"]] * 3
     assert found[0] is not found[2]
     grouped = idx.match_groups_many(batch)
-    assert grouped == [{"east": [("c", "world")], "west": [("c", "near")]}] * 3
-    grouped[0]["east"].append(("c", "x"))  # a caller's change stays in its answer
-    assert grouped[2]["east"] == [("c", "world")]
+    assert grouped == [{"east": (("c", "world"),), "west": (("c", "near"),)}] * 3
+    grouped[0]["east"] = ()  # a caller's change stays in its answer
+    assert grouped[2]["east"] == (("c", "world"),)
 
 
 @st.composite
