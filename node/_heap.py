@@ -60,8 +60,8 @@ class HeapFreezer:
         gc.collect()
         gc.freeze()
         if not self.freezes:
-            _, middle, old = gc.get_threshold()
-            gc.set_threshold(max(gc.get_threshold()[0], YOUNG_THRESHOLD), middle, old)
+            young, middle, old = gc.get_threshold()
+            gc.set_threshold(max(young, YOUNG_THRESHOLD), middle, old)
         self.freezes += 1
         log.info(
             "heap frozen at %d subscriptions (%.2f s of CPU)",

@@ -260,25 +260,7 @@ class SqliteHistory:
 
     def add(self, records: Sequence[HistoryRecord]) -> tuple[int, int]:
         db = self.db
-        rows = []
-        for r in records:
-            lat, lon = r.location.lat, r.location.lon
-            fence = None if r.geofence is None else r.geofence.wkt
-            z = z_order(lon, lat)
-            rows.append(
-                (
-                    r.event_id,
-                    r.topic,
-                    r.published_at,
-                    r.origin,
-                    lat,
-                    lon,
-                    fence,
-                    r.payload,
-                    r.size,
-                    z,
-                )
-            )
+        rows = [(*_values(r), z_order(r.location.lon, r.location.lat)) for r in records]
         with _transaction(db):
             cur = db.executemany(
                 "INSERT OR IGNORE INTO history (event_id, topic, published_at, origin, lat, lon,"
@@ -287,7 +269,7 @@ class SqliteHistory:
             )
             added = cur.rowcount
             if added == len(records):
-                return added, sum(row[8] for row in rows)
+                return added, sum(r.size for r in records)
             # Some ids were stored already (rare: a retry beyond the duplicate window).
             # New rows take the next keys: the `added` largest are this batch's.
             size = db.execute(
@@ -564,19 +546,29 @@ def _time_and_topic(
     return where, params
 
 
+_VALUE_NAMES = (
+    "event_id", "topic", "published_at", "origin", "lat", "lon", "geofence", "payload", "size"
+)  # fmt: skip
+
+
+def _values(r: HistoryRecord) -> tuple[Any, ...]:
+    """An entry's column values in `_VALUE_NAMES` order (both backends' INSERT)."""
+    return (
+        r.event_id,
+        r.topic,
+        r.published_at,
+        r.origin,
+        r.location.lat,
+        r.location.lon,
+        None if r.geofence is None else r.geofence.wkt,
+        r.payload,
+        r.size,
+    )
+
+
 def _row(r: HistoryRecord) -> dict[str, Any]:
-    """An entry's column values, by name (both backends' INSERT)."""
-    return {
-        "event_id": r.event_id,
-        "topic": r.topic,
-        "published_at": r.published_at,
-        "origin": r.origin,
-        "lat": r.location.lat,
-        "lon": r.location.lon,
-        "geofence": None if r.geofence is None else r.geofence.wkt,
-        "payload": r.payload,
-        "size": r.size,
-    }
+    """`_values` by name (the PostGIS INSERT's parameters)."""
+    return dict(zip(_VALUE_NAMES, _values(r), strict=True))
 
 
 def _record(row: Sequence[Any], geofences: GeofenceCache) -> HistoryRecord:

@@ -209,8 +209,9 @@ class MqttListener:
             self.qos[(client, sub_id)] = qos
         for client, due, data in await store.mqtt_wills():
             event = event_from_pb(gpb.Event.FromString(data), self.node.geofences)
-            self._schedule_will(client, event, max(0.0, due - time.time()))
-            log.info("mqtt client %s: delayed will kept, due in %.0f s", client, due - time.time())
+            left = max(0.0, due - time.time())
+            self._schedule_will(client, event, left)
+            log.info("mqtt client %s: delayed will kept, due in %.0f s", client, left)
 
     def grant(self, key: SubKey, qos: int) -> None:
         """Remember the QoS granted to an MQTT subscription.

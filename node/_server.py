@@ -1570,10 +1570,13 @@ class BrokerServer(Guarded):
 
         Sets its id (when empty) and publish time; `publish` then routes it.
         """
-        if len(pb.payload) > self.config.max_payload_bytes:
-            raise TooLarge(f"{field}.payload", len(pb.payload), self.config.max_payload_bytes)
+        self._check_payload(pb, field)  # before any geofence text is parsed
         await self.parse_ahead(pb.geofence, f"{field}.geofence")
         return self.client_event_now(who, client, pb, field)
+
+    def _check_payload(self, pb: gpb.Event, field: str) -> None:
+        if len(pb.payload) > self.config.max_payload_bytes:
+            raise TooLarge(f"{field}.payload", len(pb.payload), self.config.max_payload_bytes)
 
     def client_event_now(self, who: Principal, client: str, pb: gpb.Event, field: str) -> Event:
         """`client_event` without a wait: for an event with no long geofence text to parse.
@@ -1581,8 +1584,7 @@ class BrokerServer(Guarded):
         A `PublishStream` batch of world-wide events converts each with no
         coroutine to create and await (two per event, ~1 µs of the loop's time).
         """
-        if len(pb.payload) > self.config.max_payload_bytes:
-            raise TooLarge(f"{field}.payload", len(pb.payload), self.config.max_payload_bytes)
+        self._check_payload(pb, field)
         if not pb.id:
             pb.id = new_event_id()
         pb.publish_time = time.time()
