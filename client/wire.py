@@ -803,10 +803,14 @@ def _ref_fields(keys: tuple[SubKey, ...]) -> bytes:
 
 
 def message_to_bytes(msg: PeerMessage, origin: str) -> bytes:
-    """One peer message in stored form: a frame holding only it."""
-    frame = fpb.Frame()
-    add_to_frame(frame, msg, origin)
-    return bytes(frame.SerializeToString())
+    """One peer message in stored form: a frame holding only it.
+
+    Built as the links build theirs (`EncodedFrame`): a delivery is encoded
+    from its cached parts instead of parsed into a `Frame` and encoded again.
+    """
+    frame = EncodedFrame()
+    frame.add(msg, origin)
+    return frame.SerializeToString()
 
 
 def message_from_bytes(data: bytes, cache: GeofenceCache) -> PeerMessage:

@@ -179,3 +179,27 @@ def test_an_encoded_frame_is_the_frame_add_to_frame_builds() -> None:
     assert first == second
     assert [(r.client, r.id) for r in first.subscriptions] == [*world, ("b", "late")]
     assert gw.wire_bytes(gw.EncodedFrame(fpb.Frame(seq=3))) == fpb.Frame(seq=3).SerializeToString()
+
+
+def test_a_stored_message_reads_back_as_the_frame_add_to_frame_builds() -> None:
+    """The outbox's stored form (`message_to_bytes`, built by `EncodedFrame`) is a
+    frame holding exactly the message, whatever its kind, and reads back equal."""
+    cache = GeofenceCache(100)
+    ev = make_event("e1", "a/b", ll(1, 2), payload_size=2)
+    sub = make_subscription("s1", "c", "a/#", "POLYGON((0 0, 3 0, 3 3, 0 3, 0 0))")
+    world = tuple(("w", f"s{i}") for i in range(70))
+    for msg in (
+        SubscribeMsg(sub, "eu"),
+        UnsubscribeMsg(("c", "s1"), "eu"),
+        EventMsg(ev),
+        DeliveryMsg(ev, (*world, ("x", "fenced")), world),
+    ):
+        data = gw.message_to_bytes(msg, "eu")
+        plain = fpb.Frame()
+        add_to_frame(plain, msg, "eu")
+        assert fpb.Frame.FromString(data) == plain
+        back = gw.message_from_bytes(data, cache)
+        assert type(back) is type(msg)
+        assert messages_from_frame(plain, cache) == [back]
+    with pytest.raises(InvalidInput, match="stored message"):
+        gw.message_from_bytes(gw.message_to_bytes(EventMsg(ev), "eu") * 2, cache)
