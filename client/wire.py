@@ -405,7 +405,10 @@ def table_to_pb(table: StrategyTable) -> gpb.StrategyTable:
     return gpb.StrategyTable(
         epoch=table.epoch,
         default_strategy=table.default,
-        entries=[gpb.StrategyEntry(topic_filter=f, strategy=s) for f, s in table.entries],
+        entries=[
+            gpb.StrategyEntry(topic_filter=f, strategy=s, adaptive=f in table.adaptive)
+            for f, s in table.entries
+        ],
     )
 
 
@@ -413,7 +416,10 @@ def table_from_pb(pb: gpb.StrategyTable, field: str = "table") -> StrategyTable:
     """A strategy table from the wire (validated; an error names `field`'s part)."""
     try:
         return StrategyTable.build(
-            pb.default_strategy, [(e.topic_filter, e.strategy) for e in pb.entries], pb.epoch
+            pb.default_strategy,
+            [(e.topic_filter, e.strategy) for e in pb.entries],
+            pb.epoch,
+            [e.topic_filter for e in pb.entries if e.adaptive],
         )
     except InvalidInput as exc:
         raise exc.within(field) from None

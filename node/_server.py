@@ -648,10 +648,7 @@ class BrokerServer(Guarded):
         """Hand a transition step's messages to the links and keep its state (§3)."""
         self.dispatch(sends)
         if self.durable:
-            state = self.core.transition_state()
-            if self.controller is not None:  # which entries are the controller's, not pinned
-                state["adaptive_owned"] = self.controller.owned
-            self.store.put_strategy_state(json.dumps(state))
+            self.store.put_strategy_state(json.dumps(self.core.transition_state()))
         epoch, phase = self.core.progress
         self.metrics.strategy_epoch.set(epoch)
         self.metrics.strategy_phase.set(int(phase) if len(self.core.placing) > 1 else 0)
@@ -693,8 +690,6 @@ class BrokerServer(Guarded):
                 )
         self.core.newest_table.with_entry(topic_filter, strategy)  # validates here
         self._check_links()
-        if self.controller is not None:
-            self.controller.released(topic_filter)  # an operator's entry: pinned
         link = self.links.get(self.core.sequencer)
         sessions = 0 if link is None else link.sessions
         self._transition(self.core.propose(topic_filter, strategy))
@@ -728,7 +723,7 @@ class BrokerServer(Guarded):
         seq = self.core.sequencer
         while True:
             newest = self.core.newest_table
-            if newest.with_entry(topic_filter, strategy).same_routes(newest):
+            if newest.with_entry(topic_filter, strategy).same_entries(newest):
                 return
             if not link.connected or link.sessions != sessions:
                 raise Unavailable(
@@ -808,7 +803,7 @@ class BrokerServer(Guarded):
                 switch.saving,
                 switch.transition_cost,
             )
-            self._transition(self.core.propose(switch.key, switch.new))
+            self._transition(self.core.propose(switch.key, switch.new, adaptive=True))
             self.metrics.adaptive_switches.labels(strategy=switch.new).inc()
             self.metrics.adaptive_saving.inc(switch.saving)
         if self.store.dirty:
@@ -951,8 +946,6 @@ class BrokerServer(Guarded):
                 elif isinstance(msg, TableMsg | ProposeMsg):
                     if isinstance(msg, ProposeMsg):
                         self._check_links()
-                        if self.controller is not None:
-                            self.controller.released(msg.topic_filter)  # an operator's: pinned
                     self._transition(self.core.on_message(peer, msg).sends)
                 elif isinstance(msg, ReportMsg):
                     if self.controller is not None:  # a broker's share
@@ -1234,10 +1227,8 @@ class BrokerServer(Guarded):
         if loaded.strategy_state:
             # Before the subscriptions: they are placed for the tables in force.
             state = json.loads(loaded.strategy_state)
+            _mark_adaptive(state)
             self.core.restore_transition_state(state)
-            owned = state.get("adaptive_owned")
-            if self.controller is not None and isinstance(owned, dict):
-                self.controller.owned = {str(k): str(v) for k, v in owned.items()}
             self._transition([])
             epoch, phase = self.core.progress
             log.info("strategy table restored: epoch %d, %s", epoch, phase.name.lower())
@@ -1843,6 +1834,25 @@ def _trace_fields(msg: PeerMessage) -> tuple[list[str], str | None]:
     if isinstance(msg, ReportMsg):
         return [str(msg.window)], None
     return [msg.key[1]], None
+
+
+def _mark_adaptive(state: dict[str, Any]) -> None:
+    """Carry a strategy state stored before tables marked the controller's entries.
+
+    Such a state kept them beside the tables (``adaptive_owned``: filter ->
+    strategy); an entry it names with that strategy becomes marked adaptive,
+    so that the controller goes on switching it instead of taking it for an
+    operator's.
+    """
+    owned = state.pop("adaptive_owned", None)
+    if not isinstance(owned, dict):
+        return
+    for table in [*state.get("placing", []), *state.get("future", [])]:
+        for entry in table.get("entries", []) if isinstance(table, dict) else []:
+            if isinstance(entry, dict) and owned.get(entry.get("topic_filter")) == entry.get(
+                "strategy"
+            ):
+                entry["adaptive"] = True
 
 
 def _stored(key: SubKey) -> str:

@@ -384,7 +384,7 @@ class AdaptiveController:
                 if switch is not None:
                     switches.append(switch)
                     k.strategy, k.since_switch = switch.new, 0
-                    self.table = self.table.with_entry(key, switch.new)
+                    self.table = self.table.with_entry(key, switch.new, adaptive=True)
             if k.idle >= self.config.idle_windows and not self.state(key, at_start=False):
                 del self._keys[key]
         self._start_where = dict(self._where)
@@ -539,7 +539,7 @@ def simulate_adaptive(
 
     def on_switch(switch: Switch, before: int) -> None:
         run.transitions.append(Transition(before, switch.key, switch.new))
-        sim.set_strategy(switch.key, switch.new)
+        sim.set_strategy(switch.key, switch.new, adaptive=True)
         count(switch.window_end)
 
     if not adapt:
@@ -770,9 +770,10 @@ class FederatedController:
     SWITCHED messages between every pair of brokers, 2·N·(N−1).
 
     Pinned keys: an entry of the table that the controller did not set
-    (`owned`) is an operator's, never overridden; `released` forgets the
-    controller's own entry once an operator changes it. A key no broker
-    reported for `AdaptiveConfig.idle_windows` windows is forgotten.
+    (`StrategyTable.adaptive`: its switches are proposed as its own) is an
+    operator's, never overridden; an operator who sets or removes one of the
+    controller's entries makes it theirs. A key no broker reported for
+    `AdaptiveConfig.idle_windows` windows is forgotten.
     Memory: per key, the summed window and the last `average_windows` predictions.
     """
 
@@ -782,8 +783,6 @@ class FederatedController:
         self._keys: dict[str, _Key] = {}
         self._window: dict[str, KeyWindow] = {}
         self._moved: dict[str, dict[str, dict[str, int]]] = {}  # broker -> key -> candidate
-        self.owned: dict[str, str] = {}
-        """Entries the controller set, and their strategy."""
         self.deferred: list[Switch] = []
         """The switches the last `close_window` did not make (``may_switch`` False)."""
         n = len(federation)
@@ -803,14 +802,9 @@ class FederatedController:
             w.add(dataclasses.replace(share, moved={}))
             moved[share.key] = dict(share.moved)
 
-    def released(self, topic_filter: str) -> None:
-        """An operator set or removed `topic_filter`'s entry: it is no longer the controller's."""
-        self.owned.pop(topic_filter, None)
-
     def pinned(self, table: StrategyTable, key: str) -> bool:
         """Whether `table`'s entry for `key` is an operator's (never switched)."""
-        entry = dict(table.entries).get(key)
-        return entry is not None and self.owned.get(key) != entry
+        return key in dict(table.entries) and key not in table.adaptive
 
     def transition_cost(self, key: str, new: str) -> int:
         """What switching `key` to `new` costs: the copies the brokers move, and the protocol."""
@@ -824,8 +818,8 @@ class FederatedController:
 
         `table` is the newest table the sequencer knows. With `may_switch` False
         (a transition under way, a broker down) the window still counts towards
-        the averages, but nothing switches. The switches are recorded as the
-        controller's entries (`owned`); the caller proposes them.
+        the averages, but nothing switches. The caller proposes the switches,
+        as the controller's entries (`BrokerState.propose` with ``adaptive``).
         """
         cfg = self.config
         entries = dict(table.entries)
@@ -861,7 +855,6 @@ class FederatedController:
                 elif switch is not None:
                     switches.append(switch)
                     k.strategy, k.since_switch = switch.new, 0
-                    self.owned[key] = switch.new
             if k.idle >= cfg.idle_windows:
                 del self._keys[key]
         return reports, switches

@@ -478,20 +478,25 @@ class BrokerState:
         """Whether a transition is under way here (or waits to start)."""
         return len(self.placing) > 1 or bool(self._future)
 
-    def propose(self, topic_filter: str, strategy: str | None) -> list[Send]:
+    def propose(
+        self, topic_filter: str, strategy: str | None, *, adaptive: bool = False
+    ) -> list[Send]:
         """Ask for `topic_filter` to be routed by `strategy` (None: by the table's other entries).
 
         The sequencer (the broker whose id sorts first) numbers every change,
         one epoch each, on top of the newest table it knows; any other broker
         passes the proposal to it. A change that changes nothing makes no epoch.
+        `adaptive` marks the entry as the adaptive controller's, which runs at
+        the sequencer (§13); a proposal from elsewhere is an operator's.
 
         Raises:
             InvalidInput: naming ``topic_filter`` or ``strategy``.
         """
-        table = self.newest_table.with_entry(topic_filter, strategy)  # validates
+        table = self.newest_table.with_entry(topic_filter, strategy, adaptive=adaptive)
         if self.id != self.sequencer:
+            assert not adaptive, "the adaptive controller runs at the sequencer"
             return [Send(self.sequencer, ProposeMsg(topic_filter, strategy))]
-        if table.same_routes(self.newest_table):
+        if table.same_entries(self.newest_table):
             return []
         self._future[table.epoch] = table
         return self._advance()

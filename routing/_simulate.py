@@ -89,15 +89,23 @@ class Simulator:
             self.set_strategy(t.topic_filter, t.strategy, t.via)
         return self.result
 
-    def set_strategy(self, topic_filter: str, strategy: str | None, via: str | None = None) -> None:
-        """Ask broker `via` (default: the sequencer) to route `topic_filter` by `strategy`.
+    def set_strategy(
+        self,
+        topic_filter: str,
+        strategy: str | None,
+        via: str | None = None,
+        *,
+        adaptive: bool = False,
+    ) -> None:
+        """Ask broker `via` (default: the sequencer) to route `topic_filter` by `strategy`
+        (`adaptive`: as the adaptive controller's entry, `BrokerState.propose`).
 
         Raises:
             InvalidInput: naming ``topic_filter`` or ``strategy``.
         """
         any_core = next(iter(self.cores.values()))
         at = self.cores[any_core.sequencer if via is None else via]
-        self._flush(at.id, at.propose(topic_filter, strategy))
+        self._flush(at.id, at.propose(topic_filter, strategy, adaptive=adaptive))
 
     def release(self, link: tuple[str, str] | None = None) -> bool:
         """Deliver the first held transition message of `link` (default: any link).

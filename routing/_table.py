@@ -59,11 +59,17 @@ class StrategyTable:
             ``strategy`` setting at epoch 0).
         entries: (topic filter, strategy) pairs sorted by filter, one per filter.
         epoch: the version; every change makes the next one.
+        adaptive: the filters of the entries the adaptive controller set
+            (§13); every other entry is an operator's, which the controller
+            never changes. Routing ignores it; it travels with the table, so
+            every broker can tell the two apart and a sequencer that lost its
+            state learns it back from its peers.
     """
 
     default: str
     entries: tuple[tuple[str, str], ...] = ()
     epoch: int = 0
+    adaptive: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         _check_strategy(self.default, "default")
@@ -80,6 +86,9 @@ class StrategyTable:
             seen.add(topic_filter)
         if list(self.entries) != sorted(self.entries):
             raise InvalidInput("entries", "must be sorted by filter (StrategyTable.build sorts)")
+        if not self.adaptive <= seen:
+            unknown = sorted(self.adaptive - seen)[0]
+            raise InvalidInput("adaptive", f"{unknown!r} is not the filter of an entry")
 
     @classmethod
     def build(
@@ -87,13 +96,17 @@ class StrategyTable:
         default: str,
         entries: Mapping[str, str] | Iterable[tuple[str, str]] = (),
         epoch: int = 0,
+        adaptive: Iterable[str] = (),
     ) -> StrategyTable:
-        """A table from entries in any order (validated, naming the bad field)."""
+        """A table from entries in any order (validated, naming the bad field);
+        `adaptive` names the entries the controller set."""
         pairs = list(entries.items() if isinstance(entries, Mapping) else entries)
         for i, pair in enumerate(pairs):
             if not isinstance(pair, tuple | list) or len(pair) != 2:
                 raise InvalidInput(f"entries[{i}]", "must be a (topic filter, strategy) pair")
-        return cls(default, tuple(sorted((str(f), s) for f, s in pairs)), epoch)
+        return cls(
+            default, tuple(sorted((str(f), s) for f, s in pairs)), epoch, frozenset(adaptive)
+        )
 
     @classmethod
     def from_json(cls, default: str, text: str, field: str) -> StrategyTable:
@@ -129,30 +142,43 @@ class StrategyTable:
         """Every strategy a subscription with `topic_filter` is placed under."""
         return _strategies_for(self.default, self.entries, topic_filter)
 
-    def with_entry(self, topic_filter: str, strategy: str | None) -> StrategyTable:
-        """The next version: `topic_filter` pinned to `strategy` (None: the entry removed).
+    def with_entry(
+        self, topic_filter: str, strategy: str | None, *, adaptive: bool = False
+    ) -> StrategyTable:
+        """The next version: `topic_filter` pinned to `strategy` (None: the entry removed),
+        as the adaptive controller's entry if `adaptive`, else as an operator's.
 
         Raises:
             InvalidInput: naming ``topic_filter`` or ``strategy``.
         """
         validate_filter(topic_filter, "topic_filter")
         entries = {f: s for f, s in self.entries if f != topic_filter}
+        marked = self.adaptive - {topic_filter}
         if strategy is not None:
             entries[topic_filter] = _check_strategy(strategy, "strategy")
             if len(entries) > MAX_TABLE_ENTRIES:
                 raise InvalidInput("topic_filter", f"the table holds {MAX_TABLE_ENTRIES} entries")
-        return StrategyTable.build(self.default, entries, self.epoch + 1)
+            if adaptive:
+                marked |= {topic_filter}
+        return StrategyTable.build(self.default, entries, self.epoch + 1, marked)
 
     def same_routes(self, other: StrategyTable) -> bool:
         """Whether both versions route alike (same default and entries, any epoch)."""
         return self.default == other.default and self.entries == other.entries
+
+    def same_entries(self, other: StrategyTable) -> bool:
+        """Whether both versions route alike and the controller set the same entries."""
+        return self.same_routes(other) and self.adaptive == other.adaptive
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (the node's state file, ``geofed strategy show``)."""
         return {
             "epoch": self.epoch,
             "default": self.default,
-            "entries": [{"topic_filter": f, "strategy": s} for f, s in self.entries],
+            "entries": [
+                {"topic_filter": f, "strategy": s, "adaptive": f in self.adaptive}
+                for f, s in self.entries
+            ],
         }
 
     @classmethod
@@ -164,6 +190,7 @@ class StrategyTable:
         if not isinstance(raw, list):
             raise InvalidInput("entries", "must be a list")
         pairs: list[tuple[str, str]] = []
+        adaptive: list[str] = []
         for i, item in enumerate(raw):
             if not isinstance(item, dict):
                 raise InvalidInput(f"entries[{i}]", "must be an object")
@@ -172,7 +199,12 @@ class StrategyTable:
                 raise InvalidInput(f"entries[{i}].topic_filter", "must be a string")
             strategy = _check_strategy(item.get("strategy"), f"entries[{i}].strategy")
             pairs.append((topic_filter, strategy))
-        return cls.build(data.get("default"), pairs, data.get("epoch", 0))  # type: ignore[arg-type]
+            marked = item.get("adaptive", False)
+            if not isinstance(marked, bool):
+                raise InvalidInput(f"entries[{i}].adaptive", "must be true or false")
+            if marked:
+                adaptive.append(topic_filter)
+        return cls.build(data.get("default"), pairs, data.get("epoch", 0), adaptive)  # type: ignore[arg-type]
 
 
 @lru_cache(maxsize=8192)

@@ -182,6 +182,7 @@ def test_the_controller_switches_a_topic_exactly_and_leaves_a_pinned_one(tmp_pat
                     "p/#": "event-geofence",  # pinned by the operator: left alone
                     "t/#": "subscription-geofence",
                 }
+                assert table.adaptive == {"t/#"}  # shown as the controller's at every broker
                 # After the switch: t/x costs what the cost model says under the new table.
                 sent_before = await asyncio.to_thread(fed.sent)
                 after = _publishes(batch, ("t/x",), n=10)
@@ -281,12 +282,16 @@ def test_the_controller_waits_while_a_link_of_the_sequencer_is_down(tmp_path: Pa
         assert fed.total(ADAPTIVE_SWITCHES) == 1
 
 
-def test_a_durable_sequencer_remembers_which_entries_are_the_controllers(tmp_path: Path) -> None:
-    # The controller switches t/#, the sequencer restarts from its store, and t/# is
-    # still the controller's (not taken for an operator's pin): when the traffic
-    # turns, the restarted sequencer switches it back.
+@pytest.mark.parametrize("durable", [True, False], ids=["from-its-store", "from-its-peers"])
+def test_a_restarted_sequencer_knows_which_entries_are_the_controllers(
+    tmp_path: Path, durable: bool
+) -> None:
+    # The controller switches t/#, the sequencer restarts (from its store, or with
+    # nothing and learns the table from its peers), and t/# is still the controller's
+    # (not taken for an operator's pin): when the traffic turns, the restarted
+    # sequencer switches it back.
     with LocalFederation(
-        THREE, "event-geofence", tmp_path, extra_env=ADAPTIVE, durable=True
+        THREE, "event-geofence", tmp_path, extra_env=ADAPTIVE, durable=durable
     ) as fed:
         sequencer = min(fed.federation.ids)
         far = [_subscriptions()[0]]

@@ -737,7 +737,7 @@ def test_the_strategy_table_is_read_and_changed_over_http(fed: LocalFederation) 
         async with aiohttp.ClientSession() as http:
             before = await state(http, "ap")
             assert before["table"]["default"] == "subscription-geofence"
-            entry = {"topic_filter": "strat/#", "strategy": "flooding-events"}
+            entry = {"topic_filter": "strat/#", "strategy": "flooding-events", "adaptive": False}
             path = url(fed, "us", "/api/strategy/strat%2F%23")
             async with http.put(path, params={"strategy": "flooding-events"}) as resp:
                 assert resp.status == 200, await resp.text()

@@ -332,7 +332,7 @@ def test_a_down_broker_holds_a_transition_up_and_a_restart_keeps_the_table(
             await until(lambda: _finished(fed, 1), "us restarted at epoch 1")
             state = await admin.strategy_table()
             assert state["table"]["entries"] == [
-                {"topic_filter": "a/#", "strategy": "flooding-subscriptions"}
+                {"topic_filter": "a/#", "strategy": "flooding-subscriptions", "adaptive": False}
             ]
             await sub.unsubscribe()
             await subscriber.close()
@@ -371,9 +371,8 @@ def test_a_strategy_change_lost_on_a_breaking_link_is_not_answered_as_made(
             assert not change.done() or change.exception() is not None
             await asyncio.to_thread(link.heal)
             state = await change
-            assert {"topic_filter": "a/#", "strategy": "flooding-events"} in state["newest"][
-                "entries"
-            ]
+            entry = {"topic_filter": "a/#", "strategy": "flooding-events", "adaptive": False}
+            assert entry in state["newest"]["entries"]
             await until(lambda: _finished(fed, 1), "every broker routes by the change")
             await admin.close()
 
@@ -413,7 +412,9 @@ def test_the_cli_pins_a_topic_and_a_broker_restarted_without_data_learns_the_tab
         assert state["table"] == {
             "epoch": 1,
             "default": "flooding-events",
-            "entries": [{"topic_filter": "t/#", "strategy": "subscription-geofence"}],
+            "entries": [
+                {"topic_filter": "t/#", "strategy": "subscription-geofence", "adaptive": False}
+            ],
         }
         asyncio.run(until(lambda: _finished(fed, 1), "every broker at epoch 1"))
         fed.stop_node("eu")

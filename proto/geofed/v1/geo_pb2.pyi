@@ -87,12 +87,14 @@ class Subscription(_message.Message):
     def __init__(self, id: _Optional[str] = ..., client: _Optional[str] = ..., topic_filter: _Optional[str] = ..., geofence: _Optional[_Union[Geofence, _Mapping]] = ...) -> None: ...
 
 class StrategyEntry(_message.Message):
-    __slots__ = ("topic_filter", "strategy")
+    __slots__ = ("topic_filter", "strategy", "adaptive")
     TOPIC_FILTER_FIELD_NUMBER: _ClassVar[int]
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    ADAPTIVE_FIELD_NUMBER: _ClassVar[int]
     topic_filter: str
     strategy: str
-    def __init__(self, topic_filter: _Optional[str] = ..., strategy: _Optional[str] = ...) -> None: ...
+    adaptive: bool
+    def __init__(self, topic_filter: _Optional[str] = ..., strategy: _Optional[str] = ..., adaptive: _Optional[bool] = ...) -> None: ...
 
 class StrategyTable(_message.Message):
     __slots__ = ("epoch", "default_strategy", "entries")

@@ -295,6 +295,7 @@ def test_strategy_transition_messages_round_trip_and_bad_ones_are_rejected_alone
     """Tables and proposals (protocol 4) travel in frames, after deliveries; a table a peer
     sends that does not validate is skipped naming its field, the rest of the frame is kept."""
     table = StrategyTable("event-geofence").with_entry("t/#", "flooding-subscriptions")
+    table = table.with_entry("u/#", "event-geofence", adaptive=True)  # the controller's
     frame = gw.new_frame()
     for msg in (
         TableMsg(table, Phase.PREPARED),
@@ -312,7 +313,7 @@ def test_strategy_transition_messages_round_trip_and_bad_ones_are_rejected_alone
         ProposeMsg("u/+", "flooding-events"),
         ProposeMsg("u/+", None),
     ]
-    assert [(r.kind.value, r.id) for r in rejected] == [("transition", "1")]
+    assert [(r.kind.value, r.id) for r in rejected] == [("transition", "2")]  # its epoch
     assert rejected[0].reason.startswith("tables.table.entries[0].strategy")
     with pytest.raises(InvalidInput) as err:
         gw.set_strategy_request("a/#/b", "event-geofence")

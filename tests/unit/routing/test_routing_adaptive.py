@@ -437,7 +437,7 @@ def federated_run(
         _fed_reports, fed_switches = sequencer.close_window(sim.table, end)
         out.append((reports, switches, fed_switches))
         for s in switches:
-            sim.set_strategy(s.key, s.new)
+            sim.set_strategy(s.key, s.new, adaptive=True)
 
     end = config.window_s
     for op in ops:
@@ -505,12 +505,17 @@ def test_an_operators_entry_is_pinned_and_an_unset_one_adapts_again() -> None:
     sequencer.add("a", [share])
     _reports, switches = sequencer.close_window(StrategyTable("event-geofence"), 2.0)
     assert [(s.key, s.new) for s in switches] == [("t/#", "subscription-geofence")]
-    assert sequencer.owned == {"t/#": "subscription-geofence"}
-    # The controller's own entry is not pinned; once an operator sets it, it is.
-    table = StrategyTable.build("event-geofence", {"t/#": "subscription-geofence"})
+    # The controller's own entry (proposed as adaptive) is not pinned; once an
+    # operator sets it, even to the same strategy, it is.
+    table = StrategyTable("event-geofence").with_entry(
+        "t/#", "subscription-geofence", adaptive=True
+    )
+    assert table.adaptive == {"t/#"}
     assert not sequencer.pinned(table, "t/#")
-    sequencer.released("t/#")
+    table = table.with_entry("t/#", "subscription-geofence")
+    assert table.adaptive == frozenset()
     assert sequencer.pinned(table, "t/#")
+    assert not sequencer.pinned(table.with_entry("t/#", None), "t/#")
 
 
 def test_a_key_no_broker_reports_is_forgotten_by_the_sequencer() -> None:

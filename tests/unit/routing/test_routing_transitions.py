@@ -150,6 +150,45 @@ def test_a_bad_table_names_the_field() -> None:
     assert (new.epoch, new.entries) == (1, (("a/#", "flooding-events"),))
     assert StrategyTable.from_dict(new.to_dict()) == new
     assert new.with_entry("a/#", None).same_routes(table)
+    with pytest.raises(InvalidInput) as bad:
+        StrategyTable.build("event-geofence", {"a/#": "flooding-events"}, adaptive=["b/#"])
+    assert bad.value.field == "adaptive"
+    with pytest.raises(InvalidInput) as bad:
+        data = new.to_dict()
+        data["entries"][0]["adaptive"] = "yes"
+        StrategyTable.from_dict(data)
+    assert bad.value.field == "entries[0].adaptive"
+
+
+def test_the_controllers_entries_are_marked_and_an_operators_change_unmarks_them() -> None:
+    """`StrategyTable.adaptive`: the entries the adaptive controller set (§13). They route
+    as any entry, travel with the table (to_dict, and the wire: tests/unit/client), and
+    an operator who sets or removes one makes it theirs — a new epoch even when the
+    strategy stays, which the sequencer numbers; the same change twice makes none."""
+    table = StrategyTable("event-geofence")
+    mine = table.with_entry("t/#", "flooding-events", adaptive=True)
+    assert mine.adaptive == {"t/#"} and mine.strategy_for("t/x") == "flooding-events"
+    assert StrategyTable.from_dict(mine.to_dict()) == mine
+    assert mine.to_dict()["entries"] == [
+        {"topic_filter": "t/#", "strategy": "flooding-events", "adaptive": True}
+    ]
+    theirs = mine.with_entry("t/#", "flooding-events")
+    assert theirs.same_routes(mine) and not theirs.same_entries(mine)
+    assert theirs.adaptive == frozenset()
+    assert mine.with_entry("t/#", None).adaptive == frozenset()
+    assert mine.with_entry("u/#", "event-geofence").adaptive == {"t/#"}  # others' marks stay
+
+    federation = FEDERATIONS["tiling"]
+    cores = {b: BrokerState(b, federation, table) for b in "abc"}
+    seq = cores["a"]
+    assert seq.sequencer == "a"
+    seq.propose("t/#", "flooding-events", adaptive=True)
+    assert (seq.newest_table.epoch, seq.newest_table.adaptive) == (1, {"t/#"})
+    assert seq.propose("t/#", "flooding-events", adaptive=True) == []  # nothing changes
+    sends = cores["b"].propose("t/#", "flooding-events")  # an operator, at another broker
+    assert [s.dst for s in sends] == ["a"]
+    seq.on_message("b", sends[0].msg)
+    assert (seq.newest_table.epoch, seq.newest_table.adaptive) == (2, frozenset())
 
 
 # --------------------------------------------------------------------------
