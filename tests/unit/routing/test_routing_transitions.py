@@ -361,3 +361,24 @@ def test_every_broker_publishes_between_every_step_of_a_transition(
     assert sorted(sim.result.deliveries) == sorted(reference_deliveries(ops))
     assert max(Counter(sim.result.deliveries).values()) == 1
     assert {c.table.strategy_for("t/x") for c in sim.cores.values()} == {new}
+
+
+def test_a_strategy_state_of_the_previous_form_keeps_the_controllers_entries() -> None:
+    """Before tables marked them, a sequencer stored its controller's entries beside its
+    tables (``adaptive_owned``); a node reading such a state marks those entries (with
+    the strategy it recorded), and leaves an entry an operator changed since pinned."""
+    from geofed.node._server import _mark_adaptive  # the node's reading of its store
+
+    federation = FEDERATIONS["tiling"]
+    table = StrategyTable.build(
+        "event-geofence", {"t/#": "flooding-events", "u/#": "event-geofence"}
+    )
+    core = BrokerState("a", federation, table)
+    state = core.transition_state()
+    state["adaptive_owned"] = {"t/#": "flooding-events", "u/#": "flooding-subscriptions"}
+    _mark_adaptive(state)
+    assert "adaptive_owned" not in state
+    restored = BrokerState("a", federation, StrategyTable("event-geofence"))
+    restored.restore_transition_state(state)
+    assert restored.table.adaptive == {"t/#"}
+    assert restored.table.same_routes(table)
