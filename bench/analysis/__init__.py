@@ -39,7 +39,13 @@ from ._geo import (
 )
 from ._io import LINE_BITS, read_numbered
 from ._job import Analysis, AnalysisConfig, Progress, analyze, load_federation
-from ._match import h3_parent, subscriber_locations
+from ._match import (
+    h3_parent,
+    subscriber_locations,
+    with_step_index,
+    world_positions,
+    world_steps,
+)
 from ._report import print_table, write_outputs
 from ._session import build_session, is_local, package_zip
 from ._state import (
@@ -78,6 +84,9 @@ __all__ = [
     "subscription_message_sources",
     "version_rehomings",
     "versions",
+    "with_step_index",
+    "world_positions",
+    "world_steps",
     # the executors' geometry (no Spark)
     "FederationIndex",
     "FilterMatcher",

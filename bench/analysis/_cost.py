@@ -26,6 +26,7 @@ each remote broker hosting a matching subscription.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import reduce
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -135,6 +136,10 @@ def subscription_messages(sources: DataFrame, n: int) -> DataFrame:
     return _tally(out[0].unionByName(out[1]))
 
 
+TALLY_KEYS = ("origin", "home", "tid", "sg_ok", "em_ok", "full")
+"""What a `delivery_tally` row is counted by; ``rows``, ``bytes`` and ``n_full`` are sums."""
+
+
 def delivery_tally(homes: DataFrame) -> DataFrame:
     """One row per (event, subscriber home) folded to what the costs and the summary need.
 
@@ -147,17 +152,23 @@ def delivery_tally(homes: DataFrame) -> DataFrame:
     (event, home) table, which is several rows per event (its checkpoint and
     the reads of it cost more than the whole fold).
     """
-    return homes.groupBy(
-        "origin",
-        "home",
-        "tid",
-        "sg_ok",
-        "em_ok",
-        (F.col("n_full") > 0).alias("full"),
-    ).agg(
+    return homes.groupBy(*TALLY_KEYS[:-1], (F.col("n_full") > 0).alias("full")).agg(
         F.count(F.lit(1)).alias("rows"),
         F.sum("payload").alias("bytes"),
         F.sum("n_full").alias("n_full"),
+    )
+
+
+def merge_tallies(*parts: DataFrame) -> DataFrame:
+    """`delivery_tally` rows from parts counted apart (`_match.world_tally` and the like)."""
+    return (
+        reduce(DataFrame.unionByName, parts)
+        .groupBy(*TALLY_KEYS)
+        .agg(
+            F.sum("rows").cast("long").alias("rows"),
+            F.sum("bytes").cast("long").alias("bytes"),
+            F.sum("n_full").cast("long").alias("n_full"),
+        )
     )
 
 

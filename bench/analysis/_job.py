@@ -372,37 +372,40 @@ def analyze(spark: SparkSession, cfg: AnalysisConfig, progress: Progress | None 
     # -- matching -----------------------------------------------------------
     with progress.stage("matching: candidates and exact Subscription GeoCheck"):
         small = cfg.broadcast_rows
-        expanded = ev.join(F.broadcast(tf) if n_tf <= small else tf, "topic").drop("topic")
+        tf_side = F.broadcast(tf) if n_tf <= small else tf
+        topics = tf.select("tid", "topic").distinct()
         sgeom = match.FenceGeometry(spark, sub_fences, cfg.broadcast_bytes)
         keep.append(sgeom)
+        # World subscriptions of events without a geofence are counted, not
+        # paired (see `match.world_steps`); geofenced segments without a
+        # cover still pair on the filter alone.
+        world_segs = unkeyed.where(F.col("sfence").isNull())
+        positions = _persist(match.world_positions(world_segs), keep)
+        steps = _persist(match.world_steps(world_segs, positions, tf), keep)
+        broadcast_steps = steps.count() <= small
 
-        def pairs_of(events: DataFrame, by_event: int | None = None) -> DataFrame:
+        def pairs_of(events: DataFrame, unkeyed_side: DataFrame, *carry: str) -> DataFrame:
             to_check, world = match.candidates(
-                events,
+                events.join(tf_side, "topic").drop("topic"),
                 keyed,
-                unkeyed,
+                unkeyed_side,
                 res,
                 broadcast_keyed=n_keyed <= small,
                 broadcast_unkeyed=n_unkeyed <= small,
-                by_event=by_event,
             )
             checked = (
                 sgeom.with_covers(to_check, "sfence", "lat", "lon", "sgeo")
                 .where("sgeo")
                 .drop("sgeo")
             )
-            if by_event is not None:
-                checked = match.spread_by_event(checked, by_event)
-            return match.matched_pairs(checked.unionByName(world))
+            return match.matched_pairs(checked.unionByName(world), *carry)
 
         # Events without a geofence pass the Event GeoCheck everywhere: their
-        # pairs fold right away, where they are (see `match.spread_by_event`).
-        # The others wait for subscriber locations.
-        spread = int(spark.conf.get("spark.sql.shuffle.partitions") or 200)
-        homes_world = match.per_home(
-            pairs_of(expanded.where(F.col("efence").isNull()), spread), F.lit(True)
-        )
-        fenced = _persist(pairs_of(expanded.where(F.col("efence").isNotNull())), keep)
+        # pairs fold right away. The others wait for subscriber locations.
+        plain = ev.where(F.col("efence").isNull())
+        uncovered = unkeyed.where(F.col("sfence").isNotNull())
+        homes_plain = match.per_home(pairs_of(plain, uncovered), F.lit(True), "et")
+        fenced = _persist(pairs_of(ev.where(F.col("efence").isNotNull()), unkeyed), keep)
         n_fenced = fenced.count()
 
     with progress.stage(
@@ -416,8 +419,19 @@ def analyze(spark: SparkSession, cfg: AnalysisConfig, progress: Progress | None 
         keep.append(egeom)
         at = match.subscriber_locations(fenced, located)
         checked = egeom.with_covers(at, "efence", "slat", "slon", "egeo")
-        homes = _union(homes_world, match.per_home(checked, F.col("egeo")))
-        tally = _persist(cost.delivery_tally(homes), keep)
+        tally = _persist(
+            cost.merge_tallies(
+                match.world_tally(
+                    match.with_step_index(plain, positions),
+                    topics,
+                    steps,
+                    broadcast=broadcast_steps,
+                ),
+                match.with_world_steps(homes_plain, steps, broadcast=broadcast_steps),
+                cost.delivery_tally(match.per_home(checked, F.col("egeo"))),
+            ),
+            keep,
+        )
         totals = tally.agg(F.sum("n_full").alias("d"), F.sum("rows").alias("h")).first()
         assert totals is not None
         deliveries = int(totals["d"] or 0)
@@ -433,7 +447,7 @@ def analyze(spark: SparkSession, cfg: AnalysisConfig, progress: Progress | None 
         msgs = _union(
             cost.event_messages(ev, n),
             cost.subscription_messages(sources, n),
-            cost.delivery_messages(tally, tf.select("tid", "topic").distinct()),
+            cost.delivery_messages(tally, topics),
         )
         named = _persist(cost.with_broker_names(msgs, ids), keep)
         summary.update(_summaries(named, cfg.top_topics))

@@ -36,7 +36,7 @@ from pyspark.sql.pandas.functions import arrow_udf
 from geofed.routing import Geofence, h3_cover
 
 from ._geo import FilterMatcher, covers_many, extent_km
-from ._state import before
+from ._state import INF_K, INF_T, before
 
 _WORKER: dict[Any, Any] = {}
 
@@ -186,7 +186,6 @@ def candidates(
     *,
     broadcast_keyed: bool,
     broadcast_unkeyed: bool,
-    by_event: int | None = None,
 ) -> tuple[DataFrame, DataFrame]:
     """(event, segment) pairs passing ContentCheck and liveness, spatially pre-filtered.
 
@@ -194,10 +193,6 @@ def candidates(
     pairs still needing the exact Subscription GeoCheck (geofenced
     subscriptions) and those that need none (world subscriptions), so that
     only the former cross into Python.
-
-    With `by_event`, the world pairs come out hash-partitioned by event
-    (``ek``, that many partitions; see `by_event`): the events are shuffled
-    before the filter join, which multiplies them, rather than the pairs.
     """
     keyed_side = F.broadcast(keyed) if broadcast_keyed else keyed
     unkeyed_side = F.broadcast(unkeyed) if broadcast_unkeyed else unkeyed
@@ -207,26 +202,227 @@ def candidates(
         .where(_live())
         .drop("cell")
     )
-    world_side = expanded.drop("cell")
-    if by_event is not None:
-        world_side = spread_by_event(world_side, by_event)
-    by_filter = world_side.join(unkeyed_side, ["filter"]).where(_live())
+    by_filter = expanded.drop("cell").join(unkeyed_side, ["filter"]).where(_live())
     fenced = by_cell.unionByName(by_filter.where(F.col("sfence").isNotNull()))
     return fenced, by_filter.where(F.col("sfence").isNull())
 
 
-def spread_by_event(df: DataFrame, partitions: int) -> DataFrame:
-    """`df` hash-partitioned by event (``ek``) into `partitions` partitions.
+# --------------------------------------------------------------------------
+# World subscriptions, counted instead of paired
+#
+# A world subscription (no geofence) matches every event whose topic its
+# filter matches while its segment is live: no geometry, and both routing
+# flags hold (sg_ok, em_ok) for events without a geofence. So for those
+# events, the number of world subscriptions at a home is a step function of
+# the event's position (t, k) per (topic, home), changing only where a world
+# segment starts or ends: a few rows per world segment and matching topic,
+# instead of a pair per (event, world segment) (~4 per event in the scale
+# benchmark's workload).
 
-    Pair tables spread this way, with the same count, union into one that
-    Spark knows is partitioned by event (spark.sql.unionOutputPartitioning),
-    so `per_home` folds them where they are, with no shuffle of its own: the
-    fold's shuffle carried several rows per event (every (event, home) row),
-    this one an event's row (or a checked pair's) once. Broadcast joins keep
-    the partitioning of the side they stream; a Python UDF does not (its
-    output is re-spread after it).
+
+_NO_END = (1 << 63) - 1
+"""The step index of a position no event reaches (a segment open to the end)."""
+
+
+def world_positions(world: DataFrame) -> DataFrame:
+    """(t, k, r): the distinct finite positions where a world segment starts or ends.
+
+    r numbers them from 1 in (t, k) order: an event at position e has step
+    index g = r of the last position <= e (0 before the first), see
+    `with_step_index`. A segment's open end (t = infinity) is no position:
+    no event reaches it.
     """
-    return df.repartition(partitions, "ek")
+    starts = world.select(F.col("seg_t").alias("t"), F.col("seg_k").alias("k"))
+    ends = world.select(F.col("seg_end_t").alias("t"), F.col("seg_end_k").alias("k"))
+    points = starts.unionByName(ends).where(F.col("t") != F.lit(float("inf"))).distinct()
+    # A window without partitions: one task, over a table of at most 2 rows per segment.
+    return points.withColumn("r", F.row_number().over(Window.orderBy("t", "k")).cast("long"))
+
+
+def world_steps(world: DataFrame, positions: DataFrame, tf: DataFrame) -> DataFrame:
+    """(tid, home, lo, hi, w, lo_t, lo_k, hi_t, hi_k): w world segments match topic tid
+    and are live at home for events with a step index g in [lo, hi), i.e. at
+    positions from (lo_t, lo_k) (inclusive) to (hi_t, hi_k) (exclusive); only
+    steps with w > 0.
+
+    A segment live for positions in [start, end) is live for step indices in
+    [r(start), r(end)): with g = r of the last position <= e, start <= e iff
+    g >= r(start), and e < end iff g < r(end). The steps of one (tid, home)
+    do not overlap, so a lookup finds at most one.
+    """
+    start = positions.select(
+        F.col("t").alias("seg_t"), F.col("k").alias("seg_k"), F.col("r").alias("lo")
+    )
+    end = positions.select(
+        F.col("t").alias("seg_end_t"), F.col("k").alias("seg_end_k"), F.col("r").alias("hi")
+    )
+    spans = (
+        world.select("filter", "home", "seg_t", "seg_k", "seg_end_t", "seg_end_k")
+        .join(start, ["seg_t", "seg_k"])
+        .join(end, ["seg_end_t", "seg_end_k"], "left")
+        .select("filter", "home", "lo", F.coalesce("hi", F.lit(_NO_END)).alias("hi"))
+        .where(F.col("lo") < F.col("hi"))  # a segment ending where it starts holds nothing
+        .join(tf.select("filter", "tid"), "filter")
+    )
+    changes = (
+        spans.select("tid", "home", F.col("lo").alias("g"), F.lit(1).alias("d"))
+        .unionByName(spans.select("tid", "home", F.col("hi").alias("g"), F.lit(-1).alias("d")))
+        .groupBy("tid", "home", "g")
+        .agg(F.sum("d").alias("d"))
+    )
+    w = Window.partitionBy("tid", "home").orderBy("g")
+    steps = (
+        changes.select(
+            "tid",
+            "home",
+            F.col("g").alias("lo"),
+            F.coalesce(F.lead("g").over(w), F.lit(_NO_END)).alias("hi"),
+            F.sum("d").over(w.rowsBetween(Window.unboundedPreceding, 0)).alias("w"),
+        )
+        .where(F.col("w") > 0)
+        .select("tid", "home", "lo", "hi", F.col("w").cast("long").alias("w"))
+    )
+    at = positions.select(
+        F.col("r").alias("lo"), F.col("t").alias("lo_t"), F.col("k").alias("lo_k")
+    )
+    until = positions.select(
+        F.col("r").alias("hi"), F.col("t").alias("hi_t"), F.col("k").alias("hi_k")
+    )
+    return (
+        steps.join(F.broadcast(at), "lo")
+        .join(F.broadcast(until), "hi", "left")
+        .select(
+            "tid",
+            "home",
+            "lo",
+            "hi",
+            "w",
+            "lo_t",
+            "lo_k",
+            F.coalesce("hi_t", F.lit(INF_T)).alias("hi_t"),
+            F.coalesce("hi_k", F.lit(INF_K)).alias("hi_k"),
+        )
+    )
+
+
+_BUCKETS = 1 << 16
+
+
+def with_step_index(events: DataFrame, positions: DataFrame) -> DataFrame:
+    """`events` plus ``g``: how many of `positions` are at or before the event's (et, ek).
+
+    Exact, with no sort of the events: the positions' time span is cut into
+    `_BUCKETS` buckets of t (a monotone function of t, the same Spark
+    expression for positions and events), so the positions in an earlier
+    bucket are all before the event and those in a later one all after it.
+    An event looks its bucket up in a broadcast table (how many positions
+    come before it) and compares itself with the positions in the bucket
+    only where there are any: with many more buckets than positions, few
+    events (0.4% in the scale benchmark's 1M trace) take that path.
+    """
+    stats = positions.agg(
+        F.min("t").alias("lo"), F.max("t").alias("hi"), F.count(F.lit(1)).alias("n")
+    ).first()
+    assert stats is not None
+    if int(stats["n"]) == 0:
+        return events.withColumn("g", F.lit(0).cast("long"))
+    t0 = float(stats["lo"])
+    # The last position lands in bucket _BUCKETS - 1, so the last bucket
+    # (later events) holds none.
+    width = (float(stats["hi"]) - t0) / (_BUCKETS - 1)
+    if not width > 0:  # one distinct t (or a span too narrow for doubles)
+        width = 1.0
+
+    def bucket(t: Column) -> Column:
+        # Clipped in doubles first: any finite t lands in [-1, _BUCKETS].
+        x = (t - F.lit(t0)) / F.lit(width)
+        return F.floor(F.least(F.greatest(x, F.lit(-1.0)), F.lit(float(_BUCKETS))))
+
+    filled = positions.groupBy(bucket(F.col("t")).alias("_b")).agg(
+        F.collect_list(F.struct("t", "k")).alias("_pts"), F.count(F.lit(1)).alias("c")
+    )
+    # One task over _BUCKETS + 2 rows: a cumulative count needs their order.
+    order = Window.orderBy("_b").rowsBetween(Window.unboundedPreceding, -1)
+    table = (
+        positions.sparkSession.range(-1, _BUCKETS + 1)
+        .select(F.col("id").alias("_b"))
+        .join(filled, "_b", "left")
+        .select("_b", F.coalesce(F.sum("c").over(order), F.lit(0)).alias("_base"), "_pts")
+    )
+    at = F.col("et")
+    k = F.col("ek")
+    seen = F.size(F.filter("_pts", lambda p: ~before(at, k, p["t"], p["k"])))
+    base = F.col("_base").cast("long")
+    return (
+        events.withColumn("_b", bucket(at))
+        .join(F.broadcast(table), "_b")
+        .withColumn("g", F.when(F.col("_pts").isNull(), base).otherwise(base + seen))
+        .drop("_b", "_base", "_pts")
+    )
+
+
+def world_tally(
+    events: DataFrame, topics: DataFrame, steps: DataFrame, *, broadcast: bool
+) -> DataFrame:
+    """`_cost.delivery_tally` rows of the world subscriptions' (event, home) rows.
+
+    `events` are events without a geofence, with their step index ``g``
+    (`with_step_index`); `topics` is (topic, tid). Events are first counted
+    per (origin, topic, g), then each count meets the steps of its topic:
+    one tally row per (count, home) with w > 0, standing for that many
+    (event, home) rows with w deliveries each. Rows with keyed pairs too are
+    the same (event, home) rows: `with_world_steps` adds those pairs'
+    deliveries and no row. `broadcast`: ship `steps` to every task.
+    """
+    groups = (
+        events.groupBy("origin", "topic", "g")
+        .agg(F.count(F.lit(1)).alias("rows"), F.sum("payload").alias("bytes"))
+        .join(F.broadcast(topics), "topic")
+    )
+    s = steps.alias("s")
+    hit = (groups["tid"] == s["tid"]) & (s["lo"] <= groups["g"]) & (groups["g"] < s["hi"])
+    yes = F.lit(True)
+    return groups.join(F.broadcast(s) if broadcast else s, hit).select(
+        "origin",
+        F.col("s.home").alias("home"),
+        groups["tid"],
+        yes.alias("sg_ok"),
+        yes.alias("em_ok"),
+        yes.alias("full"),
+        F.col("rows").cast("long").alias("rows"),
+        F.col("bytes").cast("long").alias("bytes"),
+        (F.col("rows") * F.col("s.w")).cast("long").alias("n_full"),
+    )
+
+
+def with_world_steps(homes: DataFrame, steps: DataFrame, *, broadcast: bool) -> DataFrame:
+    """`per_home` rows (with ``et``) as `_cost.delivery_tally` rows, world subscriptions counted.
+
+    Where world subscriptions are live at the same (event, home), the row is
+    one of `world_tally`'s: it adds its deliveries there (all flags hold) and
+    no row or payload of its own. Elsewhere it is the row it was.
+    `broadcast`: ship `steps` to every task.
+    """
+    s = steps.alias("s")
+    at, k = homes["et"], homes["ek"]
+    hit = (
+        (homes["tid"] == s["tid"])
+        & (homes["home"] == s["home"])
+        & ~before(at, k, s["lo_t"], s["lo_k"])
+        & before(at, k, s["hi_t"], s["hi_k"])
+    )
+    world = F.col("s.w").isNotNull()
+    return homes.join(F.broadcast(s) if broadcast else s, hit, "left").select(
+        "origin",
+        homes["home"],
+        homes["tid"],
+        (F.col("sg_ok") | world).alias("sg_ok"),
+        (F.col("em_ok") | world).alias("em_ok"),
+        ((F.col("n_full") > 0) | world).alias("full"),
+        F.when(world, 0).otherwise(1).cast("long").alias("rows"),
+        F.when(world, 0).otherwise(F.col("payload")).cast("long").alias("bytes"),
+        F.col("n_full").cast("long").alias("n_full"),
+    )
 
 
 # --------------------------------------------------------------------------
@@ -317,15 +513,17 @@ def _covers_udf(shapes_bc: Broadcast[dict[int, bytes]] | None) -> Any:
     return covers_udf
 
 
-def matched_pairs(pairs: DataFrame) -> DataFrame:
+def matched_pairs(pairs: DataFrame, *keep: str) -> DataFrame:
     """Pairs passing ContentCheck and Subscription GeoCheck, with the flags routing needs.
 
     sg_ok: the publisher's broker is on the subscription's path under
     subscription-geofence (origin in the brokers its geofence meets);
     em_ok: the subscriber's home meets the event geofence (delivery targets).
-    The topic travels as its number (tid, `with_topic_ids`).
+    The topic travels as its number (tid, `with_topic_ids`). `keep`: more
+    of the event's columns to carry.
     """
     return pairs.select(
+        *keep,
         "ek",
         "et",
         "origin",
@@ -339,15 +537,15 @@ def matched_pairs(pairs: DataFrame) -> DataFrame:
     )
 
 
-def per_home(pairs: DataFrame, full: Column) -> DataFrame:
+def per_home(pairs: DataFrame, full: Column, *keep: str) -> DataFrame:
     """Pairs folded to one row per (event, subscriber home).
 
     n_full: pairs that fully match (`full`), i.e. deliveries; sg_ok/em_ok:
     whether any pair there passes the flag. Everything the costs need, at a
-    fraction of the rows: pairs fold within a task before any shuffle, and
-    need none when they come partitioned by event (`spread_by_event`).
+    fraction of the rows: pairs fold within a task before any shuffle.
+    `keep`: more of the event's columns to carry (the event's time ``et``).
     """
-    return pairs.groupBy("ek", "home", "origin", "tid", "payload").agg(
+    return pairs.groupBy("ek", "home", "origin", "tid", "payload", *keep).agg(
         F.sum(full.cast("long")).alias("n_full"),
         F.max("sg_ok").alias("sg_ok"),
         F.max("em_ok").alias("em_ok"),

@@ -23,6 +23,9 @@ from geofed.bench.analysis import (
     subscription_message_sources,
     version_rehomings,
     versions,
+    with_step_index,
+    world_positions,
+    world_steps,
 )
 
 pytestmark = pytest.mark.spark
@@ -172,3 +175,74 @@ def test_h3_parent_expression_matches_python(spark: Any) -> None:
     assertDataFrameEqual(
         got, [tuple(h3_parent_int(c, r) for r in (2, 5, 9)) for c in cells], checkRowOrder=False
     )
+
+
+# World subscriptions counted per step (world_positions, world_steps, with_step_index)
+
+_WORLD = "filter string, home int, seg_t double, seg_k long, seg_end_t double, seg_end_k long"
+_OPEN = (float("inf"), (1 << 63) - 1)  # a segment no op ended (`_state.INF_T`, `INF_K`)
+
+
+def _at_or_before(p: tuple[float, int], e: tuple[float, int]) -> bool:
+    return p <= e  # (t, k) in lexicographic order, as `before`
+
+
+def _world_case(spark: Any, segs: list[tuple[Any, ...]], tf: list[tuple[str, int]]) -> None:
+    """Every event's step index and world count equal a direct count over the segments."""
+    world = spark.createDataFrame(segs, _WORLD)
+    tfd = spark.createDataFrame(tf, "filter string, tid long")
+    positions = world_positions(world)
+    steps = world_steps(world, positions, tfd).collect()
+    points = sorted(
+        {(s[2], s[3]) for s in segs} | {(s[4], s[5]) for s in segs if s[4] != float("inf")}
+    )
+    times = sorted({p[0] for p in points} | {-1e9, 0.0, 2e9} | {p[0] + 0.25 for p in points})
+    ks = sorted({p[1] for p in points} | {0, 1 << 40})
+    tids = sorted({i for _, i in tf})
+    events = [(t, k, tid) for t in times for k in ks for tid in tids]
+    ev = spark.createDataFrame(events, "et double, ek long, tid long")
+    got = {(r["et"], r["ek"], r["tid"]): r["g"] for r in with_step_index(ev, positions).collect()}
+    homes = sorted({s[1] for s in segs})
+    for t, k, tid in events:
+        e = (t, k)
+        g = sum(_at_or_before(p, e) for p in points)
+        assert got[(t, k, tid)] == g, (e, tid)
+        filters = {f for f, i in tf if i == tid}
+        for home in homes:
+            want = sum(
+                1
+                for f, h, st, sk, et_, ek_ in segs
+                if f in filters and h == home and (st, sk) <= e < (et_, ek_)
+            )
+            by_index = [
+                r["w"]
+                for r in steps
+                if (r["tid"], r["home"]) == (tid, home) and r["lo"] <= g < r["hi"]
+            ]
+            by_position = [
+                r["w"]
+                for r in steps
+                if (r["tid"], r["home"]) == (tid, home)
+                and (r["lo_t"], r["lo_k"]) <= e < (r["hi_t"], r["hi_k"])
+            ]
+            assert by_index == by_position == ([want] if want else []), (e, tid, home)
+
+
+def test_world_steps_count_live_world_segments(spark: Any) -> None:
+    segs = [
+        ("a/#", 0, 1.0, 5, 4.0, 2),
+        ("a/#", 0, 1.0, 9, *_OPEN),  # same t, later line
+        ("a/+", 0, 2.5, 1, 2.5, 1),  # ends where it starts: never live
+        ("a/+", 1, 2.5, 1, 7.0, 3),
+        ("a/x", 1, 0.5, 7, 2.5, 1),  # ends where another starts
+        ("a/x", 1, 7.0, 3, *_OPEN),
+        ("b", 2, 3.0, 4, 3.0, 8),
+        ("b", 2, 1e6, 2, 1e6, 3),
+    ]
+    tf = [("a/#", 1), ("a/+", 1), ("a/x", 1), ("a/#", 2), ("b", 3)]
+    _world_case(spark, segs, tf)
+
+
+def test_world_steps_when_every_position_shares_one_time(spark: Any) -> None:
+    segs = [("x", 0, 5.0, 1, 5.0, 4), ("x", 1, 5.0, 2, *_OPEN), ("x", 0, 5.0, 3, 5.0, 9)]
+    _world_case(spark, segs, [("x", 1)])
