@@ -33,6 +33,7 @@ import itertools
 import math
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import shapely
@@ -160,39 +161,42 @@ class _PartStore:
         self.discs, self.geoms = discs, geoms
 
     def covering(
-        self, slots: list[list[int]], lons: list[float], lats: list[float]
+        self, point: np.ndarray, idx: np.ndarray, lons: np.ndarray, lats: np.ndarray
     ) -> list[list[int]]:
-        """For each point, the parts among its `slots` that cover it, one per owner.
+        """For each point, the parts that cover it, one per owner, among the candidates
+        given as pairs: part `idx[j]` for the point `point[j]` (``lons``, ``lats``).
 
         The disc test runs on the candidates of all the points at once (and
         GEOS on all the undecided ones at once): a batch of events costs one
         round of array calls, not one per event, whose fixed cost would
         dominate the ~20 candidates of a typical event.
         """
-        total = sum(map(len, slots))
-        if total < _VECTOR_MIN:
-            hits = [
-                [s for s in some if self._covers(s, lon, lat)]
-                for some, lon, lat in zip(slots, lons, lats, strict=True)
-            ]
-        else:
-            counts = np.fromiter(map(len, slots), np.intp, len(slots))
-            idx = np.fromiter(itertools.chain.from_iterable(slots), np.intp, total)
-            x = np.repeat(np.asarray(lons, dtype=float), counts)
-            y = np.repeat(np.asarray(lats, dtype=float), counts)
-            cx, cy, k, inner2, outer2 = self.discs[idx].T
-            dx = (x - cx) * k
-            dy = y - cy
-            d2 = dx * dx + dy * dy
-            hit = d2 < inner2
-            unsure = np.flatnonzero(~hit & (d2 <= outer2))
-            if len(unsure):
-                hit[unsure] = shapely.intersects_xy(self.geoms[idx[unsure]], x[unsure], y[unsure])
-            where = np.flatnonzero(hit)
-            point = np.repeat(np.arange(len(slots)), counts)[where]
-            hits = [[] for _ in slots]
-            for i, slot in zip(point.tolist(), idx[where].tolist(), strict=True):
-                hits[i].append(slot)
+        if len(idx) < _VECTOR_MIN:
+            hits: list[list[int]] = [[] for _ in lons]
+            for k, slot in zip(point.tolist(), idx.tolist(), strict=True):
+                if self._covers(slot, float(lons[k]), float(lats[k])):
+                    hits[k].append(slot)
+            return self._one_per_owner(hits)
+        x = lons[point]
+        y = lats[point]
+        cx, cy, k, inner2, outer2 = self.discs[idx].T
+        dx = (x - cx) * k
+        dy = y - cy
+        d2 = dx * dx + dy * dy
+        hit = d2 < inner2
+        unsure = np.flatnonzero(~hit & (d2 <= outer2))
+        if len(unsure):
+            hit[unsure] = shapely.intersects_xy(self.geoms[idx[unsure]], x[unsure], y[unsure])
+        where = np.flatnonzero(hit)
+        at, found = point[where], idx[where]
+        if len(at) > 1 and (at[1:] < at[:-1]).any():
+            order = np.argsort(at, kind="stable")
+            at, found = at[order], found[order]
+        bounds = np.searchsorted(at, np.arange(len(lons) + 1)).tolist()
+        flat = found.tolist()
+        return self._one_per_owner([flat[a:b] for a, b in itertools.pairwise(bounds)])
+
+    def _one_per_owner(self, hits: list[list[int]]) -> list[list[int]]:
         if self.multipart:
             # A subscription with several parts can be found through each of them.
             owners = self.owners
@@ -218,12 +222,15 @@ class _SpatialBucket:
     lookup takes them with neither the covers check nor de-duplication.
     """
 
-    __slots__ = ("cells", "levels", "world")
+    __slots__ = ("cells", "levels", "number", "world")
 
     def __init__(self) -> None:
         self.world: dict[SubKey, Subscription] = {}
         self.cells: dict[int, set[int]] = {}  # `_grid_key` -> slots
         self.levels: Counter[int] = Counter()
+        # Its number in the index's cell array (`_CellArray`); -1 while its cells
+        # there are out of date (changed since the array was built) or absent.
+        self.number = -1
 
     def __bool__(self) -> bool:
         return bool(self.world) or bool(self.cells)
@@ -311,32 +318,94 @@ def _point_cells(points: Sequence[tuple[float, float]]) -> list[list[_Key]]:
             ]
             for lon, lat in points
         ]
-    xy = np.asarray(points, dtype=float)
-    ix = np.floor((xy[:, :1] + 180.0) / _SIZES_ARRAY).astype(np.int64)
-    iy = np.floor((xy[:, 1:] + 90.0) / _SIZES_ARRAY).astype(np.int64)
-    keys: list[list[_Key]] = (((iy << 17) | ix) << 4 | _LEVELS_ARRAY).tolist()
+    keys: list[list[_Key]] = _point_cell_array(
+        np.asarray([lon for lon, _ in points], dtype=float),
+        np.asarray([lat for _, lat in points], dtype=float),
+    ).tolist()
     return keys
 
 
-def _cell_rows(events: Sequence[tuple[str, LatLon]], firsts: list[int]) -> list[list[list[_Key]]]:
-    """Per event, the cell rows (`_point_cells`) to probe: none for a repeat (it copies
-    its first), two for a point on the antimeridian (-180 and 180 are one meridian)."""
-    points: list[tuple[float, float]] = []
-    for i, (_, p) in enumerate(events):
-        if firsts[i] == i:
-            points.append((p.lon, p.lat))
-            if abs(p.lon) == 180.0:
-                points.append((-p.lon, p.lat))
-    cells = iter(_point_cells(points))
-    rows: list[list[list[_Key]]] = []
-    for i, (_, p) in enumerate(events):
-        if firsts[i] != i:
-            rows.append([])
-        elif abs(p.lon) == 180.0:
-            rows.append([next(cells), next(cells)])
-        else:
-            rows.append([next(cells)])
-    return rows
+def _point_cell_array(lons: np.ndarray, lats: np.ndarray) -> np.ndarray:
+    """`_point_cells` as an int64 array, one row per point (of its own longitude)."""
+    ix = np.floor((lons[:, None] + 180.0) / _SIZES_ARRAY).astype(np.int64)
+    iy = np.floor((lats[:, None] + 90.0) / _SIZES_ARRAY).astype(np.int64)
+    keys: np.ndarray = ((iy << 17) | ix) << 4 | _LEVELS_ARRAY
+    return keys
+
+
+_BUCKET_SHIFT = 36  # a `_grid_key` is below 2**36: a bucket's number sits above it
+_REBUILD_MIN = 1024  # changed geofenced subscriptions that always allow a rebuild
+
+
+class _CellArray:
+    """Every bucket's grid cells in one sorted int64 array, probed a whole batch at a time.
+
+    A key is ``bucket number << _BUCKET_SHIFT | _grid_key``; the slots of the
+    key at ``keys[j]`` are ``slots[starts[j]:starts[j] + counts[j]]``. One
+    `np.searchsorted` finds the cells of every (bucket, level) a batch
+    probes, where the buckets' dicts cost one Python look-up each (~20 per
+    event). Built from the buckets as they are (`SubscriptionIndex._cell_array`);
+    a bucket changed since holds number -1 and is probed the dict way, so
+    answers stay exact under churn between builds.
+    """
+
+    __slots__ = ("counts", "keys", "slots", "starts")
+
+    def __init__(self, root: _TrieNode) -> None:
+        keys: list[int] = []
+        counts: list[int] = []
+        slots: list[int] = []
+        number = 0
+        stack = [root]
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            bucket = node.bucket
+            if not bucket.cells:
+                bucket.number = -1
+                continue
+            bucket.number = number
+            high = number << _BUCKET_SHIFT
+            number += 1
+            for key, cell in bucket.cells.items():
+                keys.append(high | key)
+                counts.append(len(cell))
+                slots.extend(cell)
+        unsorted = np.array(keys, dtype=np.int64)
+        order = np.argsort(unsorted)
+        count = np.array(counts, dtype=np.intp)
+        self.keys = unsorted[order]
+        self.counts = count[order]
+        self.starts = (np.cumsum(count) - count)[order]
+        self.slots = np.array(slots, dtype=np.intp)
+
+    def candidates(
+        self, point: np.ndarray, probes: np.ndarray, cells: np.ndarray, levels: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(point, slot) pairs: the slots of the cells of `cells[point[j], levels[j]]`
+        in the bucket `probes[j]` (its number shifted), in the order of `point`."""
+        if not len(self.keys) or not len(point):
+            return point[:0], self.slots[:0]
+        wanted = probes | cells[point, levels]
+        pos = np.searchsorted(self.keys, wanted)
+        np.minimum(pos, len(self.keys) - 1, out=pos)
+        found = np.flatnonzero(self.keys[pos] == wanted)
+        pos = pos[found]
+        count = self.counts[pos]
+        ends = np.cumsum(count)
+        total = int(ends[-1]) if len(ends) else 0
+        first = np.repeat(self.starts[pos] - (ends - count), count)
+        return np.repeat(point[found], count), self.slots[first + np.arange(total)]
+
+
+class _Probes(NamedTuple):
+    """What a lookup of one topic probes: in the cell array, one (bucket, level) per
+    item of `high` (the bucket's number shifted) and `levels`; aside, the `dirty`
+    buckets (changed since the array was built), the dict way."""
+
+    high: np.ndarray
+    levels: np.ndarray
+    dirty: list[_SpatialBucket]
 
 
 class _TrieNode:
@@ -358,6 +427,15 @@ class SubscriptionIndex:
         self._topics: dict[str, list[_TrieNode]] = {}  # trie nodes by topic, until it changes
         # World subscription keys by topic and group, sorted, until a world subscription changes.
         self._world: dict[str, dict[str, tuple[SubKey, ...]]] = {}
+        # The grid cells of all buckets as one array (`_CellArray`), built lazily by a batch;
+        # `_changed` geofenced subscriptions since; per topic, what a batch probes in it.
+        self._cells: _CellArray | None = None
+        self._changed = 0
+        self._probes: dict[str, _Probes] = {}
+        # Distinct (topic, point) pairs from which a batch probes the cell array (below,
+        # the buckets' dicts cost less), and changes that always allow a rebuild.
+        self.array_batch = _VECTOR_MIN
+        self.rebuild_min = _REBUILD_MIN
 
     def __len__(self) -> int:
         return len(self._subs)
@@ -384,11 +462,12 @@ class SubscriptionIndex:
             child = node.children.get(level)
             if child is None:
                 child = node.children[level] = _TrieNode()
-                self._topics.clear()
-                self._world.clear()
+                self._forget_topics()
             node = child
         if sub.geofence is None:
             self._world.clear()
+        else:
+            self._changed_bucket(node.bucket)
         self._groups[sub.key] = group
         parts = [] if sub.geofence is None else self._parts.add(sub, sub.geofence, group)
         node.bucket.add(sub, parts)
@@ -401,12 +480,14 @@ class SubscriptionIndex:
         if sub is None:
             return None
         del self._groups[key]
-        if sub.geofence is None:
-            self._world.clear()
         path = [self._root]
         levels = sub.topic_filter.split("/")
         for level in levels:
             path.append(path[-1].children[level])
+        if sub.geofence is None:
+            self._world.clear()
+        else:
+            self._changed_bucket(path[-1].bucket)
         path[-1].bucket.remove(sub, self._parts.remove(key))
         # Prune empty branches so memory follows the live subscriptions.
         for depth in range(len(levels), 0, -1):
@@ -414,9 +495,21 @@ class SubscriptionIndex:
             if node.children or node.bucket:
                 break
             del path[depth - 1].children[levels[depth - 1]]
-            self._topics.clear()
-            self._world.clear()
+            self._forget_topics()
         return sub
+
+    def _forget_topics(self) -> None:
+        """The trie changed: forget what is cached per topic."""
+        self._topics.clear()
+        self._world.clear()
+        self._probes.clear()
+
+    def _changed_bucket(self, bucket: _SpatialBucket) -> None:
+        """A geofenced subscription of `bucket` changes: the cell array no longer holds it."""
+        self._changed += 1
+        if bucket.number >= 0:
+            bucket.number = -1
+            self._probes.clear()
 
     def match(self, topic: str, location: LatLon) -> list[Subscription]:
         """Subscriptions passing ContentCheck and Subscription GeoCheck for an event."""
@@ -432,25 +525,13 @@ class SubscriptionIndex:
         """
         if not self._subs:  # e.g. a broker's local index while no client subscribes
             return [[] for _ in events]
-        found: list[list[Subscription]] = []  # world subscriptions first
-        slots: list[list[int]] = []
-        firsts = _firsts(events)
-        rows = _cell_rows(events, firsts)
-        for i, (topic, _) in enumerate(events):
-            matched: list[Subscription] = []
-            some: list[int] = []
-            if firsts[i] == i:
-                for node in self._nodes(topic):
-                    bucket = node.bucket
-                    matched.extend(bucket.world.values())
-                    if bucket.cells:
-                        for cells in rows[i]:
-                            bucket.cell_candidates(cells, some)
-            found.append(matched)
-            slots.append(some)
+        firsts, nodes = self._looked_up(events)
         owners = self._parts.owners
-        for matched, hits in zip(found, self._covering(slots, events), strict=True):
+        found: list[list[Subscription]] = []  # world subscriptions first
+        for some, hits in zip(nodes, self._hits(events, nodes), strict=True):
+            matched = [sub for node in some for sub in node.bucket.world.values()]
             matched.extend(owners[s] for s in hits)  # type: ignore[misc]
+            found.append(matched)
         for i, first in enumerate(firsts):
             if first != i:
                 found[i] = list(found[first])
@@ -478,29 +559,18 @@ class SubscriptionIndex:
         if not self._subs:
             return [{} for _ in events]
         found: list[dict[str, tuple[SubKey, ...]]] = []
-        slots: list[list[int]] = []
-        firsts = _firsts(events)
-        rows = _cell_rows(events, firsts)
-        for i, topic in enumerate(topic for topic, _ in events):
-            some: list[int] = []
-            nodes = self._nodes(topic) if firsts[i] == i else []
-            if not nodes:
+        firsts, nodes = self._looked_up(events)
+        for (topic, _), some in zip(events, nodes, strict=True):
+            if not some:
                 found.append({})
-                slots.append(some)
                 continue
             world = self._world.get(topic)
             if world is None:
-                world = self._world_groups(topic, nodes)
+                world = self._world_groups(topic, some)
             found.append(dict(world))
-            for cells in rows[i]:
-                for node in nodes:
-                    bucket = node.bucket
-                    if bucket.cells:
-                        bucket.cell_candidates(cells, some)
-            slots.append(some)
         slot_keys = self._parts.keys
         slot_groups = self._parts.groups  # per slot: no look-up in a dict of every subscription
-        for out, covering in zip(found, self._covering(slots, events), strict=True):
+        for out, covering in zip(found, self._hits(events, nodes), strict=True):
             if not covering:
                 continue
             # Gathered with `map` (C loops); live slots have keys and groups.
@@ -548,36 +618,134 @@ class SubscriptionIndex:
         self._world[topic] = world
         return world
 
-    def _covering(
-        self, slots: list[list[int]], events: Sequence[tuple[str, LatLon]]
+    def _looked_up(
+        self, events: Sequence[tuple[str, LatLon]]
+    ) -> tuple[list[int], list[list[_TrieNode]]]:
+        """`_firsts` of a batch, and each event's trie nodes (none for a repeat)."""
+        firsts = _firsts(events)
+        return firsts, [
+            self._nodes(topic) if first == i else []
+            for i, ((topic, _), first) in enumerate(zip(events, firsts, strict=True))
+        ]
+
+    def _hits(
+        self, events: Sequence[tuple[str, LatLon]], nodes: list[list[_TrieNode]]
     ) -> list[list[int]]:
-        """Per event, the candidate slots whose subscription covers its point (one each)."""
-        out: list[list[int]] = [[] for _ in slots]
-        batch: list[int] = []  # events for the array test
+        """Per event, the slots of the geofence parts covering its point, one per subscription.
+
+        `nodes` holds each event's trie nodes (none: the event is not looked up).
+        A batch of at least `array_batch` such events finds its candidates in
+        the cell array (`_CellArray`, rebuilt here when it is missing or
+        enough has changed), with the buckets changed since its build probed
+        the dict way; a smaller batch probes every bucket the dict way. The
+        candidates of the whole batch then take one exact test.
+        """
+        out: list[list[int]] = [[] for _ in events]
+        looked = [i for i, some in enumerate(nodes) if some]
+        cells = self._cell_array() if len(looked) >= self.array_batch else None
         owners = self._parts.owners
-        for i, (some, (_, location)) in enumerate(zip(slots, events, strict=True)):
-            if not some:
-                continue
+        at: list[int] = []  # events tested as one batch, by point
+        probe_at: list[np.ndarray] = []  # per point: bucket numbers (shifted) and levels to probe
+        probe_levels: list[np.ndarray] = []
+        probe_counts: list[int] = []
+        slow: list[tuple[int, list[_SpatialBucket]]] = []  # (point, buckets probed the dict way)
+        for i in looked:
+            topic, location = events[i]
             lon, lat = location.lon, location.lat
             if abs(lon) == 180.0:
-                # -180 and 180 are one meridian, and a point there may sit in two cells.
+                # -180 and 180 are one meridian, and a point there sits in two cells per level.
+                some: list[int] = []
+                for row in _point_cells([(lon, lat), (-lon, lat)]):
+                    for node in nodes[i]:
+                        if node.bucket.cells:
+                            node.bucket.cell_candidates(row, some)
                 first = {id(owners[s]): s for s in some}
                 out[i] = [
                     s
                     for s in first.values()
                     if (o := owners[s]) and o.geofence and o.geofence.covers_xy(lon, lat)
                 ]
+                continue
+            if cells is None:
+                buckets = [node.bucket for node in nodes[i] if node.bucket.cells]
             else:
-                batch.append(i)
-        if batch:
-            hits = self._parts.covering(
-                [slots[i] for i in batch],
-                [events[i][1].lon for i in batch],
-                [events[i][1].lat for i in batch],
+                probes = self._probes_of(topic, nodes[i])
+                probe_at.append(probes.high)
+                probe_levels.append(probes.levels)
+                probe_counts.append(len(probes.levels))
+                buckets = probes.dirty
+            if buckets:
+                slow.append((len(at), buckets))
+            at.append(i)
+        if not at:
+            return out
+        lons = np.fromiter((events[i][1].lon for i in at), float, len(at))
+        lats = np.fromiter((events[i][1].lat for i in at), float, len(at))
+        point = np.empty(0, dtype=np.intp)
+        slots = np.empty(0, dtype=np.intp)
+        if cells is not None:
+            grid = _point_cell_array(lons, lats)
+            point, slots = cells.candidates(
+                np.repeat(np.arange(len(at)), probe_counts),
+                np.concatenate(probe_at),
+                grid,
+                np.concatenate(probe_levels),
             )
-            for i, hit in zip(batch, hits, strict=True):
-                out[i] = hit
+            rows = [grid[k].tolist() for k, _ in slow]
+        else:
+            rows = _point_cells([(lons[k], lats[k]) for k, _ in slow])
+        if slow:
+            extra_point: list[int] = []
+            extra: list[int] = []
+            for (k, buckets), row in zip(slow, rows, strict=True):
+                before = len(extra)
+                for bucket in buckets:
+                    bucket.cell_candidates(row, extra)
+                extra_point.extend([k] * (len(extra) - before))
+            point = np.concatenate([point, np.array(extra_point, dtype=np.intp)])
+            slots = np.concatenate([slots, np.array(extra, dtype=np.intp)])
+        for i, hit in zip(at, self._parts.covering(point, slots, lons, lats), strict=True):
+            out[i] = hit
         return out
+
+    def _cell_array(self) -> _CellArray:
+        """The cell array, (re)built first if missing or if enough has changed since.
+
+        Rebuilt once the changed geofenced subscriptions reach `rebuild_min` or
+        a sixteenth of the index, whichever is more: a build walks every
+        bucket, so its cost spread over the changes that called for it stays
+        a few cells per change, and until then the changed buckets (only
+        they) are probed the dict way.
+        """
+        if self._cells is None or self._changed >= max(self.rebuild_min, len(self._subs) >> 4):
+            self._cells = _CellArray(self._root)
+            self._changed = 0
+            self._probes.clear()
+        return self._cells
+
+    def _probes_of(self, topic: str, nodes: list[_TrieNode]) -> _Probes:
+        """What a lookup of `topic` probes in the cell array, and the buckets it probes aside."""
+        probes = self._probes.get(topic)
+        if probes is None:
+            if len(self._probes) >= _TOPIC_CACHE:
+                self._probes.clear()
+            high: list[int] = []
+            levels: list[int] = []
+            dirty: list[_SpatialBucket] = []
+            for node in nodes:
+                bucket = node.bucket
+                if not bucket.cells:
+                    continue
+                if bucket.number < 0:
+                    dirty.append(bucket)
+                    continue
+                for level in bucket.levels:
+                    high.append(bucket.number << _BUCKET_SHIFT)
+                    levels.append(level)
+            probes = self._probes[topic] = _Probes(
+                np.array(high, dtype=np.int64), np.array(levels, dtype=np.intp), dirty
+            )
+        return probes
 
     def _nodes(self, topic: str) -> list[_TrieNode]:
         """The trie nodes whose filter matches `topic`, each once (cached)."""
@@ -585,6 +753,7 @@ class SubscriptionIndex:
         if nodes is None:
             if len(self._topics) >= _TOPIC_CACHE:
                 self._topics.clear()
+                self._probes.clear()
             # dict.fromkeys: a topic holding a wildcard (invalid, but match() is
             # public) reaches a node twice, which would list its world subs twice.
             nodes = self._topics[topic] = list(dict.fromkeys(self._nodes_for(topic)))
