@@ -451,7 +451,8 @@ class _Probes(NamedTuple):
 class _Candidates(NamedTuple):
     """A batch's candidates (`SubscriptionIndex._candidates`): per event, the hits
     already decided (`out`); the events `at` to test in one go, by point (with
-    `lons`, `lats`), and their candidate parts as pairs (`point`, `slots`)."""
+    `lons`, `lats`), and their candidate parts as pairs (`point`, `slots`); whether
+    the batch was large enough for the cell array (`arrays`)."""
 
     out: list[list[int]]
     at: list[int]
@@ -459,6 +460,7 @@ class _Candidates(NamedTuple):
     slots: np.ndarray
     lons: np.ndarray
     lats: np.ndarray
+    arrays: bool
 
 
 _NONE = np.empty(0, dtype=np.intp)
@@ -656,7 +658,8 @@ class SubscriptionIndex:
 
         Sorting by (event, group, key rank) in one `np.lexsort` replaces
         gathering, grouping and sorting ~20 keys per event in Python. False
-        (nothing done) for a batch too small for arrays, or one holding a hit
+        (only the antimeridian's events filed) for a batch too small for the
+        cell array (`array_batch` distinct events), or one holding a hit
         filled since the ranks were taken (`_PartStore.rank`, with the cell
         array): `_file` then files each event's hits.
         """
@@ -666,7 +669,7 @@ class SubscriptionIndex:
             if out[i]:
                 self._file(found[i], out[i])
                 out[i] = []
-        if len(cand.slots) < _VECTOR_MIN:
+        if not cand.arrays:
             return False
         point, slots = parts.covering_pairs(cand.point, cand.slots, cand.lons, cand.lats)
         if not len(slots):
@@ -782,7 +785,7 @@ class SubscriptionIndex:
                 slow.append((len(at), buckets))
             at.append(i)
         if not at:
-            return _Candidates(out, at, _NONE, _NONE, _NONE_XY, _NONE_XY)
+            return _Candidates(out, at, _NONE, _NONE, _NONE_XY, _NONE_XY, arrays=False)
         lons = np.fromiter((events[i][1].lon for i in at), float, len(at))
         lats = np.fromiter((events[i][1].lat for i in at), float, len(at))
         point = np.empty(0, dtype=np.intp)
@@ -808,7 +811,7 @@ class SubscriptionIndex:
                 extra_point.extend([k] * (len(extra) - before))
             point = np.concatenate([point, np.array(extra_point, dtype=np.intp)])
             slots = np.concatenate([slots, np.array(extra, dtype=np.intp)])
-        return _Candidates(out, at, point, slots, lons, lats)
+        return _Candidates(out, at, point, slots, lons, lats, arrays=cells is not None)
 
     def _hits(self, found: _Candidates) -> list[list[int]]:
         """Per event, the slots of the geofence parts covering its point, one per subscription."""
