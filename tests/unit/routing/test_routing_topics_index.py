@@ -509,3 +509,16 @@ def test_index_equals_covers_on_and_near_the_boundary(data: st.DataObject, copie
     for where, found in zip(points, idx.match_many([("t", p) for p in points]), strict=True):
         expected = [f"s{i}" for i in range(copies)] if fence.covers(where) else []
         assert sorted(s.id for s in found) == sorted(expected), (fence.wkt, where)
+
+
+def test_cell_array_sees_a_bucket_that_gains_its_first_geofence() -> None:
+    # The topic's probes were planned while one of its buckets held only a world
+    # subscription (no cells, so not in the array): its first geofence must count.
+    idx = SubscriptionIndex()
+    idx.array_batch, idx.rebuild_min = 1, _NEVER
+    idx.add(Subscription("a", "c", "t/+", _square(0.0, 0.0)))
+    idx.add(Subscription("w", "c", "t/x", None))
+    probe = [("t/x", latlon(0.5, 0.5))]
+    assert idx.match_groups_many(probe) == [{"": (("c", "w"), ("c", "a"))}]
+    idx.add(Subscription("b", "c", "t/x", _square(0.0, 0.0)))
+    assert idx.match_groups_many(probe) == [{"": (("c", "w"), ("c", "a"), ("c", "b"))}]
