@@ -122,7 +122,6 @@ class _PartStore:
         "multipart",
         "numbers",
         "owners",
-        "ranks",
         "slots",
     )
 
@@ -133,10 +132,8 @@ class _PartStore:
         self.geoms = np.empty(0, dtype=object)
         self.keys = np.empty(0, dtype=object)  # owners' keys (a property builds a new tuple)
         # Per slot, for the array path of `SubscriptionIndex.match_groups_many`: its
-        # group's number (`group_names`), and its key's rank among the keys of the
-        # slots live at the last `rank` (-1: filled since, unranked).
+        # group's number (`group_names`).
         self.numbers = np.empty(0, dtype=np.intp)
-        self.ranks = np.empty(0, dtype=np.intp)
         self.group_numbers: dict[str, int] = {}
         self.group_names: list[str] = []
         # Per slot, for `_CellArray`: its grid cells (`_grid_key`s) and its bucket's ident.
@@ -168,7 +165,6 @@ class _PartStore:
                 number = self.group_numbers[group] = len(self.group_names)
                 self.group_names.append(group)
             self.numbers[slot] = number
-            self.ranks[slot] = -1
             self.geoms[slot] = part
             self.discs[slot] = part_discs(part)
             out.append((slot, part))
@@ -196,31 +192,7 @@ class _PartStore:
             return out
 
         self.discs, self.geoms, self.keys = grown(self.discs), grown(self.geoms), grown(self.keys)
-        self.numbers, self.ranks = grown(self.numbers), grown(self.ranks)
-        self.buckets = grown(self.buckets)
-
-    def rank(self) -> None:
-        """Rank the keys of the live slots: sorting a batch's hits by rank sorts them by key.
-
-        A subscription's parts share its rank. Sorted as numpy strings (in C,
-        ~10 times faster than sorting the key tuples), which compare by code
-        point as Python's do, but for trailing NULs, which numpy drops: keys
-        with one are sorted as tuples.
-        """
-        keys = list(self.slots)
-        clients = [client for client, _ in keys]
-        ids = [sub_id for _, sub_id in keys]
-        if any(text.endswith("\0") for text in itertools.chain(clients, ids)):
-            order = np.array(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.intp)
-        else:
-            order = np.lexsort((np.array(ids, dtype=str), np.array(clients, dtype=str)))
-        rank = np.empty(len(keys), dtype=np.intp)
-        rank[order] = np.arange(len(keys))
-        counts = np.fromiter(map(len, self.slots.values()), np.intp, len(keys))
-        slots = np.fromiter(
-            itertools.chain.from_iterable(self.slots.values()), np.intp, int(counts.sum())
-        )
-        self.ranks[slots] = np.repeat(rank, counts)
+        self.numbers, self.buckets = grown(self.numbers), grown(self.buckets)
 
     def covering(
         self, point: np.ndarray, idx: np.ndarray, lons: np.ndarray, lats: np.ndarray
@@ -706,14 +678,13 @@ class SubscriptionIndex:
             out[group] = out.get(group, ()) + tuple(keys)
 
     def _file_pairs(self, found: list[dict[str, tuple[SubKey, ...]]], cand: _Candidates) -> bool:
-        """`_file` for the events tested in one go, with the batch's hits sorted in arrays.
+        """`_file` for the events tested in one go, their hits grouped in arrays.
 
-        Sorting by (event, group, key rank) in one `np.lexsort` replaces
-        gathering, grouping and sorting ~20 keys per event in Python. False
-        (only the antimeridian's events filed) for a batch too small for the
-        cell array (`array_batch` distinct events), or one holding a hit
-        filled since the ranks were taken (`_PartStore.rank`, with the cell
-        array): `_file` then files each event's hits.
+        One `np.lexsort` by (event, group) and one gather of the batch's keys
+        replace gathering and grouping ~20 keys per event in Python; each
+        (event, group) run is then sorted as it is. False (only the
+        antimeridian's events filed) for a batch too small for the cell array
+        (`array_batch` distinct events): `_file` then files each event's hits.
         """
         parts = self._parts
         out = cand.out
@@ -726,27 +697,22 @@ class SubscriptionIndex:
         point, slots = parts.covering_pairs(cand.point, cand.slots, cand.lons, cand.lats)
         if not len(slots):
             return True
-        ranks = parts.ranks[slots]
-        if ranks.min() < 0:
-            return False
         groups = parts.numbers[slots]
-        order = np.lexsort((ranks, groups, point))
-        point, ranks, groups, slots = point[order], ranks[order], groups[order], slots[order]
-        if parts.multipart:
-            # One part per subscription (the same rank) and point.
-            first = np.ones(len(point), dtype=bool)
-            first[1:] = (point[1:] != point[:-1]) | (ranks[1:] != ranks[:-1])
-            point, groups, slots = point[first], groups[first], slots[first]
+        if groups.min() != groups.max():  # by point already (`covering_pairs`): by group too
+            order = np.lexsort((groups, point))
+            point, groups, slots = point[order], groups[order], slots[order]
         keys = parts.keys[slots].tolist()
         cut = np.flatnonzero((point[1:] != point[:-1]) | (groups[1:] != groups[:-1])) + 1
         starts = [0, *cut.tolist()]
         ends = [*starts[1:], len(keys)]
         events = [cand.at[k] for k in point[starts].tolist()]
         names = parts.group_names
+        # A subscription with several parts may be found through each: its key repeats.
+        unique = set if parts.multipart else list
         for i, group, start, end in zip(events, groups[starts].tolist(), starts, ends, strict=True):
             answer = found[i]
             name = names[group]
-            answer[name] = answer.get(name, ()) + tuple(keys[start:end])
+            answer[name] = answer.get(name, ()) + tuple(sorted(unique(keys[start:end])))
         return True
 
     def world_groups(self, topic: str) -> dict[str, tuple[SubKey, ...]]:
@@ -884,7 +850,6 @@ class SubscriptionIndex:
         """
         if self._cells is None or self._changed >= max(self.rebuild_min, len(self._subs) >> 4):
             self._cells = _CellArray(self._parts)
-            self._parts.rank()
             self._dirty.clear()
             self._changed = 0
             self._probes.clear()
