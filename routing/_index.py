@@ -127,10 +127,10 @@ class _PartStore:
 
     def __init__(self) -> None:
         self.owners: list[Subscription | None] = []
+        self.keys: list[SubKey | None] = []  # owners' keys (a property builds a new tuple)
         self.groups: list[str | None] = []  # owners' groups (`SubscriptionIndex.add`)
         self.discs = np.empty((0, 5))
         self.geoms = np.empty(0, dtype=object)
-        self.keys = np.empty(0, dtype=object)  # owners' keys (a property builds a new tuple)
         # Per slot, for the array path of `SubscriptionIndex.match_groups_many`: its
         # group's number (`group_names`).
         self.numbers = np.empty(0, dtype=np.intp)
@@ -152,6 +152,7 @@ class _PartStore:
             else:
                 slot = len(self.owners)
                 self.owners.append(None)
+                self.keys.append(None)
                 self.groups.append(None)
                 self.cells.append([])
                 if slot >= len(self.geoms):
@@ -191,35 +192,49 @@ class _PartStore:
             out[: len(a)] = a
             return out
 
-        self.discs, self.geoms, self.keys = grown(self.discs), grown(self.geoms), grown(self.keys)
+        self.discs, self.geoms = grown(self.discs), grown(self.geoms)
         self.numbers, self.buckets = grown(self.numbers), grown(self.buckets)
 
     def covering(
-        self, point: np.ndarray, idx: np.ndarray, lons: np.ndarray, lats: np.ndarray
+        self, slots: list[list[int]], lons: list[float], lats: list[float]
     ) -> list[list[int]]:
-        """For each point, the parts that cover it, one per owner, among the candidates
-        given as pairs: part `idx[j]` for the point `point[j]` (``lons``, ``lats``).
+        """For each point, the parts among its `slots` that cover it, one per owner.
 
         The disc test runs on the candidates of all the points at once (and
         GEOS on all the undecided ones at once): a batch of events costs one
         round of array calls, not one per event, whose fixed cost would
         dominate the ~20 candidates of a typical event.
         """
-        if len(idx) < _VECTOR_MIN:
-            hits: list[list[int]] = [[] for _ in lons]
-            for k, slot in zip(point.tolist(), idx.tolist(), strict=True):
-                if self._covers(slot, float(lons[k]), float(lats[k])):
-                    hits[k].append(slot)
-            return self._one_per_owner(hits)
-        at, found = self.covering_pairs(point, idx, lons, lats)
-        bounds = np.searchsorted(at, np.arange(len(lons) + 1)).tolist()
+        total = sum(map(len, slots))
+        if total < _VECTOR_MIN:
+            return self._one_per_owner(
+                [
+                    [s for s in some if self._covers(s, lon, lat)]
+                    for some, lon, lat in zip(slots, lons, lats, strict=True)
+                ]
+            )
+        counts = np.fromiter(map(len, slots), np.intp, len(slots))
+        pairs = self.covering_pairs(
+            np.repeat(np.arange(len(slots)), counts),
+            np.fromiter(itertools.chain.from_iterable(slots), np.intp, total),
+            np.asarray(lons, dtype=float),
+            np.asarray(lats, dtype=float),
+        )
+        return self.per_point(*pairs, len(slots))
+
+    def per_point(self, at: np.ndarray, found: np.ndarray, n: int) -> list[list[int]]:
+        """(point, slot) pairs sorted by point (`covering_pairs`) as slots per point
+        (`n` points), one per owner."""
+        bounds = np.searchsorted(at, np.arange(n + 1)).tolist()
         flat = found.tolist()
         return self._one_per_owner([flat[a:b] for a, b in itertools.pairwise(bounds)])
 
     def covering_pairs(
         self, point: np.ndarray, idx: np.ndarray, lons: np.ndarray, lats: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """`covering` as (point, slot) pairs, sorted by point; not one per owner."""
+        """The candidates (part `idx[j]` for the point `point[j]`, at ``lons[point[j]]``,
+        ``lats[point[j]]``) that cover their point, as (point, slot) pairs sorted
+        by point; not one per owner (`per_point`)."""
         x = lons[point]
         y = lats[point]
         cx, cy, k, inner2, outer2 = self.discs[idx].T
@@ -451,21 +466,21 @@ class _Probes:
 
 class _Candidates(NamedTuple):
     """A batch's candidates (`SubscriptionIndex._candidates`): per event, the hits
-    already decided (`out`); the events `at` to test in one go, by point (with
-    `lons`, `lats`), and their candidate parts as pairs (`point`, `slots`); whether
-    the batch was large enough for the cell array (`arrays`)."""
+    already decided (`out`); the events `at` to test in one go, by point (at
+    `lons`, `lats`), and their candidate parts as pairs (`point`, `slots`); or, when
+    probed the dict way, their hits already decided, per point (`hits`)."""
 
     out: list[list[int]]
     at: list[int]
+    hits: list[list[int]] | None
     point: np.ndarray
     slots: np.ndarray
     lons: np.ndarray
     lats: np.ndarray
-    arrays: bool
 
 
 _NONE = np.empty(0, dtype=np.intp)
-_NONE_XY = np.empty(0)
+_NO_XY = np.empty(0)
 
 
 class _TrieNode:
@@ -612,7 +627,9 @@ class SubscriptionIndex:
         owners = self._parts.owners
         found: list[list[Subscription]] = []  # world subscriptions first
         for some, hits in zip(nodes, self._hits(self._candidates(events, nodes)), strict=True):
-            matched = [sub for node in some for sub in node.bucket.world.values()]
+            matched: list[Subscription] = []
+            for node in some:
+                matched.extend(node.bucket.world.values())
             matched.extend(owners[s] for s in hits)  # type: ignore[misc]
             found.append(matched)
         for i, first in enumerate(firsts):
@@ -663,7 +680,8 @@ class SubscriptionIndex:
 
     def _file(self, out: dict[str, tuple[SubKey, ...]], covering: list[int]) -> None:
         """Add an event's geofenced hits (slots) to its answer, sorted per group."""
-        keys: list[SubKey] = self._parts.keys[covering].tolist()
+        # Gathered with `map` (C loops); live slots have keys and groups.
+        keys: list[SubKey] = list(map(self._parts.keys.__getitem__, covering))  # type: ignore[arg-type]
         slot_groups = self._parts.groups  # per slot: no look-up in a dict of every subscription
         groups: list[str] = list(map(slot_groups.__getitem__, covering))  # type: ignore[arg-type]
         hits: dict[str, list[SubKey]]
@@ -692,7 +710,7 @@ class SubscriptionIndex:
             if out[i]:
                 self._file(found[i], out[i])
                 out[i] = []
-        if not cand.arrays:
+        if cand.hits is not None:
             return False
         point, slots = parts.covering_pairs(cand.point, cand.slots, cand.lons, cand.lats)
         if not len(slots):
@@ -701,7 +719,7 @@ class SubscriptionIndex:
         if groups.min() != groups.max():  # by point already (`covering_pairs`): by group too
             order = np.lexsort((groups, point))
             point, groups, slots = point[order], groups[order], slots[order]
-        keys = parts.keys[slots].tolist()
+        keys: list[SubKey] = list(map(parts.keys.__getitem__, slots.tolist()))  # type: ignore[arg-type]
         cut = np.flatnonzero((point[1:] != point[:-1]) | (groups[1:] != groups[:-1])) + 1
         starts = [0, *cut.tolist()]
         ends = [*starts[1:], len(keys)]
@@ -761,80 +779,92 @@ class SubscriptionIndex:
         A batch of at least `array_batch` such events finds its candidates in
         the cell array (`_CellArray`, rebuilt here when it is missing or
         enough has changed), with the buckets changed since its build probed
-        the dict way; a smaller batch probes every bucket the dict way. The
-        candidates of the whole batch then take one exact test (a point on the
-        antimeridian takes its own, here).
+        the dict way; a smaller batch probes every bucket the dict way, in
+        lists, and is tested here (a lookup of one event sets up no arrays
+        beyond the exact test's). The candidates of a batch take one exact
+        test (a point on the antimeridian takes its own, here).
         """
         out: list[list[int]] = [[] for _ in events]
         looked = [i for i, some in enumerate(nodes) if some]
         cells = self._cell_array() if len(looked) >= self.array_batch else None
-        owners = self._parts.owners
         at: list[int] = []  # events tested as one batch, by point
-        probe_at: list[np.ndarray] = []  # per point: bucket numbers (shifted) and levels to probe
+        lons: list[float] = []
+        lats: list[float] = []
+        for i in looked:
+            lon, lat = events[i][1].lon, events[i][1].lat
+            if abs(lon) == 180.0:
+                out[i] = self._antimeridian(lon, lat, nodes[i])
+            else:
+                at.append(i)
+                lons.append(lon)
+                lats.append(lat)
+        if cells is None:
+            lists: list[list[int]] = []
+            for i, row in zip(at, _point_cells(list(zip(lons, lats, strict=True))), strict=True):
+                some: list[int] = []
+                for node in nodes[i]:
+                    if node.bucket.cells:
+                        node.bucket.cell_candidates(row, some)
+                lists.append(some)
+            hits = self._parts.covering(lists, lons, lats)
+            return _Candidates(out, at, hits, _NONE, _NONE, _NO_XY, _NO_XY)
+        probe_at: list[np.ndarray] = []  # per point: bucket idents (shifted) and levels to probe
         probe_levels: list[np.ndarray] = []
         probe_counts: list[int] = []
         slow: list[tuple[int, list[_SpatialBucket]]] = []  # (point, buckets probed the dict way)
-        for i in looked:
-            topic, location = events[i]
-            lon, lat = location.lon, location.lat
-            if abs(lon) == 180.0:
-                # -180 and 180 are one meridian, and a point there sits in two cells per level.
-                some: list[int] = []
-                for row in _point_cells([(lon, lat), (-lon, lat)]):
-                    for node in nodes[i]:
-                        if node.bucket.cells:
-                            node.bucket.cell_candidates(row, some)
-                first = {id(owners[s]): s for s in some}
-                out[i] = [
-                    s
-                    for s in first.values()
-                    if (o := owners[s]) and o.geofence and o.geofence.covers_xy(lon, lat)
-                ]
-                continue
-            if cells is None:
-                buckets = [node.bucket for node in nodes[i] if node.bucket.cells]
-            else:
-                probes = self._probes_of(topic, nodes[i])
-                probe_at.append(probes.high)
-                probe_levels.append(probes.levels)
-                probe_counts.append(len(probes.levels))
-                buckets = probes.dirty
-            if buckets:
-                slow.append((len(at), buckets))
-            at.append(i)
-        if not at:
-            return _Candidates(out, at, _NONE, _NONE, _NONE_XY, _NONE_XY, arrays=False)
-        lons = np.fromiter((events[i][1].lon for i in at), float, len(at))
-        lats = np.fromiter((events[i][1].lat for i in at), float, len(at))
-        point = np.empty(0, dtype=np.intp)
-        slots = np.empty(0, dtype=np.intp)
-        if cells is not None:
-            grid = _point_cell_array(lons, lats)
-            point, slots = cells.candidates(
-                np.repeat(np.arange(len(at)), probe_counts),
-                np.concatenate(probe_at),
-                grid,
-                np.concatenate(probe_levels),
-            )
-            rows = [grid[k].tolist() for k, _ in slow]
-        else:
-            rows = _point_cells([(lons[k], lats[k]) for k, _ in slow])
+        for k, i in enumerate(at):
+            probes = self._probes_of(events[i][0], nodes[i])
+            probe_at.append(probes.high)
+            probe_levels.append(probes.levels)
+            probe_counts.append(len(probes.levels))
+            if probes.dirty:
+                slow.append((k, probes.dirty))
+        xs, ys = np.array(lons), np.array(lats)
+        grid = _point_cell_array(xs, ys)
+        point, slots = cells.candidates(
+            np.repeat(np.arange(len(at)), probe_counts),
+            np.concatenate(probe_at) if at else _NONE,
+            grid,
+            np.concatenate(probe_levels) if at else _NONE,
+        )
         if slow:
             extra_point: list[int] = []
             extra: list[int] = []
-            for (k, buckets), row in zip(slow, rows, strict=True):
+            for k, buckets in slow:
                 before = len(extra)
+                row = grid[k].tolist()
                 for bucket in buckets:
                     bucket.cell_candidates(row, extra)
                 extra_point.extend([k] * (len(extra) - before))
             point = np.concatenate([point, np.array(extra_point, dtype=np.intp)])
             slots = np.concatenate([slots, np.array(extra, dtype=np.intp)])
-        return _Candidates(out, at, point, slots, lons, lats, arrays=cells is not None)
+        return _Candidates(out, at, None, point, slots, xs, ys)
+
+    def _antimeridian(self, lon: float, lat: float, nodes: list[_TrieNode]) -> list[int]:
+        """`_hits` of a point on the antimeridian: -180 and 180 are one meridian, and a
+        point there sits in two cells per level."""
+        owners = self._parts.owners
+        some: list[int] = []
+        for row in _point_cells([(lon, lat), (-lon, lat)]):
+            for node in nodes:
+                if node.bucket.cells:
+                    node.bucket.cell_candidates(row, some)
+        first = {id(owners[s]): s for s in some}
+        return [
+            s
+            for s in first.values()
+            if (o := owners[s]) and o.geofence and o.geofence.covers_xy(lon, lat)
+        ]
 
     def _hits(self, found: _Candidates) -> list[list[int]]:
         """Per event, the slots of the geofence parts covering its point, one per subscription."""
         out = found.out
-        hits = self._parts.covering(found.point, found.slots, found.lons, found.lats)
+        parts = self._parts
+        if found.hits is not None:
+            hits = found.hits
+        else:
+            pairs = parts.covering_pairs(found.point, found.slots, found.lons, found.lats)
+            hits = parts.per_point(*pairs, len(found.at))
         for i, hit in zip(found.at, hits, strict=True):
             out[i] = hit
         return out
