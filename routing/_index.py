@@ -873,9 +873,10 @@ class SubscriptionIndex:
         """The cell array, (re)built first if missing or if enough has changed since.
 
         Rebuilt once the changed geofenced subscriptions reach `rebuild_min` or
-        a sixteenth of the index, whichever is more: a build walks every
-        bucket, so its cost spread over the changes that called for it stays
-        a few cells per change, and until then the changed buckets (only
+        a sixteenth of the index, whichever is more: a build sorts the cells of
+        every slot (~70 ms of CPU at 100,000 subscriptions, on the lookup that
+        triggers it), so its cost spread over the changes that called for it
+        stays a few cells per change; until then the changed buckets (only
         they) are probed the dict way.
         """
         if self._cells is None or self._changed >= max(self.rebuild_min, len(self._subs) >> 4):
