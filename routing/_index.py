@@ -465,14 +465,13 @@ class _Probes:
 
 
 class _Candidates(NamedTuple):
-    """A batch's candidates (`SubscriptionIndex._candidates`): per event, the hits
-    already decided (`out`); the events `at` to test in one go, by point (at
-    `lons`, `lats`), and their candidate parts as pairs (`point`, `slots`); or, when
-    probed the dict way, their hits already decided, per point (`hits`)."""
+    """A batch's candidates from the cell array (`SubscriptionIndex._candidates`): per
+    event, the hits already decided (`out`: a point on the antimeridian); the events
+    `at` to test in one go, by point (at `lons`, `lats`), and their candidate parts
+    as pairs (`point`, `slots`)."""
 
     out: list[list[int]]
     at: list[int]
-    hits: list[list[int]] | None
     point: np.ndarray
     slots: np.ndarray
     lons: np.ndarray
@@ -480,7 +479,6 @@ class _Candidates(NamedTuple):
 
 
 _NONE = np.empty(0, dtype=np.intp)
-_NO_XY = np.empty(0)
 
 
 class _TrieNode:
@@ -626,7 +624,7 @@ class SubscriptionIndex:
         firsts, nodes = self._looked_up(events)
         owners = self._parts.owners
         found: list[list[Subscription]] = []  # world subscriptions first
-        for some, hits in zip(nodes, self._hits(self._candidates(events, nodes)), strict=True):
+        for some, hits in zip(nodes, self._hits(events, nodes), strict=True):
             matched: list[Subscription] = []
             for node in some:
                 matched.extend(node.bucket.world.values())
@@ -669,10 +667,12 @@ class SubscriptionIndex:
                 world = self._world_groups(topic, some)
             found.append(dict(world))
         candidates = self._candidates(events, nodes)
-        if not self._file_pairs(found, candidates):
-            for out, covering in zip(found, self._hits(candidates), strict=True):
+        if candidates is None:
+            for out, covering in zip(found, self._hits_dict(events, nodes), strict=True):
                 if covering:
                     self._file(out, covering)
+        else:
+            self._file_pairs(found, candidates)
         for i, first in enumerate(firsts):
             if first != i:
                 found[i] = dict(found[first])
@@ -695,26 +695,20 @@ class SubscriptionIndex:
             keys.sort()
             out[group] = out.get(group, ()) + tuple(keys)
 
-    def _file_pairs(self, found: list[dict[str, tuple[SubKey, ...]]], cand: _Candidates) -> bool:
-        """`_file` for the events tested in one go, their hits grouped in arrays.
+    def _file_pairs(self, found: list[dict[str, tuple[SubKey, ...]]], cand: _Candidates) -> None:
+        """`_file` for a batch from the cell array, its hits grouped in arrays.
 
         One `np.lexsort` by (event, group) and one gather of the batch's keys
         replace gathering and grouping ~20 keys per event in Python; each
-        (event, group) run is then sorted as it is. False (only the
-        antimeridian's events filed) for a batch too small for the cell array
-        (`array_batch` distinct events): `_file` then files each event's hits.
+        (event, group) run is then sorted as it is.
         """
         parts = self._parts
-        out = cand.out
-        for i in range(len(out)):  # points on the antimeridian, decided aside
-            if out[i]:
-                self._file(found[i], out[i])
-                out[i] = []
-        if cand.hits is not None:
-            return False
+        for i, hits in enumerate(cand.out):  # points on the antimeridian, decided aside
+            if hits:
+                self._file(found[i], hits)
         point, slots = parts.covering_pairs(cand.point, cand.slots, cand.lons, cand.lats)
         if not len(slots):
-            return True
+            return
         groups = parts.numbers[slots]
         if groups.min() != groups.max():  # by point already (`covering_pairs`): by group too
             order = np.lexsort((groups, point))
@@ -731,7 +725,6 @@ class SubscriptionIndex:
             answer = found[i]
             name = names[group]
             answer[name] = answer.get(name, ()) + tuple(sorted(unique(keys[start:end])))
-        return True
 
     def world_groups(self, topic: str) -> dict[str, tuple[SubKey, ...]]:
         """The world subscriptions matching `topic`: sorted keys per group (no empty groups).
@@ -772,53 +765,44 @@ class SubscriptionIndex:
 
     def _candidates(
         self, events: Sequence[tuple[str, LatLon]], nodes: list[list[_TrieNode]]
-    ) -> _Candidates:
-        """The geofence parts that may cover each event's point, for `_hits`.
+    ) -> _Candidates | None:
+        """The geofence parts that may cover each event's point, found in the cell array.
 
         `nodes` holds each event's trie nodes (none: the event is not looked up).
         A batch of at least `array_batch` such events finds its candidates in
         the cell array (`_CellArray`, rebuilt here when it is missing or
         enough has changed), with the buckets changed since its build probed
-        the dict way; a smaller batch probes every bucket the dict way, in
-        lists, and is tested here (a lookup of one event sets up no arrays
-        beyond the exact test's). The candidates of a batch take one exact
-        test (a point on the antimeridian takes its own, here).
+        the dict way; None for a smaller batch (`_hits_dict` probes every
+        bucket the dict way, and a lookup of one event sets up no arrays
+        beyond the exact test's). A point on the antimeridian is decided here.
         """
-        out: list[list[int]] = [[] for _ in events]
         looked = [i for i, some in enumerate(nodes) if some]
-        cells = self._cell_array() if len(looked) >= self.array_batch else None
+        if len(looked) < self.array_batch:
+            return None
+        cells = self._cell_array()
+        out: list[list[int]] = [[] for _ in events]
         at: list[int] = []  # events tested as one batch, by point
         lons: list[float] = []
         lats: list[float] = []
-        for i in looked:
-            lon, lat = events[i][1].lon, events[i][1].lat
-            if abs(lon) == 180.0:
-                out[i] = self._antimeridian(lon, lat, nodes[i])
-            else:
-                at.append(i)
-                lons.append(lon)
-                lats.append(lat)
-        if cells is None:
-            lists: list[list[int]] = []
-            for i, row in zip(at, _point_cells(list(zip(lons, lats, strict=True))), strict=True):
-                some: list[int] = []
-                for node in nodes[i]:
-                    if node.bucket.cells:
-                        node.bucket.cell_candidates(row, some)
-                lists.append(some)
-            hits = self._parts.covering(lists, lons, lats)
-            return _Candidates(out, at, hits, _NONE, _NONE, _NO_XY, _NO_XY)
         probe_at: list[np.ndarray] = []  # per point: bucket idents (shifted) and levels to probe
         probe_levels: list[np.ndarray] = []
         probe_counts: list[int] = []
         slow: list[tuple[int, list[_SpatialBucket]]] = []  # (point, buckets probed the dict way)
-        for k, i in enumerate(at):
-            probes = self._probes_of(events[i][0], nodes[i])
+        for i in looked:
+            topic, location = events[i]
+            lon, lat = location.lon, location.lat
+            if abs(lon) == 180.0:
+                out[i] = self._antimeridian(lon, lat, nodes[i])
+                continue
+            probes = self._probes_of(topic, nodes[i])
             probe_at.append(probes.high)
             probe_levels.append(probes.levels)
             probe_counts.append(len(probes.levels))
             if probes.dirty:
-                slow.append((k, probes.dirty))
+                slow.append((len(at), probes.dirty))
+            at.append(i)
+            lons.append(lon)
+            lats.append(lat)
         xs, ys = np.array(lons), np.array(lats)
         grid = _point_cell_array(xs, ys)
         point, slots = cells.candidates(
@@ -838,7 +822,35 @@ class SubscriptionIndex:
                 extra_point.extend([k] * (len(extra) - before))
             point = np.concatenate([point, np.array(extra_point, dtype=np.intp)])
             slots = np.concatenate([slots, np.array(extra, dtype=np.intp)])
-        return _Candidates(out, at, None, point, slots, xs, ys)
+        return _Candidates(out, at, point, slots, xs, ys)
+
+    def _hits_dict(
+        self, events: Sequence[tuple[str, LatLon]], nodes: list[list[_TrieNode]]
+    ) -> list[list[int]]:
+        """`_hits` of a batch too small for the cell array: each bucket probed the dict way."""
+        out: list[list[int]] = [[] for _ in events]
+        at: list[int] = []
+        lons: list[float] = []
+        lats: list[float] = []
+        for i, some in enumerate(nodes):
+            if some:
+                lon, lat = events[i][1].lon, events[i][1].lat
+                if abs(lon) == 180.0:
+                    out[i] = self._antimeridian(lon, lat, some)
+                else:
+                    at.append(i)
+                    lons.append(lon)
+                    lats.append(lat)
+        lists: list[list[int]] = []
+        for i, row in zip(at, _point_cells(list(zip(lons, lats, strict=True))), strict=True):
+            candidates: list[int] = []
+            for node in nodes[i]:
+                if node.bucket.cells:
+                    node.bucket.cell_candidates(row, candidates)
+            lists.append(candidates)
+        for i, hit in zip(at, self._parts.covering(lists, lons, lats), strict=True):
+            out[i] = hit
+        return out
 
     def _antimeridian(self, lon: float, lat: float, nodes: list[_TrieNode]) -> list[int]:
         """`_hits` of a point on the antimeridian: -180 and 180 are one meridian, and a
@@ -856,16 +868,17 @@ class SubscriptionIndex:
             if (o := owners[s]) and o.geofence and o.geofence.covers_xy(lon, lat)
         ]
 
-    def _hits(self, found: _Candidates) -> list[list[int]]:
+    def _hits(
+        self, events: Sequence[tuple[str, LatLon]], nodes: list[list[_TrieNode]]
+    ) -> list[list[int]]:
         """Per event, the slots of the geofence parts covering its point, one per subscription."""
+        found = self._candidates(events, nodes)
+        if found is None:
+            return self._hits_dict(events, nodes)
         out = found.out
         parts = self._parts
-        if found.hits is not None:
-            hits = found.hits
-        else:
-            pairs = parts.covering_pairs(found.point, found.slots, found.lons, found.lats)
-            hits = parts.per_point(*pairs, len(found.at))
-        for i, hit in zip(found.at, hits, strict=True):
+        pairs = parts.covering_pairs(found.point, found.slots, found.lons, found.lats)
+        for i, hit in zip(found.at, parts.per_point(*pairs, len(found.at)), strict=True):
             out[i] = hit
         return out
 
