@@ -225,6 +225,11 @@ class _PartStore:
     def per_point(self, at: np.ndarray, found: np.ndarray, n: int) -> list[list[int]]:
         """(point, slot) pairs sorted by point (`covering_pairs`) as slots per point
         (`n` points), one per owner."""
+        if n < _VECTOR_MIN:  # e.g. a single lookup: cheaper than the array calls below
+            hits: list[list[int]] = [[] for _ in range(n)]
+            for k, slot in zip(at.tolist(), found.tolist(), strict=True):
+                hits[k].append(slot)
+            return self._one_per_owner(hits)
         bounds = np.searchsorted(at, np.arange(n + 1)).tolist()
         flat = found.tolist()
         return self._one_per_owner([flat[a:b] for a, b in itertools.pairwise(bounds)])
@@ -233,8 +238,8 @@ class _PartStore:
         self, point: np.ndarray, idx: np.ndarray, lons: np.ndarray, lats: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """The candidates (part `idx[j]` for the point `point[j]`, at ``lons[point[j]]``,
-        ``lats[point[j]]``) that cover their point, as (point, slot) pairs sorted
-        by point; not one per owner (`per_point`)."""
+        ``lats[point[j]]``; `point` non-decreasing) that cover their point, as
+        (point, slot) pairs in that order; not one per owner (`per_point`)."""
         x = lons[point]
         y = lats[point]
         cx, cy, k, inner2, outer2 = self.discs[idx].T
@@ -246,11 +251,7 @@ class _PartStore:
         if len(unsure):
             hit[unsure] = shapely.intersects_xy(self.geoms[idx[unsure]], x[unsure], y[unsure])
         where = np.flatnonzero(hit)
-        at, found = point[where], idx[where]
-        if len(at) > 1 and (at[1:] < at[:-1]).any():
-            order = np.argsort(at, kind="stable")
-            at, found = at[order], found[order]
-        return at, found
+        return point[where], idx[where]
 
     def _one_per_owner(self, hits: list[list[int]]) -> list[list[int]]:
         if self.multipart:
@@ -822,6 +823,8 @@ class SubscriptionIndex:
                 extra_point.extend([k] * (len(extra) - before))
             point = np.concatenate([point, np.array(extra_point, dtype=np.intp)])
             slots = np.concatenate([slots, np.array(extra, dtype=np.intp)])
+            order = np.argsort(point, kind="stable")  # by point, as `covering_pairs` takes them
+            point, slots = point[order], slots[order]
         return _Candidates(out, at, point, slots, xs, ys)
 
     def _hits_dict(
