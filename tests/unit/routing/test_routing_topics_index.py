@@ -221,6 +221,8 @@ def fences_near_a_few_points(draw: st.DrawFn) -> Geofence | None:
     return draw(geofences(around=draw(st.one_of(st.none(), st.sampled_from(_PROBES)))))
 
 
+_NEVER = 10**9  # an `array_batch` or `rebuild_min` no test reaches
+
 _PROBES = [
     latlon(48.8566, 2.3522),
     latlon(0.0, 180.0),
@@ -284,6 +286,17 @@ class IndexMachine(RuleBasedStateMachine):
             assert tuple(grouped[group][: len(keys)]) == keys
             assert self.index.world_groups(topic)[group] is keys
 
+    @rule(
+        array_batch=st.sampled_from([1, 4, _NEVER]),
+        rebuild_min=st.sampled_from([0, 2, _NEVER]),
+    )
+    def tune(self, array_batch: int, rebuild_min: int) -> None:
+        # From which batch size lookups take the cell array, and how many changes
+        # rebuild it: 1 and 0 take it for every lookup, rebuilt each time; 2 leaves
+        # changed buckets to the dict way for a while; _NEVER keeps to one way.
+        self.index.array_batch = array_batch
+        self.index.rebuild_min = rebuild_min
+
     @rule(probes=st.lists(st.tuples(topics(), _probe_points), max_size=12))
     def match_batch(self, probes: list[tuple[str, LatLon]]) -> None:
         # A batch is tested in one go (`_PartStore.covering`): each answer as alone,
@@ -304,19 +317,21 @@ class IndexMachine(RuleBasedStateMachine):
         assert {s.id: s for s in self.index} == self.model
 
 
-IndexMachine.TestCase.settings = settings(max_examples=120, stateful_step_count=40, deadline=None)
+IndexMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 test_index_equals_brute_force = IndexMachine.TestCase
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(
     subs=st.lists(st.tuples(filters(), fences_near_a_few_points()), min_size=1, max_size=40),
     probes=st.lists(st.tuples(topics(), _probe_points), min_size=1, max_size=30),
+    array_batch=st.sampled_from([1, 8, _NEVER]),
 )
 def test_index_equals_brute_force_on_bulk_loads(
-    subs: list[tuple[str, Geofence | None]], probes: list[tuple[str, LatLon]]
+    subs: list[tuple[str, Geofence | None]], probes: list[tuple[str, LatLon]], array_batch: int
 ) -> None:
     idx = SubscriptionIndex()
+    idx.array_batch = array_batch
     model = {}
     groups = {}
     for i, (f, fence) in enumerate(subs):
@@ -333,6 +348,98 @@ def test_index_equals_brute_force_on_bulk_loads(
     ):
         assert sorted(s.id for s in found) == _brute(model, topic, where)
         assert grouped == _brute_groups(model, groups, topic, where)
+
+
+_churn = st.lists(
+    st.tuples(
+        st.integers(0, 29),  # which subscription
+        st.one_of(st.none(), st.tuples(filters(), fences_near_a_few_points())),  # None: remove
+        st.sampled_from(["east", "west", "north"]),
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    subs=st.lists(
+        st.tuples(filters(), fences_near_a_few_points(), st.sampled_from(["east", "west"])),
+        min_size=1,
+        max_size=30,
+    ),
+    churn=_churn,
+    probes=st.lists(st.tuples(topics(), _probe_points), min_size=1, max_size=20),
+    rebuild_min=st.sampled_from([0, 1, 3, _NEVER]),
+)
+def test_cell_array_stays_exact_under_churn(
+    subs: list[tuple[str, Geofence | None, str]],
+    churn: list[tuple[int, tuple[str, Geofence | None] | None, str]],
+    probes: list[tuple[str, LatLon]],
+    rebuild_min: int,
+) -> None:
+    # One index answers every batch from its cell array (rebuilt after
+    # `rebuild_min` changes, the buckets changed since probed the dict way, hits
+    # added since filed without their rank); the other never builds one. Both
+    # equal brute force after every change.
+    fast, plain = SubscriptionIndex(), SubscriptionIndex()
+    fast.array_batch, fast.rebuild_min, plain.array_batch = 1, rebuild_min, _NEVER
+    model: dict[str, Subscription] = {}
+    groups: dict[str, str] = {}
+
+    def put(i: int, topic_filter: str, fence: Geofence | None, group: str) -> None:
+        sub = Subscription(f"s{i}", f"c{i % 4}", topic_filter, fence)
+        for idx in (fast, plain):
+            idx.add(sub, group)
+        model[sub.id], groups[sub.id] = sub, group
+
+    def check() -> None:
+        grouped = fast.match_groups_many(probes)
+        assert grouped == plain.match_groups_many(probes)
+        found = fast.match_many(probes)
+        for (topic, where), got, matched in zip(probes, grouped, found, strict=True):
+            assert got == _brute_groups(model, groups, topic, where)
+            assert sorted(s.id for s in matched) == _brute(model, topic, where)
+
+    for i, (topic_filter, fence, group) in enumerate(subs):
+        put(i, topic_filter, fence, group)
+    check()
+    assert plain._cells is None  # never built: the dict way throughout
+    for i, change, group in churn:
+        if change is None:
+            for idx in (fast, plain):
+                idx.remove((f"c{i % 4}", f"s{i}"))
+            model.pop(f"s{i}", None)
+            groups.pop(f"s{i}", None)
+        else:
+            put(i, *change, group)
+        check()
+
+
+def _square(lon: float, lat: float, size: float = 1.0) -> Geofence:
+    return parse_wkt(
+        f"POLYGON(({lon} {lat}, {lon + size} {lat}, {lon + size} {lat + size},"
+        f" {lon} {lat + size}, {lon} {lat}))"
+    )
+
+
+def test_cell_array_is_rebuilt_after_enough_changes() -> None:
+    idx = SubscriptionIndex()
+    idx.array_batch, idx.rebuild_min = 1, 3
+    for i in range(4):
+        idx.add(Subscription(f"s{i}", "c", f"t/{i}", _square(i, 0.0)), "east")
+    probe = [("t/1", latlon(0.5, 1.5))]
+    assert idx.match_groups_many(probe) == [{"east": (("c", "s1"),)}]
+    built = idx._cells
+    assert built is not None
+    # Two changes: the array stays, the changed buckets are probed the dict way.
+    idx.add(Subscription("new", "c", "t/1", _square(1.0, 0.0)), "west")
+    idx.remove(("c", "s1"))
+    assert idx.match_groups_many(probe) == [{"west": (("c", "new"),)}]
+    assert idx._cells is built
+    idx.add(Subscription("s1", "c", "t/1", _square(1.0, 0.0)), "east")  # the third
+    assert idx.match_groups_many(probe) == [{"east": (("c", "s1"),), "west": (("c", "new"),)}]
+    assert idx._cells is not built
 
 
 # --------------------------------------------------------------------------
@@ -402,3 +509,16 @@ def test_index_equals_covers_on_and_near_the_boundary(data: st.DataObject, copie
     for where, found in zip(points, idx.match_many([("t", p) for p in points]), strict=True):
         expected = [f"s{i}" for i in range(copies)] if fence.covers(where) else []
         assert sorted(s.id for s in found) == sorted(expected), (fence.wkt, where)
+
+
+def test_cell_array_sees_a_bucket_that_gains_its_first_geofence() -> None:
+    # The topic's probes were planned while one of its buckets held only a world
+    # subscription (no cells, so not in the array): its first geofence must count.
+    idx = SubscriptionIndex()
+    idx.array_batch, idx.rebuild_min = 1, _NEVER
+    idx.add(Subscription("a", "c", "t/+", _square(0.0, 0.0)))
+    idx.add(Subscription("w", "c", "t/x", None))
+    probe = [("t/x", latlon(0.5, 0.5))]
+    assert idx.match_groups_many(probe) == [{"": (("c", "w"), ("c", "a"))}]
+    idx.add(Subscription("b", "c", "t/x", _square(0.0, 0.0)))
+    assert idx.match_groups_many(probe) == [{"": (("c", "w"), ("c", "a"), ("c", "b"))}]
