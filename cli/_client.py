@@ -171,11 +171,13 @@ def _strategy(args: argparse.Namespace) -> int:
 
 def _pending(state: dict[str, Any], topic_filter: str, strategy: str | None) -> bool:
     """Whether the broker still has to finish the change (`state` as `Client.strategy_table`):
-    until then the entry is missing, another strategy's, or still the controller's."""
+    until then the table routing here lacks the entry as the operator set it (or still has
+    the removed one)."""
     entries = {e["topic_filter"]: e for e in state["table"]["entries"]}
-    entry = entries.get(topic_filter)
-    done = entry is None if strategy is None else (entry or {}).get("strategy") == strategy
-    return bool(state["in_transition"]) or not done or bool(entry and entry["adaptive"])
+    wanted = None
+    if strategy is not None:
+        wanted = {"topic_filter": topic_filter, "strategy": strategy, "adaptive": False}
+    return bool(state["in_transition"]) or entries.get(topic_filter) != wanted
 
 
 def _time_arg(text: str | None, field: str) -> float | None:
