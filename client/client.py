@@ -62,6 +62,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from geofed.errors import (
+    ERROR_METADATA_KEY,
     ClientClosed,
     DeadlineExceeded,
     GeofedError,
@@ -79,6 +80,7 @@ from geofed.routing import (
     read_input_file,
     validate_id,
 )
+from geofed.v1 import client_pb2 as cpb
 from geofed.v1 import client_pb2_grpc as cpb_grpc
 from geofed.wire import (
     BATCH_METADATA,
@@ -257,6 +259,7 @@ class Channels:
 
     def __init__(self, tls: TLSConfig | None = None, token: str = "") -> None:
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[str, cpb_grpc.ClientServiceStub] = {}
         self._tls = tls
         self._token = token
 
@@ -268,9 +271,17 @@ class Channels:
             self._channels[endpoint] = channel
         return channel
 
+    def stub(self, endpoint: str) -> cpb_grpc.ClientServiceStub:
+        """The client service at `endpoint`, over its channel (made once: a stub
+        builds a callable per method)."""
+        stub = self._stubs.get(endpoint)
+        if stub is None:
+            stub = self._stubs[endpoint] = cpb_grpc.ClientServiceStub(self.get(endpoint))
+        return stub
+
     async def close(self) -> None:
         """Close every channel (idempotent)."""
-        channels, self._channels = self._channels, {}
+        channels, self._channels, self._stubs = self._channels, {}, {}
         for channel in channels.values():
             await channel.close(grace=None)
 
@@ -316,6 +327,8 @@ class Client:
         self._own_channels = channels is None
         self._channels = Channels(config.tls, config.token) if channels is None else channels
         self._subs: dict[str, Subscription] = {}
+        self._publishing: _PublishCall | None = None  # `publish`'s open call
+        self._retired: set[_PublishCall] = set()  # earlier ones still answering
         self._lock = asyncio.Lock()  # session changes (open, move) and subscription renewals
         self._closed = False
         self._closing = False
@@ -374,13 +387,11 @@ class Client:
         pub = Publication(
             topic, _bytes(payload), self._location, geofence, event_id or new_event_id()
         )
-        resp = await self._call(
+        request = publish_request(self.client_id, pub)
+        return await self._call(
             "publish",
-            lambda stub, timeout: stub.Publish(
-                publish_request(self.client_id, pub), timeout=timeout
-            ),
+            lambda stub, timeout: self._publish_call(stub).publish(request, timeout),
         )
-        return str(resp.event_id)
 
     async def publish_many(
         self, events: Iterable[Publication], *, batch_size: int = DEFAULT_BATCH_SIZE
@@ -607,6 +618,10 @@ class Client:
                 sub._finish(None)
                 await sub._detach()
                 await sub._stop_draining()
+            calls = [*self._retired, *([self._publishing] if self._publishing else [])]
+            self._publishing, self._retired = None, set()
+            for call in calls:
+                await call.close()
         if self._own_channels:
             await self._channels.close()
 
@@ -730,9 +745,21 @@ class Client:
         if self._closed:
             raise ClientClosed(f"client {self.client_id} is closed")
 
+    def _publish_call(self, stub: cpb_grpc.ClientServiceStub) -> _PublishCall:
+        """The open `PublishEach` call to the session's broker (opened, or replaced
+        after it broke or the client moved: a replaced one answers what it took)."""
+        call = self._publishing
+        if call is not None and call.ended is None and call.endpoint == self._endpoint:
+            return call
+        if call is not None and call.ended is None:
+            call.finish()
+            self._retired = {c for c in self._retired if c.ended is None} | {call}
+        self._publishing = _PublishCall(stub, self._endpoint)
+        return self._publishing
+
     def _stub(self) -> cpb_grpc.ClientServiceStub:
         self._check_open()
-        return cpb_grpc.ClientServiceStub(self._channels.get(self._endpoint))
+        return self._channels.stub(self._endpoint)
 
     async def _unary(self, operation: str, call: Awaitable[T], timeout: float | None = None) -> T:
         try:
@@ -938,7 +965,7 @@ class Subscription:
             code = await call.code()
             if code != grpc.StatusCode.OK:
                 raise _error(
-                    _Ended(code, await call.details(), await call.trailing_metadata()),
+                    _ended(code, await call.details(), await call.trailing_metadata()),
                     client.endpoint,
                     "subscribe",
                     None,
@@ -1076,22 +1103,99 @@ class Subscription:
         self._ready.set()
 
 
-@dataclass
-class _Ended:
-    """A finished call's status, shaped like a ``grpc.RpcError`` for `from_rpc_error`."""
+class _PublishCall:
+    """An open `PublishEach` call: the broker answers its requests in order, so the
+    n-th answer settles the n-th publish waiting on it.
 
-    status: grpc.StatusCode
-    text: str
-    metadata: Any
+    Requests go out through one writer task (a cancelled write would cancel the
+    whole call); a publish that stops waiting (its timeout) leaves its place in
+    the queue, and its answer is skipped. When the call ends, every publish
+    still waiting fails with how it ended (a broker gone: `Unavailable`, so the
+    client retries it on a new call, with the same event id).
+    """
 
-    def code(self) -> grpc.StatusCode:
-        return self.status
+    def __init__(self, stub: cpb_grpc.ClientServiceStub, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.ended: grpc.aio.AioRpcError | None = None
+        self._call = stub.PublishEach()
+        self._waiting: deque[asyncio.Future[str]] = deque()
+        self._outbox: asyncio.Queue[cpb.PublishRequest | None] = asyncio.Queue()
+        self._writer = asyncio.create_task(self._write(), name="publish-requests")
+        self._reader = asyncio.create_task(self._read(), name="publish-answers")
 
-    def details(self) -> str:
-        return self.text
+    async def publish(self, request: cpb.PublishRequest, timeout: float) -> str:
+        """The published event's id; a refusal raises as the unary call's status would."""
+        if self.ended is not None:
+            raise self.ended
+        answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._waiting.append(answer)
+        self._outbox.put_nowait(request)
+        try:
+            async with asyncio.timeout(timeout):
+                return await answer
+        except TimeoutError:
+            raise DeadlineExceeded("publish", timeout) from None
 
-    def trailing_metadata(self) -> Any:
-        return self.metadata
+    def finish(self) -> None:
+        """Send no more: the broker answers what it took, then the call ends."""
+        self._outbox.put_nowait(None)
+
+    async def close(self) -> None:
+        """Cancel the call: publishes still waiting fail (`ClientClosed` for a closing client)."""
+        self._call.cancel()
+        for task in (self._writer, self._reader):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _write(self) -> None:
+        while (request := await self._outbox.get()) is not None:
+            try:
+                await self._call.write(request)
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                return  # the call ended: the reader settles what waits
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            await self._call.done_writing()
+
+    async def _read(self) -> None:
+        try:
+            async for result in self._call:
+                if not self._waiting:
+                    raise _ended(grpc.StatusCode.INTERNAL, "an answer to no publish")
+                answer = self._waiting.popleft()
+                if answer.done():
+                    continue  # its publish gave up waiting
+                if result.HasField("refused"):
+                    r = result.refused
+                    trailer = grpc.aio.Metadata((ERROR_METADATA_KEY, r.error))
+                    answer.set_exception(_ended(_status(r.code), r.details, trailer))
+                else:
+                    answer.set_result(result.event_id)
+            raise _ended(grpc.StatusCode.UNAVAILABLE, "the broker ended the publish call")
+        except grpc.aio.AioRpcError as exc:
+            self.ended = exc
+        except asyncio.CancelledError:
+            self.ended = _ended(grpc.StatusCode.CANCELLED, "the publish call was closed")
+            raise
+        finally:
+            self._writer.cancel()
+            while self._waiting:
+                answer = self._waiting.popleft()
+                if not answer.done():
+                    answer.set_exception(self.ended or _ended(grpc.StatusCode.UNKNOWN, ""))
+
+
+def _status(code: int) -> grpc.StatusCode:
+    """The status with number `code` (UNKNOWN for a number gRPC does not have)."""
+    return next((s for s in grpc.StatusCode if s.value[0] == code), grpc.StatusCode.UNKNOWN)
+
+
+def _ended(
+    code: grpc.StatusCode, details: str, trailer: grpc.aio.Metadata | None = None
+) -> grpc.aio.AioRpcError:
+    """A call's end with this status, as `_error` reads it (`trailer`: its trailing
+    metadata, where a broker's typed error is)."""
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), trailer or grpc.aio.Metadata(), details)
 
 
 def _error(exc: Any, endpoint: str, operation: str, timeout: float | None) -> GeofedError:

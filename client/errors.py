@@ -127,9 +127,14 @@ def error_record(exc: GeofedError) -> dict[str, Any]:
     return record
 
 
+def error_json(exc: GeofedError) -> str:
+    """`error_record` as JSON text: what `from_rpc_error` rebuilds `exc` from."""
+    return json.dumps(error_record(exc))
+
+
 def trailing_metadata(exc: GeofedError) -> tuple[tuple[str, str], ...]:
     """Trailing metadata that lets `from_rpc_error` rebuild `exc` on the client."""
-    return ((ERROR_METADATA_KEY, json.dumps(error_record(exc))),)
+    return ((ERROR_METADATA_KEY, error_json(exc)),)
 
 
 def _metadata_error(metadata: Sequence[tuple[str, Any]] | None) -> GeofedError | None:
@@ -185,6 +190,7 @@ __all__ = [
     "Unavailable",
     "WrongBroker",
     "details_for",
+    "error_json",
     "error_record",
     "from_rpc_error",
     "status_for",

@@ -368,6 +368,17 @@ def publish_response(event_id: str) -> cpb.PublishResponse:
     return cpb.PublishResponse(event_id=event_id)
 
 
+def publish_result(event_id: str) -> cpb.PublishResult:
+    """Answer to one PublishEach request: the id of the accepted event."""
+    return cpb.PublishResult(event_id=event_id)
+
+
+def publish_refused(code: int, details: str, error: str) -> cpb.PublishResult:
+    """Answer to one PublishEach request that was refused: the status a unary
+    `Publish` would have ended with (`error`: the typed error record, JSON)."""
+    return cpb.PublishResult(refused=cpb.Refusal(code=code, details=details, error=error))
+
+
 def publish_batch_response(event_ids: list[str]) -> cpb.PublishBatchResponse:
     """Answer to PublishStream: every accepted event id, in order."""
     return cpb.PublishBatchResponse(accepted=len(event_ids), event_ids=event_ids)

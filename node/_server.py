@@ -20,7 +20,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
 
-from geofed.errors import Unavailable, status_for
+from geofed.errors import Unavailable, details_for, error_json, status_for
 from geofed.routing import (
     BrokerInfo,
     BrokerState,
@@ -97,7 +97,9 @@ from geofed.wire import (
     peer_history_request,
     peer_history_response,
     publish_batch_response,
+    publish_refused,
     publish_response,
+    publish_result,
     redirect_response,
     refuse_frame,
     rejection_reason,
@@ -371,6 +373,9 @@ class BrokerServer(Guarded):
         self._history_channels: dict[str, grpc.aio.Channel] = {}
         self.links = {b.id: PeerLink(self, b) for b in self.federation if b.id != me.id}
         self._streams: dict[SubKey, _Stream] = {}
+        # Open PublishEach calls: the task serving each, and whether it is
+        # publishing a request now (shutdown cancels only the ones waiting for one).
+        self.publish_calls: dict[asyncio.Task[Any], bool] = {}
         self._sessions: dict[str, _Session] = {}
         self.pending: dict[SubKey, PendingInfo] = {}  # persistent subscriptions' queues
         self._published = DedupWindow(config.dedup_window)  # recent local event ids
@@ -516,6 +521,9 @@ class BrokerServer(Guarded):
             await self.http.stop()
         for stream in list(self._streams.values()):
             stream.close((grpc.StatusCode.UNAVAILABLE, "broker shutting down"))
+        for call, busy in self.publish_calls.items():
+            if not busy:
+                call.cancel()  # the rest end after their request (`PublishEach`)
         await asyncio.gather(*(link.drain(grace) for link in self.links.values()))
         await asyncio.gather(*(link.stop() for link in self.links.values()))
         for task in (self._reaper, self._adaptive):
@@ -1057,6 +1065,10 @@ class BrokerServer(Guarded):
         if self.history is not None:
             # Queued before the publish is answered: a later query sees it.
             self.history.record(logged)
+        if staged.pushes:
+            # The subscriber streams this woke write their deliveries before the
+            # publisher's answer is written (publish -> delivery latency).
+            await asyncio.sleep(0)
         # Published: now the publisher waits for subscribers it filled up.
         await self._backpressure(staged)
 
@@ -2063,6 +2075,45 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
 
     @unary
     async def Publish(self, request: cpb.PublishRequest, context: Any) -> cpb.PublishResponse:
+        return publish_response(await self._publish(request, context))
+
+    @streaming
+    async def PublishEach(
+        self, request_iterator: AsyncIterator[cpb.PublishRequest], context: Any
+    ) -> AsyncIterator[cpb.PublishResult]:
+        # One request at a time, in order: a publisher held back by flow
+        # control holds back its next requests too (gRPC's window bounds them).
+        # Shutdown ends the call with UNAVAILABLE once the request being
+        # published is answered (the client sends the rest again, elsewhere or later).
+        node = self.node
+        calls, me = node.publish_calls, asyncio.current_task()
+        assert me is not None
+        calls[me] = False
+        try:
+            async for request in request_iterator:
+                calls[me] = True
+                try:
+                    answer = publish_result(await self._publish(request, context))
+                except GeofedError as exc:
+                    code = status_for(exc)
+                    self.on_reject(code)
+                    log.info("rejected PublishEach request: %s: %s", code.name, exc)
+                    answer = publish_refused(code.value[0], details_for(exc), error_json(exc))
+                yield answer
+                if node._stopped:
+                    break
+                calls[me] = False
+            else:
+                return  # the client is done
+        except asyncio.CancelledError:
+            if not node._stopped:
+                raise  # the call itself was cancelled
+        finally:
+            del calls[me]
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "broker shutting down")
+
+    async def _publish(self, request: cpb.PublishRequest, context: Any) -> str:
+        """Publish one `PublishRequest` (Publish, PublishEach); the event's id."""
         _decoded(request, "request")
         client = validate_id(request.client, "request.client")
         if not request.HasField("event"):
@@ -2071,7 +2122,7 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
         self.node.check_owner(who, client)
         event = await self.node.client_event(who, client, request.event, "request.event")
         await self.node.publish([event])
-        return publish_response(event.id)
+        return event.id
 
     @unary
     async def SetStrategy(self, request: cpb.SetStrategyRequest, context: Any) -> cpb.StrategyState:

@@ -15,13 +15,15 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
+from prometheus_client import CollectorRegistry
 
 import geofed
 from geofed import wire as gw
 from geofed.bench import LocalFederation, metric
 from geofed.client import Publication, RetryConfig
-from geofed.node import DELIVERIES, SUBSCRIPTIONS
+from geofed.node import DELIVERIES, SUBSCRIPTIONS, BrokerServer, NodeConfig
 
 pytestmark = pytest.mark.integration
 
@@ -304,6 +306,83 @@ def test_bad_input_raises_typed_errors_naming_the_field(fed: LocalFederation) ->
             assert isinstance(too_large, geofed.TooLarge) and too_large.limit == 50
             # The broker keeps serving this client after every rejection.
             assert await client.publish("a/b", b"ok")
+
+    asyncio.run(run())
+
+
+def test_concurrent_publishes_are_answered_and_delivered_in_the_order_they_were_made(
+    fed: LocalFederation,
+) -> None:
+    """One client's publishes share one PublishEach call: refusals in between do not
+    end it, and the subscriber gets the accepted events in the order of the calls."""
+
+    async def run() -> None:
+        async with (
+            await geofed.connect(
+                client_id="each-sub", location=SINGAPORE, federation=fed.federation_path
+            ) as sub_client,
+            await geofed.connect(
+                client_id="each-pub", location=PARIS, federation=fed.federation_path
+            ) as client,
+        ):
+            sub = await sub_client.subscribe("each/#")
+            await quiet(fed)
+            topics = ["each/+" if i % 7 == 3 else f"each/{i}" for i in range(200)]
+            answers = await asyncio.gather(
+                *(client.publish(t, t) for t in topics), return_exceptions=True
+            )
+            call = client._publishing
+            for topic, answer in zip(topics, answers, strict=True):
+                if "+" in topic:
+                    assert isinstance(answer, geofed.InvalidInput), answer
+                    assert answer.field == "request.event.topic"
+                else:
+                    assert isinstance(answer, str), answer
+            assert await client.publish("each/last") and client._publishing is call
+            accepted = [t for t in topics if "+" not in t]
+            got = [(await sub.next(timeout=60)).topic for _ in range(len(accepted) + 1)]
+            assert got == [*accepted, "each/last"]
+
+    asyncio.run(run())
+
+
+def test_a_stopping_broker_ends_an_idle_publish_call_with_unavailable() -> None:
+    """Shutdown does not wait out its grace period for a publisher's open call: the
+    call ends UNAVAILABLE (the client publishes again on a new one)."""
+    config = NodeConfig(
+        broker_id="eu",
+        federation="three",
+        client_listen="127.0.0.1:0",
+        peer_listen="127.0.0.1:0",
+        metrics_listen="127.0.0.1:0",
+        peer_timeout_s=0,
+        shutdown_grace_s=600,
+    )
+
+    async def run() -> None:
+        node = BrokerServer(config, CollectorRegistry())
+        await node.start()
+        try:
+            client = await geofed.connect(
+                client_id="idle-pub",
+                location=PARIS,
+                endpoint=f"127.0.0.1:{node.client_port}",
+                retry=RetryConfig(attempts=1),
+            )
+            assert await client.publish("idle/x")
+            call = client._publishing
+            assert call is not None and len(node.publish_calls) == 1
+            await asyncio.wait_for(node.stop(), 300)  # well inside the grace period
+            assert node.publish_calls == {}
+            while call.ended is None:
+                await asyncio.sleep(0.01)
+            assert call.ended.code() == grpc.StatusCode.UNAVAILABLE
+            assert call.ended.details() == "broker shutting down"
+            with pytest.raises(geofed.Unavailable):
+                await client.publish("idle/y")
+            await client.close()
+        finally:
+            await node.stop()
 
     asyncio.run(run())
 

@@ -101,6 +101,24 @@ class PublishResponse(_message.Message):
     event_id: str
     def __init__(self, event_id: _Optional[str] = ...) -> None: ...
 
+class PublishResult(_message.Message):
+    __slots__ = ("event_id", "refused")
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    event_id: str
+    refused: Refusal
+    def __init__(self, event_id: _Optional[str] = ..., refused: _Optional[_Union[Refusal, _Mapping]] = ...) -> None: ...
+
+class Refusal(_message.Message):
+    __slots__ = ("code", "details", "error")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    details: str
+    error: str
+    def __init__(self, code: _Optional[int] = ..., details: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
+
 class PublishBatch(_message.Message):
     __slots__ = ("client", "events")
     CLIENT_FIELD_NUMBER: _ClassVar[int]

@@ -64,6 +64,11 @@ class ClientServiceStub:
                 request_serializer=geofed_dot_v1_dot_client__pb2.PublishBatch.SerializeToString,
                 response_deserializer=geofed_dot_v1_dot_client__pb2.PublishBatchResponse.FromString,
                 _registered_method=True)
+        self.PublishEach = channel.stream_stream(
+                '/geofed.v1.ClientService/PublishEach',
+                request_serializer=geofed_dot_v1_dot_client__pb2.PublishRequest.SerializeToString,
+                response_deserializer=geofed_dot_v1_dot_client__pb2.PublishResult.FromString,
+                _registered_method=True)
         self.Ack = channel.unary_unary(
                 '/geofed.v1.ClientService/Ack',
                 request_serializer=geofed_dot_v1_dot_client__pb2.AckRequest.SerializeToString,
@@ -126,6 +131,16 @@ class ClientServiceServicer:
     def PublishStream(self, request_iterator, context):
         """Batched publish: a client stream of batches (each many events), one
         summary answer. Batching amortizes the per-message cost of gRPC.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PublishEach(self, request_iterator, context):
+        """Publishes over one open call: each request is published as by Publish
+        and answered in order, with the event's id or the error that refused it
+        (the call stays open after a refusal). A message on an open call costs
+        far less than a unary call: the Python client's single publishes use it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -196,6 +211,11 @@ def add_ClientServiceServicer_to_server(servicer, server):
                     servicer.PublishStream,
                     request_deserializer=geofed_dot_v1_dot_client__pb2.PublishBatch.FromString,
                     response_serializer=geofed_dot_v1_dot_client__pb2.PublishBatchResponse.SerializeToString,
+            ),
+            'PublishEach': grpc.stream_stream_rpc_method_handler(
+                    servicer.PublishEach,
+                    request_deserializer=geofed_dot_v1_dot_client__pb2.PublishRequest.FromString,
+                    response_serializer=geofed_dot_v1_dot_client__pb2.PublishResult.SerializeToString,
             ),
             'Ack': grpc.unary_unary_rpc_method_handler(
                     servicer.Ack,
@@ -380,6 +400,33 @@ class ClientService:
             '/geofed.v1.ClientService/PublishStream',
             geofed_dot_v1_dot_client__pb2.PublishBatch.SerializeToString,
             geofed_dot_v1_dot_client__pb2.PublishBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PublishEach(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/geofed.v1.ClientService/PublishEach',
+            geofed_dot_v1_dot_client__pb2.PublishRequest.SerializeToString,
+            geofed_dot_v1_dot_client__pb2.PublishResult.FromString,
             options,
             channel_credentials,
             insecure,
