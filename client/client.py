@@ -383,6 +383,8 @@ class Client:
             event_id: a globally unique id; empty: the client makes one (a UUID).
 
         Returns once the broker accepted it (durably, if it has a store).
+        A client's publishes share one open call to its broker: concurrent
+        ones are published, and answered, in the order they were made.
         """
         pub = Publication(
             topic, _bytes(payload), self._location, geofence, event_id or new_event_id()
