@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import logging
 from collections import Counter as Tally
-from dataclasses import replace
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
-from geofed.routing import LastMile, Scheme, SchemeStats
+from geofed.routing import LastMile, Scheme
 
 # Metric names as scrapers see them (a histogram adds _bucket, _sum and _count).
 PEER_MESSAGES_SENT = "geofed_peer_messages_sent_total"
@@ -346,28 +345,46 @@ class NodeMetrics:
             "Subscriptions whose missing state a transition took from the broker's own copy.",
             registry=registry,
         )
-        self._scheme_seen = SchemeStats()
+        # The last mile's counters each metric follows, and their values at the
+        # last sync: a sync (every publish) touches only the metrics that moved.
+        self._scheme_counters = [
+            (self.filter_match_operations, "match_operations"),
+            (self.filter_approximate, "deliveries"),
+            (self.filter_false, "false_deliveries"),
+            (self.filter_audited_matches, "audited_matches"),
+            (self.filter_audited_delivered, "audited_delivered"),
+            (self.filter_bootstrapped, "recovered"),
+        ]
+        self._scheme_seen = dict.fromkeys((name for _, name in self._scheme_counters), 0)
+        self._transitions_seen: Tally[tuple[str, str]] = Tally()
+        self._scheme_shown: Scheme | None = None
+        self._complexity_shown = -1
 
     def sync_filter(self, last_mile: LastMile) -> None:
         """Bring the filter scheme metrics up to the last mile's counters."""
         now, seen = last_mile.stats, self._scheme_seen
-        for scheme in Scheme:
-            self.filter_scheme.labels(scheme=scheme.value).set(
-                1 if scheme is last_mile.scheme else 0
-            )
-        self.filter_complexity.set(last_mile.complexity)
-        self.filter_match_operations.inc(now.match_operations - seen.match_operations)
-        self.filter_approximate.inc(now.deliveries - seen.deliveries)
-        self.filter_false.inc(now.false_deliveries - seen.false_deliveries)
-        self.filter_audited_matches.inc(now.audited_matches - seen.audited_matches)
-        self.filter_audited_delivered.inc(now.audited_delivered - seen.audited_delivered)
-        self.filter_bootstrapped.inc(now.recovered - seen.recovered)
-        for (source, target), n in now.transitions.items():
-            if n > seen.transitions[(source, target)]:
-                self.filter_transitions.labels(source=source, target=target).inc(
-                    n - seen.transitions[(source, target)]
+        if last_mile.scheme is not self._scheme_shown:
+            for scheme in Scheme:
+                self.filter_scheme.labels(scheme=scheme.value).set(
+                    1 if scheme is last_mile.scheme else 0
                 )
-        self._scheme_seen = replace(now, transitions=Tally(now.transitions))
+            self._scheme_shown = last_mile.scheme
+        if last_mile.complexity != self._complexity_shown:
+            self.filter_complexity.set(last_mile.complexity)
+            self._complexity_shown = last_mile.complexity
+        for counter, name in self._scheme_counters:
+            value = getattr(now, name)
+            if value != seen[name]:
+                counter.inc(value - seen[name])
+                seen[name] = value
+        if now.transitions != self._transitions_seen:
+            before = self._transitions_seen
+            for (source, target), n in now.transitions.items():
+                if n > before[(source, target)]:
+                    self.filter_transitions.labels(source=source, target=target).inc(
+                        n - before[(source, target)]
+                    )
+            self._transitions_seen = Tally(now.transitions)
 
     def _durability(self, registry: CollectorRegistry) -> None:
         self.publish_duplicates = Counter(

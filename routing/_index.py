@@ -836,7 +836,9 @@ class SubscriptionIndex:
         lons: list[float] = []
         lats: list[float] = []
         for i, some in enumerate(nodes):
-            if some:
+            # Only buckets holding geofenced subscriptions are probed: a point
+            # whose topic has none (world subscriptions only) needs no cells.
+            if any(node.bucket.cells for node in some):
                 lon, lat = events[i][1].lon, events[i][1].lat
                 if abs(lon) == 180.0:
                     out[i] = self._antimeridian(lon, lat, some)
