@@ -67,6 +67,9 @@ IMPORT_BATCH = 500
 """Most events one import round publishes (one `publish_many` per broker)."""
 EXPORT_IN_FLIGHT = 1000
 """QoS 1 messages exported and not yet acknowledged by the MQTT broker; beyond, the export waits."""
+IMPORT_DRAIN_S = 30.0
+"""How long a stopping bridge waits for the import round in flight to be answered (and
+acknowledged to the MQTT broker) before it cancels it."""
 CONNECT_TIMEOUT_S = 30.0
 """How long the MQTT broker may take to accept the connection and the import subscriptions."""
 RECONNECT_MIN_S, RECONNECT_MAX_S = 1, 10
@@ -216,6 +219,7 @@ class TopicBridge:
         self._Properties: Any = None
         self._PUBLISH: Any = None
         self._NO_CONN: Any = None
+        self._round: asyncio.Future[None] | None = None  # the import round in flight
         self._acked = asyncio.Event()
         self._puback: set[int] = set()  # ids of acknowledged exports not yet out of the window
 
@@ -365,29 +369,37 @@ class TopicBridge:
                 await self._acked.wait()
 
     async def _import(self) -> None:
-        assert self.federation is not None
         while True:
             batch = [await self._queue.get()]
             while len(batch) < IMPORT_BATCH and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
-            groups: dict[str, list[Publication]] = {}
-            where: dict[str, LatLon] = {}
-            for msg in batch:
-                try:
-                    location, topic = self._decode(msg)
-                except InvalidInput as exc:
-                    self.counts.reject(f"MQTT topic {msg.topic!r}: {exc}")
-                    continue
-                broker = self.federation.responsible(location)
-                where.setdefault(broker, location)
-                event_id = f"{self.marker}{uuid.uuid4().hex}"
-                groups.setdefault(broker, []).append(
-                    Publication(topic, bytes(msg.payload), location, None, event_id)
-                )
-            await asyncio.gather(*(self._publish(b, where[b], pubs) for b, pubs in groups.items()))
-            for msg in batch:
-                if msg.qos:
-                    self._mqtt.ack(msg.mid, msg.qos)
+            # A task of its own, so that a stopping bridge can let it finish (`run`):
+            # cancelled after its events were published and before the MQTT broker
+            # was told, the messages would come again and be imported twice.
+            self._round = asyncio.ensure_future(self._import_round(batch))
+            await self._round
+
+    async def _import_round(self, batch: list[Any]) -> None:
+        """Publish one round of MQTT messages into the federation, then acknowledge them."""
+        assert self.federation is not None
+        groups: dict[str, list[Publication]] = {}
+        where: dict[str, LatLon] = {}
+        for msg in batch:
+            try:
+                location, topic = self._decode(msg)
+            except InvalidInput as exc:
+                self.counts.reject(f"MQTT topic {msg.topic!r}: {exc}")
+                continue
+            broker = self.federation.responsible(location)
+            where.setdefault(broker, location)
+            event_id = f"{self.marker}{uuid.uuid4().hex}"
+            groups.setdefault(broker, []).append(
+                Publication(topic, bytes(msg.payload), location, None, event_id)
+            )
+        await asyncio.gather(*(self._publish(b, where[b], pubs) for b, pubs in groups.items()))
+        for msg in batch:
+            if msg.qos:
+                self._mqtt.ack(msg.mid, msg.qos)
 
     def _decode(self, msg: Any) -> tuple[LatLon, str]:
         """(publisher location, geofed topic) of an MQTT message on a layout topic.
@@ -453,6 +465,8 @@ class TopicBridge:
                 if t is not stopping:
                     t.result()  # a side failed: raise its error
         finally:
+            if self._round is not None and not self._round.done():
+                await asyncio.wait([self._round], timeout=IMPORT_DRAIN_S)
             for t in tasks:
                 t.cancel()
             for t in tasks:
