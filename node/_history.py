@@ -69,6 +69,10 @@ QUEUE_BYTES = 8 << 20
 """Entries waiting to be written, at most (bytes); beyond, new ones are dropped and counted."""
 TRIM_TO = 0.9
 """A size trim deletes the oldest entries until they take this share of the limit."""
+WRITE_LINGER_S = 0.005
+"""How long recorded entries wait for more before they are written (a query or a
+delete writes them at once): one transaction for a few events published apart, and
+the writer thread kept off the moments right after a publish (its deliveries)."""
 _PAGE = 256  # candidates fetched from the backend at a time
 _DELETE_CHUNK = 500  # rows deleted per statement
 
@@ -656,7 +660,7 @@ class HistoryLog:
         self._clock = clock
         self._exec = ThreadPoolExecutor(max_workers=1, thread_name_prefix="geofed-history")
         self._writes: GroupCommit[HistoryRecord] = GroupCommit(
-            self._exec, self._write, "history", self._written
+            self._exec, self._write, "history", self._written, linger_s=WRITE_LINGER_S
         )
         self._queued_bytes = 0
         self._sweeper: asyncio.Task[None] | None = None

@@ -66,6 +66,9 @@ class GroupCommit(Generic[W]):
         what: names the storage in errors and logs (``store /data/geofed.db``).
         after: called on the event loop after each batch with the batch and its
             error (None if it was applied).
+        linger_s: how long a batch nobody waits for may wait for more writes
+            (a `commit` ends the wait): fewer, larger transactions, and no
+            worker thread running right after each write (0: at once).
     """
 
     def __init__(
@@ -74,11 +77,14 @@ class GroupCommit(Generic[W]):
         apply: Callable[[list[W]], None],
         what: str,
         after: Callable[[list[W], StorageFailed | None], None] | None = None,
+        linger_s: float = 0.0,
     ) -> None:
         self._exec = executor
         self._apply = apply
         self._what = what
         self._after = after
+        self._linger_s = linger_s
+        self._hurry = asyncio.Event()  # a commit is waiting: stop lingering
         self._batch: list[W] = []
         self._waiters: list[asyncio.Future[None]] = []
         self._flusher: asyncio.Task[None] | None = None
@@ -103,6 +109,7 @@ class GroupCommit(Generic[W]):
         """
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)
+        self._hurry.set()
         self._kick()
         await fut
 
@@ -113,6 +120,11 @@ class GroupCommit(Generic[W]):
     async def _flush_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while self._batch or self._waiters:
+            if self._linger_s and not self._waiters:
+                self._hurry.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._linger_s):
+                        await self._hurry.wait()
             batch, self._batch = self._batch, []
             waiters, self._waiters = self._waiters, []
             error: StorageFailed | None = None
