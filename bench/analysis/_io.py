@@ -472,6 +472,14 @@ class Workload(NamedTuple):
     shapes: DataFrame
     """(fence, wkb): the shape of every geofence a valid row names, maybe more than once
     (and shapes of texts only malformed rows carry)."""
+    by_op: dict[str | None, int]
+    """Rows per op; None: the error rows."""
+
+
+def _count_ops(rows: DataFrame) -> dict[str | None, int]:
+    """Rows per op (None: the error rows), in one pass over `rows`."""
+    counts = rows.groupBy("op").agg(F.count(F.lit(1)).alias("n")).collect()
+    return {r["op"]: int(r["n"]) for r in counts}
 
 
 def parse_workload(
@@ -497,7 +505,7 @@ def parse_workload(
     if fmt == "parquet":
         return _by_distinct_values(records, fmt, fed_text, persist, broadcast_rows)
     answered = persist(_by_row(records, fmt, fed_text))
-    return Workload(answered.select(*PARSED_SCHEMA.names), _shapes(answered))
+    return Workload(answered.select(*PARSED_SCHEMA.names), _shapes(answered), _count_ops(answered))
 
 
 def _shapes(answered: DataFrame) -> DataFrame:
@@ -637,11 +645,26 @@ def _by_distinct_values(
     # The core's message names the field; the line is the row's.
     cols["err"] = F.when(fast & bad.isNotNull(), F.concat(at, bad)).alias("err")
     stage = persist(joined.select(*[cols.get(n, F.col(n)) for n in PARSED_SCHEMA.names], "_raw"))
+    # One pass counts the ops and the slow rows: a clean trace has none to parse.
+    slow_rows = F.col("_raw").isNotNull()
+    by_op: dict[str | None, int] = {}
+    n_slow = 0
+    for r in (
+        stage.groupBy("op", slow_rows.alias("slow")).agg(F.count(F.lit(1)).alias("n")).collect()
+    ):
+        if r["slow"]:
+            n_slow += int(r["n"])
+        else:
+            by_op[r["op"]] = int(r["n"])
+    parsed = stage.where(~slow_rows).select(*PARSED_SCHEMA.names)
+    shapes = fences.where(F.col("wkb").isNotNull()).select("fence", "wkb")
+    if not n_slow:
+        return Workload(parsed, shapes, by_op)
     # The slow rows as `_by_row` reads them: nothing the JVM typed, only `_raw`.
     types = dict(records.dtypes)
     slow = persist(
         _by_row(
-            stage.where(F.col("_raw").isNotNull()).select(
+            stage.where(slow_rows).select(
                 "k",
                 "file",
                 "line",
@@ -653,11 +676,12 @@ def _by_distinct_values(
             fed_text,
         )
     )
+    for op_name, n in _count_ops(slow).items():
+        by_op[op_name] = by_op.get(op_name, 0) + n
     return Workload(
-        stage.where(F.col("_raw").isNull())
-        .select(*PARSED_SCHEMA.names)
-        .unionByName(slow.select(*PARSED_SCHEMA.names)),
-        fences.where(F.col("wkb").isNotNull()).select("fence", "wkb").unionByName(_shapes(slow)),
+        parsed.unionByName(slow.select(*PARSED_SCHEMA.names)),
+        shapes.unionByName(_shapes(slow)),
+        by_op,
     )
 
 

@@ -277,10 +277,7 @@ def analyze(spark: SparkSession, cfg: AnalysisConfig, progress: Progress | None 
             records, wfmt, fed_text, lambda df: _persist(df, keep), cfg.broadcast_rows
         )
         parsed = workload.parsed
-        by_op = {
-            r["op"]: int(r["n"])
-            for r in parsed.groupBy("op").agg(F.count(F.lit(1)).alias("n")).collect()
-        }
+        by_op = dict(workload.by_op)
         bad = by_op.pop(None, 0)  # error rows have no op
         # Each query reads the whole checkpoint back: none for a clean trace.
         errors = (

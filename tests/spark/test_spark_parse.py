@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import random
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -172,11 +173,14 @@ def _actual(spark: Any, path: Path, fmt: str) -> dict[int, tuple[Any, ...]]:
         required=("t", "op", "client", "lat", "lon", "id", "topic"),
         optional=("geofence", "payload_size"),
     )
-    parsed = parse_workload(workload_records(numbered, fmt), fmt, fed_text).parsed
+    workload = parse_workload(workload_records(numbered, fmt), fmt, fed_text)
+    parsed = workload.parsed
     typed = [(f.name, f.type) for f in to_arrow_schema(parsed.schema)]
     assert typed == [(f.name, f.type) for f in PARSED_SCHEMA]
     cols = ("op", "t", "client", "lat", "lon", "id", "topic", "payload", "err")
-    return {int(r["line"]): tuple(r[c] for c in cols) for r in parsed.collect()}
+    rows = parsed.collect()
+    assert workload.by_op == Counter(r["op"] for r in rows)
+    return {int(r["line"]): tuple(r[c] for c in cols) for r in rows}
 
 
 def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
@@ -334,6 +338,7 @@ def test_parquet_points_and_geofences_repeated_across_files(
     )
     got = {(r["file"], r["line"]): r for r in workload.parsed.collect()}
     assert len(got) == len(rows)
+    assert workload.by_op == Counter(r["op"] for r in got.values())
     cache = GeofenceCache()
     fences: set[int] = set()
     for n, rec in enumerate(rows):
