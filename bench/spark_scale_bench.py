@@ -322,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for baseline in versions:
                 label = size + (" before" if baseline else " after" if args.baseline else "")
-                out = work / f"out-{n}"
+                # Each version its own folder: their summaries can be compared afterwards.
+                out = work / (f"out-{n}-baseline" if baseline else f"out-{n}")
                 stop = args.baseline_stop_after if baseline else None
                 print(f"[bench] analyzing {label}", file=sys.stderr, flush=True)
                 run = run_job(

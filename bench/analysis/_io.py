@@ -8,9 +8,10 @@ so that ties in ``t`` are broken by line as the trace semantics require.
 ``k`` packs both into one sortable long: ``file * 2**40 + line``.
 
 Workload records are typed and checked in the JVM (`workload_records`);
-the executors' Python adds geometry to the rows the JVM vouched for and runs
-the routing core's `parse_op` on the others (`parse_workload`); a record it
-rejects becomes a row with `err` set instead of failing the job.
+the executors' Python computes geometry once per distinct point and
+geofence text, which the rows the JVM vouched for join, and runs the routing
+core's `parse_op` on the others (`parse_workload`); a record it rejects
+becomes a row with `err` set instead of failing the job.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -76,7 +77,6 @@ PARSED_SCHEMA = pa.schema(
         ("topic", pa.string()),
         ("fence", pa.int64()),
         ("meet", pa.list_(pa.int32())),
-        ("wkb", pa.binary()),
         ("payload", pa.int64()),
         ("home", pa.int32()),
         ("cell", pa.int64()),
@@ -85,10 +85,10 @@ PARSED_SCHEMA = pa.schema(
 )
 """One validated workload op per row (or `err` and where it came from).
 
-fence: id of the geofence (null: the whole world); meet: indices of the
-brokers it meets; wkb: its geometry, on the first row of each fence in a
-partition only; home: index of the broker responsible for the op's location;
-cell: H3 cell of a publish location at `H3_RES_MAX`.
+fence: id of the geofence (null: the whole world; its shape is in
+`Workload.shapes`); meet: indices of the brokers it meets; home: index of
+the broker responsible for the op's location; cell: H3 cell of a publish
+location at `H3_RES_MAX`.
 """
 
 
@@ -383,8 +383,8 @@ def worker_federation(text: str) -> FederationIndex:
 
 
 class _Fences:
-    """A partition's geofences: parsed once per text, an id and the brokers met once per shape,
-    the geometry shipped on the first row that uses it."""
+    """A worker's geofences: parsed once per text (the core's cache), an id and the brokers
+    met once per shape, the shape shipped on the first row that uses it."""
 
     def __init__(self, fidx: FederationIndex) -> None:
         self.fidx = fidx
@@ -425,11 +425,33 @@ class _Fences:
         return fid_col, meet_col, wkb_col
 
 
+POINT_ANSWERS = pa.schema(
+    [
+        ("lat", pa.float64()),
+        ("lon", pa.float64()),
+        PARSED_SCHEMA.field("home"),
+        PARSED_SCHEMA.field("cell"),
+    ]
+)
+"""Per distinct point: its home broker and (where a publish stands there) its H3 cell."""
+FENCE_ANSWERS = pa.schema(
+    [
+        ("geofence", pa.string()),
+        PARSED_SCHEMA.field("fence"),
+        PARSED_SCHEMA.field("meet"),
+        ("wkb", pa.binary()),
+        ("err", pa.string()),
+    ]
+)
+"""Per distinct geofence text: its id, the brokers it meets and its shape (all null for the
+whole world), or the core's error without the line (``geofence: ...``)."""
 _SLOW_FIELDS = ("op", "t", "client", "lat", "lon", "id", "topic", "payload")
 GEO_TYPE = pa.struct(
     [
         *(PARSED_SCHEMA.field(name) for name in _SLOW_FIELDS),
-        *(PARSED_SCHEMA.field(name) for name in ("fence", "meet", "wkb", "home", "cell", "err")),
+        *(PARSED_SCHEMA.field(name) for name in ("fence", "meet")),
+        pa.field("wkb", pa.binary()),
+        *(PARSED_SCHEMA.field(name) for name in ("home", "cell", "err")),
         pa.field("blank", pa.bool_()),
     ]
 )
@@ -442,14 +464,61 @@ blank: an empty line, which is skipped as `read_trace` skips it.
 """
 
 
-def parse_workload(records: DataFrame, fmt: str, fed_text: str) -> DataFrame:
-    """`workload_records` rows as `PARSED_SCHEMA` rows: one validated op, or its error, per line.
+class Workload(NamedTuple):
+    """A validated workload (`parse_workload`)."""
 
-    The typed fields of fast rows stay in the JVM; a scalar Arrow UDF sends
-    Python only what geometry needs (a row's location, whether it is a
-    publish, its geofence text) and `_raw` (null on fast rows), and answers
-    `GEO_TYPE` (`_geometry`), so the wide text columns never cross into
-    Python (with `mapInArrow` every column went there and back).
+    parsed: DataFrame
+    """`PARSED_SCHEMA` rows: one validated op, or its error, per line."""
+    shapes: DataFrame
+    """(fence, wkb): the shape of every geofence a valid row names, maybe more than once
+    (and shapes of texts only malformed rows carry)."""
+    by_op: dict[str | None, int]
+    """Rows per op; None: the error rows."""
+
+
+def _count_ops(rows: DataFrame) -> dict[str | None, int]:
+    """Rows per op (None: the error rows), in one pass over `rows`."""
+    counts = rows.groupBy("op").agg(F.count(F.lit(1)).alias("n")).collect()
+    return {r["op"]: int(r["n"]) for r in counts}
+
+
+def parse_workload(
+    records: DataFrame,
+    fmt: str,
+    fed_text: str,
+    persist: Callable[[DataFrame], DataFrame] = lambda df: df,
+    broadcast_rows: int = 2_000_000,
+) -> Workload:
+    """`workload_records` rows validated: one `PARSED_SCHEMA` row, an op or its error, per line.
+
+    The typed fields of fast rows stay in the JVM; what Python adds is their
+    geometry (home broker, H3 cell, geofence). A Parquet trace asks Python
+    once per distinct point and geofence text (`_by_distinct_values`): a
+    second pass over the few columns that takes costs less than a row's trip
+    through Python. A JSON Lines trace asks per row (`_by_row`): a second
+    pass would decode every line again, which costs more than the trip.
+    Either way a row the JVM did not vouch for goes through `parse_op` in a
+    scalar Arrow UDF (`_geometry`). `persist` materializes each step (the
+    job's checkpoints); `broadcast_rows` bounds the answers joined by a
+    broadcast.
+    """
+    if fmt == "parquet":
+        return _by_distinct_values(records, fmt, fed_text, persist, broadcast_rows)
+    answered = persist(_by_row(records, fmt, fed_text))
+    return Workload(answered.select(*PARSED_SCHEMA.names), _shapes(answered), _count_ops(answered))
+
+
+def _shapes(answered: DataFrame) -> DataFrame:
+    return answered.where(F.col("wkb").isNotNull()).select("fence", "wkb")
+
+
+def _by_row(records: DataFrame, fmt: str, fed_text: str) -> DataFrame:
+    """`PARSED_SCHEMA` rows with wkb (a shape on the first row of a partition that uses it).
+
+    A scalar Arrow UDF sends Python only what geometry needs (a row's
+    location, whether it is a publish, its geofence text) and `_raw` (null on
+    fast rows), and answers `GEO_TYPE` (`_geometry`), so the wide text
+    columns never cross into Python.
     """
     fast, op = F.col("_fast"), F.col("op")
     located = fast & (op != "unsubscribe")
@@ -472,27 +541,207 @@ def parse_workload(records: DataFrame, fmt: str, fed_text: str) -> DataFrame:
     )
     ok = fast & F.col("_g.err").isNull()  # a fast row whose geofence the core accepted
 
-    def pick(value: Column, name: str) -> Column:
-        return F.when(ok, value).otherwise(F.col(f"_g.{name}")).alias(name)
+    cols = _typed_fields(ok, lambda name: F.col(f"_g.{name}"))
+    for name in ("fence", "meet", "home", "cell", "err", "wkb"):
+        cols[name] = F.col(f"_g.{name}").alias(name)
+    names = (*PARSED_SCHEMA.names, "wkb")
+    return answered.where(~F.col("_g.blank")).select(*[cols.get(n, F.col(n)) for n in names])
 
-    return answered.where(~F.col("_g.blank")).select(
-        "k",
-        "file",
-        "line",
-        pick(op, "op"),
-        pick(F.col("t").cast("double"), "t"),
-        pick(F.col("client"), "client"),
-        pick(F.when(op != "unsubscribe", F.col("lat").cast("double")), "lat"),
-        pick(F.when(op != "unsubscribe", F.col("lon").cast("double")), "lon"),
-        pick(F.when(op != "move", F.col("id")), "id"),
-        pick(F.when(~op.isin("move", "unsubscribe"), F.col("topic")), "topic"),
-        *[F.col(f"_g.{name}").alias(name) for name in ("fence", "meet", "wkb")],
-        pick(
-            F.when(op == "publish", F.coalesce(F.col("payload_size").cast("long"), F.lit(0))),
-            "payload",
+
+def _typed_fields(ok: Column, other: Callable[[str], Column]) -> dict[str, Column]:
+    """The fields the JVM typed, of a fast row where `ok` holds, else `other(name)`."""
+    op = F.col("op")
+    values = {
+        "op": op,
+        "t": F.col("t").cast("double"),
+        "client": F.col("client"),
+        "lat": F.when(op != "unsubscribe", F.col("lat").cast("double")),
+        "lon": F.when(op != "unsubscribe", F.col("lon").cast("double")),
+        "id": F.when(op != "move", F.col("id")),
+        "topic": F.when(~op.isin("move", "unsubscribe"), F.col("topic")),
+        "payload": F.when(
+            op == "publish", F.coalesce(F.col("payload_size").cast("long"), F.lit(0))
         ),
-        *[F.col(f"_g.{name}").alias(name) for name in ("home", "cell", "err")],
+    }
+    return {name: F.when(ok, v).otherwise(other(name)).alias(name) for name, v in values.items()}
+
+
+def _by_distinct_values(
+    records: DataFrame,
+    fmt: str,
+    fed_text: str,
+    persist: Callable[[DataFrame], DataFrame],
+    broadcast_rows: int,
+) -> Workload:
+    """Python once per distinct point and geofence text, joined by the fast rows in the JVM.
+
+    Per point its home broker and, where a publish stands, its H3 cell
+    (`_point_answers`); per text its fence, meet and shape or the core's
+    error (`_fence_answers`). The answers are broadcast up to
+    `broadcast_rows` of them (moving clients make nearly as many points as
+    rows; then they join by a shuffle). The rows the JVM did not vouch for
+    (`_raw` set; rare) are kept with nothing but `_raw` and go through
+    `_by_row` afterwards.
+
+    Spark groups and joins -0.0 with 0.0: a point at -0.0 gets 0.0's answers,
+    the same broker and cell (`tests/spark/test_spark_parse.py`).
+    """
+    op = F.col("op")
+    lat, lon, text = F.col("lat").cast("double"), F.col("lon").cast("double"), F.col("geofence")
+    # The keys of every row that may need them: wider than the fast rows, and
+    # without the pre-check, whose columns a Parquet scan would then read too.
+    # An answer nobody asks for costs little; a missing one would be wrong.
+    located = op.isin("subscribe", "publish", "move") & lat.between(-90.0, 90.0)
+    located = located & lon.between(-180.0, 180.0)  # false for NaN and null
+    fenced = op.isin("subscribe", "publish")
+    keys = persist(
+        records.select(
+            F.when(located, lat).alias("lat"),
+            F.when(located, lon).alias("lon"),
+            F.when(fenced, text).alias("geofence"),
+            (op == "publish").alias("pub"),
+        )
+        .where(F.col("lat").isNotNull() | F.col("geofence").isNotNull())
+        .groupBy("lat", "lon", "geofence")
+        .agg(F.max("pub").alias("pub"))
     )
+    points = persist(
+        keys.where(F.col("lat").isNotNull())
+        .groupBy("lat", "lon")
+        .agg(F.max("pub").alias("pub"))
+        .mapInArrow(_point_answers(fed_text), from_arrow_type(pa.struct(list(POINT_ANSWERS))))  # type: ignore[arg-type]
+    )
+    fences = persist(
+        keys.where(F.col("geofence").isNotNull())
+        .select("geofence")
+        .distinct()
+        .mapInArrow(_fence_answers(fed_text), from_arrow_type(pa.struct(list(FENCE_ANSWERS))))  # type: ignore[arg-type]
+    )
+
+    def side(df: DataFrame) -> DataFrame:
+        return F.broadcast(df) if df.count() <= broadcast_rows else df
+
+    fast = F.col("_fast")
+    point = side(points.select(*[F.col(c).alias("_p" + c) for c in points.columns]))
+    fence = side(fences.select(*[F.col(c).alias("_f" + c) for c in fences.columns]))
+    joined = (
+        records.select(
+            "*",
+            F.when(fast & (op != "unsubscribe"), lat).alias("_jlat"),
+            F.when(fast & fenced, text).alias("_jtext"),
+        )
+        .join(point, (F.col("_jlat") == F.col("_plat")) & (lon == F.col("_plon")), "left")
+        .join(fence, F.col("_jtext") == F.col("_fgeofence"), "left")
+    )
+    bad = F.col("_ferr")
+    at = F.concat(F.lit("line "), F.col("line").cast("string"), F.lit(": "))
+    ok = fast & bad.isNull()  # a fast row whose geofence the core accepted
+
+    cols = _typed_fields(ok, lambda name: F.lit(None))
+    cols["fence"] = F.when(ok, F.col("_ffence")).alias("fence")
+    cols["meet"] = F.when(ok, F.col("_fmeet")).alias("meet")
+    cols["home"] = F.when(ok, F.col("_phome")).alias("home")
+    cols["cell"] = F.when(ok & (op == "publish"), F.col("_pcell")).alias("cell")
+    # The core's message names the field; the line is the row's.
+    cols["err"] = F.when(fast & bad.isNotNull(), F.concat(at, bad)).alias("err")
+    stage = persist(joined.select(*[cols.get(n, F.col(n)) for n in PARSED_SCHEMA.names], "_raw"))
+    # One pass counts the ops and the slow rows: a clean trace has none to parse.
+    slow_rows = F.col("_raw").isNotNull()
+    by_op: dict[str | None, int] = {}
+    n_slow = 0
+    for r in (
+        stage.groupBy("op", slow_rows.alias("slow")).agg(F.count(F.lit(1)).alias("n")).collect()
+    ):
+        if r["slow"]:
+            n_slow += int(r["n"])
+        else:
+            by_op[r["op"]] = int(r["n"])
+    parsed = stage.where(~slow_rows).select(*PARSED_SCHEMA.names)
+    shapes = fences.where(F.col("wkb").isNotNull()).select("fence", "wkb")
+    if not n_slow:
+        return Workload(parsed, shapes, by_op)
+    # The slow rows as `_by_row` reads them: nothing the JVM typed, only `_raw`.
+    types = dict(records.dtypes)
+    slow = persist(
+        _by_row(
+            stage.where(slow_rows).select(
+                "k",
+                "file",
+                "line",
+                *[F.lit(None).cast(types[c]).alias(c) for c in WORKLOAD_TYPED],
+                F.lit(False).alias("_fast"),
+                "_raw",
+            ),
+            fmt,
+            fed_text,
+        )
+    )
+    for op_name, n in _count_ops(slow).items():
+        by_op[op_name] = by_op.get(op_name, 0) + n
+    return Workload(
+        parsed.unionByName(slow.select(*PARSED_SCHEMA.names)),
+        shapes.unionByName(_shapes(slow)),
+        by_op,
+    )
+
+
+def _point_answers(fed_text: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """`POINT_ANSWERS` of distinct (lat, lon, pub) rows: pub, a publish stands there."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        fidx = worker_federation(fed_text)
+        for batch in batches:
+            lat = np.asarray(batch.column("lat").to_numpy(zero_copy_only=False), dtype=np.float64)
+            lon = np.asarray(batch.column("lon").to_numpy(zero_copy_only=False), dtype=np.float64)
+            pub = np.asarray(
+                pc.fill_null(batch.column("pub"), False).to_numpy(zero_copy_only=False), dtype=bool
+            )
+            cells = np.zeros(len(lat), dtype=np.int64)
+            cells[pub] = h3_cells(lat[pub], lon[pub], H3_RES_MAX)
+            yield pa.RecordBatch.from_arrays(
+                [
+                    batch.column("lat"),
+                    batch.column("lon"),
+                    pa.array(fidx.responsible(lat, lon), pa.int32()),
+                    pa.array(cells, mask=~pub),
+                ],
+                schema=POINT_ANSWERS,
+            )
+
+    return run
+
+
+def _fence_answers(fed_text: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """`FENCE_ANSWERS` of distinct geofence texts."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        fences = _Fences(worker_federation(fed_text))
+        for batch in batches:
+            shapes: list[Geofence | None] = []
+            errors: list[str | None] = []
+            for text in batch.column("geofence").to_pylist():
+                shape, err = None, None
+                try:
+                    shape = fences.cache.get(text, "geofence")
+                except GeofedError as exc:
+                    err = str(exc)
+                except Exception as exc:  # as in _parse_slow: a core bug is reported as a row
+                    err = f"unexpected {type(exc).__name__}: {exc}"
+                shapes.append(shape)
+                errors.append(err)
+            fid, meet, wkb = fences.columns(shapes)
+            yield pa.RecordBatch.from_arrays(
+                [
+                    batch.column("geofence"),
+                    pa.array(fid, pa.int64()),
+                    pa.array(meet, pa.list_(pa.int32())),
+                    pa.array(wkb, pa.binary()),
+                    pa.array(errors, pa.string()),
+                ],
+                schema=FENCE_ANSWERS,
+            )
+
+    return run
 
 
 def _geometry(

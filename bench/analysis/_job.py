@@ -273,11 +273,11 @@ def analyze(spark: SparkSession, cfg: AnalysisConfig, progress: Progress | None 
     summary["workload"] = {"files": inputs.files, "format": wfmt}
     with progress.stage("workload: validating ops"):
         records = io.workload_records(numbered, wfmt)
-        parsed = _persist(io.parse_workload(records, wfmt, fed_text), keep)
-        by_op = {
-            r["op"]: int(r["n"])
-            for r in parsed.groupBy("op").agg(F.count(F.lit(1)).alias("n")).collect()
-        }
+        workload = io.parse_workload(
+            records, wfmt, fed_text, lambda df: _persist(df, keep), cfg.broadcast_rows
+        )
+        parsed = workload.parsed
+        by_op = dict(workload.by_op)
         bad = by_op.pop(None, 0)  # error rows have no op
         # Each query reads the whole checkpoint back: none for a clean trace.
         errors = (
@@ -334,10 +334,7 @@ def analyze(spark: SparkSession, cfg: AnalysisConfig, progress: Progress | None 
 
     # -- spatial key --------------------------------------------------------
     with progress.stage("geofences: H3 cover of subscription geofences"):
-        # A partition ships each shape once, on whichever op used it first.
-        shapes = (
-            parsed.where(F.col("wkb").isNotNull()).select("fence", "wkb").dropDuplicates(["fence"])
-        )
+        shapes = workload.shapes.dropDuplicates(["fence"])
         sub_fences = _persist(shapes.join(vers.select("fence"), "fence", "left_semi"), keep)
         res = cfg.h3_res
         if res is None:

@@ -34,7 +34,7 @@ def before(t1: Column, k1: Column, t2: Column, k2: Column) -> Column:
 
 def valid_ops(parsed: DataFrame) -> DataFrame:
     """The rows `parse_op` accepted."""
-    return parsed.where(F.col("err").isNull()).drop("err", "file", "line", "wkb")
+    return parsed.where(F.col("err").isNull()).drop("err", "file", "line")
 
 
 def located_ops(ops: DataFrame, clients: DataFrame) -> DataFrame:

@@ -10,8 +10,10 @@ the core's parse of the same line: the same values, or the same error.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +21,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import shapely
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pyspark.sql.pandas.types import to_arrow_schema
-from spark_helpers import THREE, write_jsonl
+from spark_helpers import AWS, THREE, write_jsonl
 from test_spark_known import AROUND_FRANKFURT, THREE_TRACE
 
 from geofed.bench.analysis import load_federation
+from geofed.bench.analysis._geo import H3_RES_MAX, FederationIndex, fence_id, h3_cells
 from geofed.bench.analysis._io import (
     PARSED_SCHEMA,
+    WORKLOAD_REQUIRED,
     _per_point,
     parse_workload,
     read_numbered,
@@ -166,11 +173,14 @@ def _actual(spark: Any, path: Path, fmt: str) -> dict[int, tuple[Any, ...]]:
         required=("t", "op", "client", "lat", "lon", "id", "topic"),
         optional=("geofence", "payload_size"),
     )
-    parsed = parse_workload(workload_records(numbered, fmt), fmt, fed_text)
+    workload = parse_workload(workload_records(numbered, fmt), fmt, fed_text)
+    parsed = workload.parsed
     typed = [(f.name, f.type) for f in to_arrow_schema(parsed.schema)]
     assert typed == [(f.name, f.type) for f in PARSED_SCHEMA]
     cols = ("op", "t", "client", "lat", "lon", "id", "topic", "payload", "err")
-    return {int(r["line"]): tuple(r[c] for c in cols) for r in parsed.collect()}
+    rows = parsed.collect()
+    assert workload.by_op == Counter(r["op"] for r in rows)
+    return {int(r["line"]): tuple(r[c] for c in cols) for r in rows}
 
 
 def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
@@ -262,3 +272,122 @@ def test_per_point_asks_once_per_distinct_point() -> None:
         assert got.tolist() == want
         bits = zip(lat.view(np.int64).tolist(), lon.view(np.int64).tolist(), strict=True)
         assert asked == [len(set(bits))]
+
+
+# Points the distinct-value path groups (Spark groups -0.0 with 0.0), on and
+# off the antimeridian, and geofences good and bad, each on many lines.
+POINTS = [
+    (0.0, 0.0),
+    (-0.0, 0.0),
+    (0.0, -0.0),
+    (-0.0, -0.0),
+    (-0.0, 180.0),
+    (0.0, -180.0),
+    (50.1, 8.6),
+    (1.3, 103.8),
+    (-33.9, 151.2),
+]
+FENCES = [
+    None,
+    AROUND_FRANKFURT,
+    "POLYGON((0 0",
+    "POLYGON((0 0, 1 1, 1 0, 0 1, 0 0))",
+    '{"circle": {"lat": 50, "lon": 8, "radius_m": 1000}}',
+    '{"circle": {"lat": 95, "lon": 8, "radius_m": 1000}}',
+]
+
+
+@pytest.mark.parametrize("broadcast_rows", [2_000_000, 0])
+def test_parquet_points_and_geofences_repeated_across_files(
+    spark: Any, tmp_path: Path, broadcast_rows: int
+) -> None:
+    """Every row gets its own point's broker and cell and its own line in a geofence error,
+    whether the answers are broadcast or joined by a shuffle, across files and partitions."""
+    rng = random.Random(5)
+    rows: list[dict[str, Any]] = []
+    for i in range(900):
+        lat, lon = rng.choice(POINTS)
+        kind = rng.choice(["publish", "publish", "subscribe", "move", "unsubscribe"])
+        rec: dict[str, Any] = {"t": float(i), "op": kind, "client": f"c{i % 7}", "id": f"x{i}"}
+        rec.update(lat=lat, lon=lon, topic="a/b", geofence=None, payload_size=None)
+        if kind == "publish":
+            rec["payload_size"] = i
+        if kind in ("publish", "subscribe"):
+            rec["geofence"] = rng.choice(FENCES)
+        if kind == "unsubscribe":
+            rec.update(lat=None, lon=None)
+        rows.append(rec)
+    folder = tmp_path / "w.parquet"
+    folder.mkdir()
+    for part in range(3):  # three files: each point and geofence in every one
+        chunk = rows[part * 300 : (part + 1) * 300]
+        pq.write_table(pa.Table.from_pylist(chunk), folder / f"part-{part}.parquet")
+    fed, fed_text = load_federation(str(THREE))
+    fidx = FederationIndex(fed)
+    paths = sorted(str(p) for p in folder.iterdir())
+    numbered, _ = read_numbered(
+        spark,
+        paths,
+        "parquet",
+        what="workload",
+        required=WORKLOAD_REQUIRED,
+        optional=("geofence", "payload_size"),
+    )
+    workload = parse_workload(
+        workload_records(numbered, "parquet"), "parquet", fed_text, broadcast_rows=broadcast_rows
+    )
+    got = {(r["file"], r["line"]): r for r in workload.parsed.collect()}
+    assert len(got) == len(rows)
+    assert workload.by_op == Counter(r["op"] for r in got.values())
+    cache = GeofenceCache()
+    fences: set[int] = set()
+    for n, rec in enumerate(rows):
+        line = n % 300 + 1
+        row = got[(n // 300, line)]
+        try:
+            op = parse_op(rec, line, cache)
+        except GeofedError as exc:
+            assert row["err"] == str(exc), (n, rec)
+            assert row["op"] is None and row["home"] is None
+            continue
+        assert row["err"] is None and row["op"] == op.op, (n, rec)
+        loc = op.location
+        if loc is None:
+            assert row["home"] is None and row["cell"] is None
+        else:
+            lat, lon = np.array([loc.lat]), np.array([loc.lon])
+            assert _same((row["lat"], row["lon"]), (loc.lat, loc.lon))
+            assert row["home"] == fidx.responsible(lat, lon)[0], (n, rec)
+            want_cell = h3_cells(lat, lon, H3_RES_MAX)[0] if op.op == "publish" else None
+            assert row["cell"] == want_cell, (n, rec)
+        want_fence = None if op.geofence is None else fence_id(op.geofence)
+        assert row["fence"] == want_fence, (n, rec)
+        if want_fence is not None:
+            fences.add(want_fence)
+            assert row["meet"] == fidx.meeting([op.geofence.geometry])[0]
+    shapes = {r["fence"]: shapely.from_wkb(r["wkb"]) for r in workload.shapes.collect()}
+    assert fences <= set(shapes)
+    # The repeated errors kept their lines: one message per line of a file, not per text.
+    bad = [(r["file"], r["err"]) for r in got.values() if r["err"] and "geofence" in r["err"]]
+    assert len(bad) > 50 and len(set(bad)) == len(bad)
+
+
+@given(
+    st.floats(-90.0, 90.0),
+    st.floats(-180.0, 180.0),
+)
+@settings(max_examples=300, deadline=None)
+def test_a_signed_zero_has_the_broker_and_cell_of_zero(lat: float, lon: float) -> None:
+    """Spark groups -0.0 with 0.0 when it looks points up once per distinct value: both must
+    answer the same broker and H3 cell (as the per-row path answered them for each)."""
+    fidx = _aws_index()
+    for a, b in ((0.0, lon), (lat, 0.0), (0.0, 0.0)):
+        plus = np.array([a]), np.array([b])
+        minus = np.array([-a if a == 0 else a]), np.array([-b if b == 0 else b])
+        assert fidx.responsible(*plus)[0] == fidx.responsible(*minus)[0]
+        assert h3_cells(*plus, H3_RES_MAX)[0] == h3_cells(*minus, H3_RES_MAX)[0]
+
+
+@functools.cache
+def _aws_index() -> FederationIndex:
+    return FederationIndex(load_federation(str(AWS))[0])
