@@ -50,6 +50,22 @@ def record(path: Path, module: str, argv: list[str] | None, body: str, *, title:
         f.write(f"Command: `{cmd.strip()}`  \nMachine: {describe()}  \n{body}\n")
 
 
+def machine_cpu_seconds() -> float | None:
+    """User + system CPU seconds the whole machine spent so far (all cores, /proc/stat).
+
+    The difference over a run is what every process cost, those that ended
+    unreaped included (which `tree_cpu_seconds` cannot see): the job's CPU
+    when nothing else runs, an upper bound of it otherwise. None without /proc.
+    """
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()
+    except (OSError, IndexError):
+        return None
+    # cpu  user nice system idle iowait irq softirq steal ...
+    busy = [int(fields[i]) for i in (1, 2, 3, 6, 7)]
+    return sum(busy) / os.sysconf("SC_CLK_TCK")
+
+
 def tree_cpu_seconds(root: int) -> float | None:
     """User + system CPU seconds so far of process `root` and all its descendants.
 
