@@ -26,9 +26,9 @@ events travel to the peer as deliveries.
    to ``--local-subs`` subscribers at the node itself (Subscribe streams,
    ``geofed.client``, in this process): deliveries/s until every subscriber
    received every event, and how many never arrived (dropped on the way).
-3. Latency: 1,000 events/s through unary Publish for a few seconds to a local
-   subscriber (Subscribe stream) at the node; publish->delivery from the
-   client's clock, p50/p99.
+3. Latency: 1,000 events/s through the client's single publishes (one open
+   PublishEach call) for a few seconds to a local subscriber (Subscribe
+   stream) at the node; publish->delivery from the client's clock, p50/p99.
 
 The price of durability: each configuration runs with persistence off (no
 ``data_dir``, everything in memory) and on with ``store_sync=normal`` and
