@@ -33,6 +33,14 @@ class Guarded:
         """Count a rejection (overridden by servicers that keep metrics)."""
 
 
+def rejected(servicer: Guarded, method: str, exc: GeofedError) -> grpc.StatusCode:
+    """Count and log a request `method` of `servicer` refused with `exc`; its status."""
+    code = status_for(exc)
+    servicer.on_reject(code)
+    log.info("rejected %s: %s: %s", method, code.name, exc)
+    return code
+
+
 def unary(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
     """Decorate a unary servicer method: geofed errors abort with their status."""
 
@@ -41,9 +49,7 @@ def unary(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
         try:
             return await fn(self, request, context)
         except GeofedError as exc:
-            code = status_for(exc)
-            self.on_reject(code)
-            log.info("rejected %s: %s: %s", fn.__name__, code.name, exc)
+            rejected(self, fn.__name__, exc)
             await abort(context, exc)
             raise  # unreachable: abort raises
 
@@ -61,9 +67,7 @@ def streaming(fn: Callable[..., AsyncIterator[T]]) -> Callable[..., AsyncIterato
             async for item in fn(self, request, context):
                 yield item
         except GeofedError as exc:
-            code = status_for(exc)
-            self.on_reject(code)
-            log.info("rejected %s: %s: %s", fn.__name__, code.name, exc)
+            rejected(self, fn.__name__, exc)
             await abort(context, exc)
 
     return run

@@ -114,7 +114,7 @@ from ._auth import Principal, Security, add_port
 from ._budget import ByteBudget
 from ._config import NodeConfig
 from ._dedup import DedupWindow
-from ._errors import Guarded, abort, streaming, unary
+from ._errors import Guarded, abort, rejected, streaming, unary
 from ._heap import HeapFreezer
 from ._history import HistoryAnswer, HistoryLog, open_backend
 from ._links import PROTOCOL_VERSION, SERVER_OPTIONS, ContextTransport, PeerLink
@@ -2095,9 +2095,7 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
                 try:
                     answer = publish_result(await self._publish(request, context))
                 except GeofedError as exc:
-                    code = status_for(exc)
-                    self.on_reject(code)
-                    log.info("rejected PublishEach request: %s: %s", code.name, exc)
+                    code = rejected(self, "PublishEach request", exc)
                     answer = publish_refused(code.value[0], details_for(exc), error_json(exc))
                 yield answer
                 if node._stopped:
