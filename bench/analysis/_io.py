@@ -657,7 +657,7 @@ def _by_distinct_values(
         else:
             by_op[r["op"]] = int(r["n"])
     parsed = stage.where(~slow_rows).select(*PARSED_SCHEMA.names)
-    shapes = fences.where(F.col("wkb").isNotNull()).select("fence", "wkb")
+    shapes = _shapes(fences)
     if not n_slow:
         return Workload(parsed, shapes, by_op)
     # The slow rows as `_by_row` reads them: nothing the JVM typed, only `_raw`.
@@ -720,13 +720,7 @@ def _fence_answers(fed_text: str) -> Callable[[Iterator[pa.RecordBatch]], Iterat
             shapes: list[Geofence | None] = []
             errors: list[str | None] = []
             for text in batch.column("geofence").to_pylist():
-                shape, err = None, None
-                try:
-                    shape = fences.cache.get(text, "geofence")
-                except GeofedError as exc:
-                    err = str(exc)
-                except Exception as exc:  # as in _parse_slow: a core bug is reported as a row
-                    err = f"unexpected {type(exc).__name__}: {exc}"
+                shape, err = _fence_or_error(fences, text, "")
                 shapes.append(shape)
                 errors.append(err)
             fid, meet, wkb = fences.columns(shapes)
@@ -742,6 +736,17 @@ def _fence_answers(fed_text: str) -> Callable[[Iterator[pa.RecordBatch]], Iterat
             )
 
     return run
+
+
+def _fence_or_error(fences: _Fences, text: str, where: str) -> tuple[Geofence | None, str | None]:
+    """A geofence text parsed by the core (cached), or why not; `where` prefixes the
+    message (``"line 7: "``, or "" when the row's line is added later)."""
+    try:
+        return fences.cache.get(text, f"{where}geofence"), None
+    except GeofedError as exc:
+        return None, str(exc)
+    except Exception as exc:  # as in _parse_slow: a core bug is reported as a row
+        return None, f"{where}unexpected {type(exc).__name__}: {exc}"
 
 
 def _geometry(
@@ -787,12 +792,9 @@ def _geometry_batch(
         texts = fence.take(pa.array(fenced)).to_pylist()
         lines = line.take(pa.array(fenced)).to_pylist()
         for i, text, at in zip(fenced.tolist(), texts, lines, strict=True):
-            try:
-                fence_of[i] = fences.cache.get(text, f"line {at}: geofence")
-            except GeofedError as exc:
-                errors[i] = str(exc)
-            except Exception as exc:  # as in _parse_slow: a core bug is reported as a row
-                errors[i] = f"line {at}: unexpected {type(exc).__name__}: {exc}"
+            fence_of[i], err = _fence_or_error(fences, text, f"line {at}: ")
+            if err is not None:
+                errors[i] = err
     # Copies: the slow rows' values are written into them.
     la = np.array(pc.fill_null(lat, np.nan).to_numpy(zero_copy_only=False), dtype=np.float64)
     lo = np.array(pc.fill_null(lon, np.nan).to_numpy(zero_copy_only=False), dtype=np.float64)
