@@ -125,7 +125,7 @@ from ._topics import (
     validate_filter,
     validate_topic,
 )
-from ._trace import TraceOp, op_to_record, parse_op, parse_ops, read_trace
+from ._trace import OPS, TraceOp, op_to_record, parse_op, parse_ops, read_trace
 
 __all__ = [
     "AdaptiveConfig",
@@ -197,6 +197,7 @@ __all__ = [
     "MAX_ID_LENGTH",
     "MAX_TOPIC_BYTES",
     "NotFound",
+    "OPS",
     "Outcome",
     "PeerMessage",
     "PermissionDenied",

@@ -110,6 +110,10 @@ def build_session(
         # executor's work folder.
         python = os.environ.get("PYSPARK_PYTHON") or sys.executable
         builder = builder.config("spark.pyspark.python", python)
+    if given is None or not given.contains("spark.serializer"):
+        # The job's checkpoints are written with it: Kryo writes rows for
+        # fewer CPU seconds than Java serialization (bench/results/spark.md).
+        builder = builder.config("spark.serializer", "org.apache.spark.serializer.KryoSerializer")
     builder = (
         builder.config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.adaptive.enabled", "true")
