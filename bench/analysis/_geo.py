@@ -22,6 +22,8 @@ from collections.abc import Iterable, Sequence
 
 import h3
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import shapely
 from shapely.geometry.base import BaseGeometry
 from shapely.strtree import STRtree
@@ -45,6 +47,17 @@ H3_RES_MAX = 10
 
 H3_RES_MIN = 2
 """Coarsest H3 resolution used: below it cells are too large for the buffer argument."""
+
+
+def filled(arr: pa.Array, fill: object, dtype: type | np.dtype) -> np.ndarray:
+    """The values of an Arrow array (an executor's batch column) as a NumPy array of
+    `dtype`, nulls as `fill` (a copy: the caller may write into it)."""
+    return np.array(pc.fill_null(arr, fill).to_numpy(zero_copy_only=False), dtype=dtype)
+
+
+def present(arr: pa.Array) -> np.ndarray:
+    """Where an Arrow array holds a value (not null)."""
+    return np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
 
 
 def fence_id(fence: Geofence) -> int:

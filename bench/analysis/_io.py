@@ -24,7 +24,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import shapely
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -45,7 +44,7 @@ from geofed.routing import (
     parse_op,
 )
 
-from ._geo import H3_RES_MAX, FederationIndex, fence_id, h3_cells
+from ._geo import H3_RES_MAX, FederationIndex, fence_id, filled, h3_cells, present
 
 LINE_BITS = 40
 """``k = file << LINE_BITS | line``: up to 2**40 lines per file, 2**23 files."""
@@ -719,18 +718,10 @@ def _answers(fed_text: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.
         fences = _Fences(worker_federation(fed_text))
         for batch in batches:
             n = batch.num_rows
-            at = _mask(batch.column("lat"))
-            lat = np.asarray(
-                pc.fill_null(batch.column("lat"), 0.0).to_numpy(zero_copy_only=False),
-                dtype=np.float64,
-            )
-            lon = np.asarray(
-                pc.fill_null(batch.column("lon"), 0.0).to_numpy(zero_copy_only=False),
-                dtype=np.float64,
-            )
-            pub = at & np.asarray(
-                pc.fill_null(batch.column("pub"), False).to_numpy(zero_copy_only=False), dtype=bool
-            )
+            at = present(batch.column("lat"))
+            lat = filled(batch.column("lat"), 0.0, np.float64)
+            lon = filled(batch.column("lon"), 0.0, np.float64)
+            pub = at & filled(batch.column("pub"), False, bool)
             home = np.zeros(n, dtype=np.int32)
             home[at] = fences.fidx.responsible(lat[at], lon[at])
             cells = np.zeros(n, dtype=np.int64)
@@ -784,11 +775,6 @@ def _geometry(
     return run
 
 
-def _mask(arr: pa.Array) -> np.ndarray:
-    """Rows where `arr` is set."""
-    return np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
-
-
 def _geometry_batch(
     fences: _Fences,
     fmt: str,
@@ -809,7 +795,7 @@ def _geometry_batch(
     n = len(line)
     fence_of: list[Geofence | None] = [None] * n
     errors: dict[int, str] = {}
-    fenced = np.flatnonzero(_mask(fence))  # fast rows with a geofence, one by one
+    fenced = np.flatnonzero(present(fence))  # fast rows with a geofence, one by one
     if len(fenced):
         texts = fence.take(pa.array(fenced)).to_pylist()
         lines = line.take(pa.array(fenced)).to_pylist()
@@ -818,14 +804,14 @@ def _geometry_batch(
             if err is not None:
                 errors[i] = err
     # Copies: the slow rows' values are written into them.
-    la = np.array(pc.fill_null(lat, np.nan).to_numpy(zero_copy_only=False), dtype=np.float64)
-    lo = np.array(pc.fill_null(lon, np.nan).to_numpy(zero_copy_only=False), dtype=np.float64)
-    is_pub = np.array(pc.fill_null(pub, False).to_numpy(zero_copy_only=False), dtype=bool)
+    la = filled(lat, np.nan, np.float64)
+    lo = filled(lon, np.nan, np.float64)
+    is_pub = filled(pub, False, bool)
     if errors:
         bad = np.fromiter(errors, dtype=np.intp, count=len(errors))
         la[bad] = lo[bad] = np.nan
         is_pub[bad] = False
-    slow_rows = np.flatnonzero(_mask(raw))
+    slow_rows = np.flatnonzero(present(raw))
     slow: dict[str, list[Any]] | None = None
     blank = np.zeros(n, dtype=bool)
     if len(slow_rows):

@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import shapely
 from pyspark import Broadcast
 from pyspark.sql import Column, DataFrame, SparkSession, Window
@@ -35,7 +34,7 @@ from pyspark.sql.pandas.functions import arrow_udf
 
 from geofed.routing import Geofence, h3_cover
 
-from ._geo import FilterMatcher, covers_many, extent_km
+from ._geo import FilterMatcher, covers_many, extent_km, filled, present
 from ._state import INF_K, INF_T, before
 
 _WORKER: dict[Any, Any] = {}
@@ -490,14 +489,14 @@ def _covers_udf(shapes_bc: Broadcast[dict[int, bytes]] | None) -> Any:
     def covers_udf(fence: pa.Array, lat: pa.Array, lon: pa.Array, wkb: pa.Array) -> pa.Array:
         n = len(fence)
         result = np.ones(n, dtype=bool)  # no geofence: the whole world
-        present = np.asarray(pc.is_valid(fence).to_numpy(zero_copy_only=False), dtype=bool)
-        if not present.any():
+        fenced = present(fence)
+        if not fenced.any():
             return pa.array(result)
         shapes = shapes_bc.value if shapes_bc is not None else None
-        ids = np.asarray(pc.fill_null(fence, 0).to_numpy(zero_copy_only=False))
-        la = np.asarray(pc.fill_null(lat, 0.0).to_numpy(zero_copy_only=False), dtype=np.float64)
-        lo = np.asarray(pc.fill_null(lon, 0.0).to_numpy(zero_copy_only=False), dtype=np.float64)
-        rows = np.flatnonzero(present)
+        ids = filled(fence, 0, np.int64)
+        la = filled(lat, 0.0, np.float64)
+        lo = filled(lon, 0.0, np.float64)
+        rows = np.flatnonzero(fenced)
         # Group rows by geofence: one vectorized covers per shape in the batch.
         order = rows[np.argsort(ids[rows], kind="stable")]
         sorted_ids = ids[order]
