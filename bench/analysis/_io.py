@@ -241,21 +241,20 @@ WORKLOAD_TYPED = ("t", "op", "client", "lat", "lon", "id", "topic", "geofence", 
 
 
 def workload_records(numbered: DataFrame, fmt: str) -> DataFrame:
-    """Numbered workload rows, typed, with `_fast` (the JVM found the row valid) and `_raw`.
+    """Numbered workload rows, typed, with `_fast`: the JVM found the row valid.
 
     Columns: k, file, line, the fields `WORKLOAD_TYPED` (numbers as doubles,
-    payload_size as a long from JSON), `_fast` and `_raw`. JSON Lines are
-    decoded by ``from_json`` with `WORKLOAD_JSON_SCHEMA`; Parquet columns are
-    checked as they are typed. `_fast` is a conservative pre-check of
-    everything `parse_op` checks but the geofence: a row it passes is one
-    `parse_op` accepts with the same values, so the executors only add
-    geometry to it (`parse_workload`). Any other row (a malformed one, or one
-    whose JSON the JVM cannot judge exactly) carries in `_raw` what
-    `parse_op` reads: a struct of its text (``value``, JSON) or of its
-    columns as the file types them (Parquet); `parse_op` itself then names
-    the field that is wrong. `_raw` is null on fast rows, so they send
-    Python nothing of it. `tests/spark/test_spark_parse.py` holds the split
-    against `parse_op` on random records.
+    payload_size as a long from JSON) and `_fast`. `_fast` is a conservative
+    pre-check of everything `parse_op` checks but the geofence: a row it
+    passes is one `parse_op` accepts with the same values, so the executors
+    only add geometry to it (`parse_workload`); the others (a malformed row,
+    or one whose JSON the JVM cannot judge exactly) go to `parse_op` itself,
+    which names the field that is wrong. `tests/spark/test_spark_parse.py`
+    holds the split against `parse_op` on random records.
+
+    JSON Lines are decoded by ``from_json`` with `WORKLOAD_JSON_SCHEMA`
+    (only a flat object can be fast, see `_FLAT_OBJECT`); Parquet columns
+    are checked as they are typed.
     """
     if fmt == "json":
         rec = F.from_json(F.col("value"), WORKLOAD_JSON_SCHEMA, _JSON_OPTIONS)
@@ -269,7 +268,6 @@ def workload_records(numbered: DataFrame, fmt: str) -> DataFrame:
             & _valid(F.col, json=True)
         )
         typed = {name: F.col(name) for name in WORKLOAD_TYPED}
-        raw = ["value"]
     else:
         types = dict(numbered.dtypes)
 
@@ -296,24 +294,38 @@ def workload_records(numbered: DataFrame, fmt: str) -> DataFrame:
         for name in (*_STRING_FIELDS, *_NUMBER_FIELDS):
             if not usable(name):
                 fast = F.lit(False)
-        # The record parse_op reads: the file's columns; an optional column
-        # the file lacks reads as null, as a record without the field.
         src = numbered
-        for name, kind in _OPTIONAL_TYPES.items():
-            if name not in types:
-                src = src.withColumn(name, F.lit(None).cast(kind))
         typed = {name: typed_col(name) for name in WORKLOAD_TYPED}
-        raw = [c for c in src.columns if c not in ("k", "file", "line")]
-    fast = F.coalesce(fast, F.lit(False))
-    # One projection: Spark evaluates the pre-check once for both columns
-    # (common subexpressions), and later steps see `_raw`, not the text.
     return src.select(
         "k",
         "file",
         "line",
         *[c.alias(name) for name, c in typed.items()],
-        fast.alias("_fast"),
-        F.when(~fast, F.struct(*[F.col(c) for c in raw])).alias("_raw"),
+        F.coalesce(fast, F.lit(False)).alias("_fast"),
+    )
+
+
+def _slow_records(numbered: DataFrame, fmt: str, types: dict[str, str]) -> DataFrame:
+    """Numbered rows as `_by_row` hands them to `parse_op`: nothing typed (`types`: the
+    typed fields' Spark types), not fast, `_raw` the record as the file holds it (a JSON
+    line's text; a Parquet row's columns, an optional column the file lacks as null, as
+    a record without the field)."""
+    if fmt == "json":
+        raw = F.struct("value")
+    else:
+        present = dict(numbered.dtypes)
+        cols = [F.col(c) for c in numbered.columns if c not in ("k", "file", "line")]
+        for name, kind in _OPTIONAL_TYPES.items():
+            if name not in present:
+                cols.append(F.lit(None).cast(kind).alias(name))
+        raw = F.struct(*cols)
+    return numbered.select(
+        "k",
+        "file",
+        "line",
+        *[F.lit(None).cast(types[c]).alias(c) for c in WORKLOAD_TYPED],
+        F.lit(False).alias("_fast"),
+        raw.alias("_raw"),
     )
 
 
@@ -509,6 +521,7 @@ def _count_ops(rows: DataFrame, apart: Column | None = None) -> tuple[dict[str |
 
 def parse_workload(
     records: DataFrame,
+    numbered: DataFrame,
     fmt: str,
     fed_text: str,
     persist: Callable[[DataFrame], DataFrame] = lambda df: df,
@@ -522,16 +535,33 @@ def parse_workload(
     second pass over the few columns that takes costs less than a row's trip
     through Python. A JSON Lines trace asks per row (`_by_row`): a second
     pass would decode every line again, which costs more than the trip.
-    Either way a row the JVM did not vouch for goes through `parse_op` in a
-    scalar Arrow UDF (`_geometry`). `persist` materializes each step (the
-    job's checkpoints); `broadcast_rows` bounds the answers joined by a
+    Either way the rows the JVM did not vouch for (rare) are set apart, read
+    again from `numbered` (the trace as `read_numbered` gave it) by their k
+    and go through `parse_op` in the same Arrow UDF (`_geometry`): a clean
+    trace is read once. `persist` materializes each step (the job's
+    checkpoints); `broadcast_rows` bounds the answers and keys joined by a
     broadcast.
     """
     if fmt == "parquet":
-        return _by_distinct_values(records, fmt, fed_text, persist, broadcast_rows)
-    answered = persist(_by_row(records, fmt, fed_text))
+        stage, shapes = _by_distinct_values(records, fed_text, persist, broadcast_rows)
+    else:
+        stage = persist(_by_row(records, fmt, fed_text))
+        shapes = _shapes(stage)
+    # One pass counts the ops and the slow rows: a clean trace has none to parse.
+    slow_rows = F.col("_slow")
+    by_op, n_slow = _count_ops(stage, slow_rows)
+    parsed = stage.where(~slow_rows).select(*PARSED_SCHEMA.names)
+    if not n_slow:
+        return Workload(parsed, shapes, by_op)
+    keys = stage.where(slow_rows).select("k")
+    again = numbered.join(F.broadcast(keys) if n_slow <= broadcast_rows else keys, "k", "left_semi")
+    slow = persist(_by_row(_slow_records(again, fmt, dict(records.dtypes)), fmt, fed_text))
+    for op_name, n in _count_ops(slow)[0].items():
+        by_op[op_name] = by_op.get(op_name, 0) + n
     return Workload(
-        answered.select(*PARSED_SCHEMA.names), _shapes(answered), _count_ops(answered)[0]
+        parsed.unionByName(slow.select(*PARSED_SCHEMA.names)),
+        shapes.unionByName(_shapes(slow)),
+        by_op,
     )
 
 
@@ -540,14 +570,17 @@ def _shapes(answered: DataFrame) -> DataFrame:
 
 
 def _by_row(records: DataFrame, fmt: str, fed_text: str) -> DataFrame:
-    """`PARSED_SCHEMA` rows with wkb (a shape on the first row of a partition that uses it).
+    """`PARSED_SCHEMA` rows with wkb (a shape on the first row of a partition that uses it)
+    and `_slow`: a row that is not fast and that `records` gives no `_raw` for.
 
     A scalar Arrow UDF sends Python only what geometry needs (a row's
-    location, whether it is a publish, its geofence text) and `_raw` (null on
-    fast rows), and answers `GEO_TYPE` (`_geometry`), so the wide text
+    location, whether it is a publish, its geofence text) and `_raw` (the
+    record `parse_op` reads, `_slow_records`; null where `records` has no
+    such column), and answers `GEO_TYPE` (`_geometry`), so the wide text
     columns never cross into Python.
     """
     fast, op = F.col("_fast"), F.col("op")
+    raw = F.col("_raw") if "_raw" in records.columns else F.lit(None).cast("struct<value:string>")
     located = fast & (op != "unsubscribe")
     # An iterator of batches (by its hints): one `_Fences` per partition.
     geometry = arrow_udf(_geometry(fed_text, fmt), from_arrow_type(GEO_TYPE))  # type: ignore[call-overload,unused-ignore]
@@ -563,7 +596,7 @@ def _by_row(records: DataFrame, fmt: str, fed_text: str) -> DataFrame:
             F.when(located, F.col("lon").cast("double")),
             fast & (op == "publish"),
             F.when(fast & op.isin("subscribe", "publish"), F.col("geofence")),
-            F.col("_raw"),
+            raw,
         ).alias("_g"),
     )
     ok = fast & F.col("_g.err").isNull()  # a fast row whose geofence the core accepted
@@ -571,7 +604,8 @@ def _by_row(records: DataFrame, fmt: str, fed_text: str) -> DataFrame:
     cols = _typed_fields(ok, lambda name: F.col(f"_g.{name}"))
     for name in ("fence", "meet", "home", "cell", "err", "wkb"):
         cols[name] = F.col(f"_g.{name}").alias(name)
-    names = (*PARSED_SCHEMA.names, "wkb")
+    cols["_slow"] = (~fast & raw.isNull()).alias("_slow")
+    names = (*PARSED_SCHEMA.names, "wkb", "_slow")
     return answered.where(~F.col("_g.blank")).select(*[cols.get(n, F.col(n)) for n in names])
 
 
@@ -595,20 +629,19 @@ def _typed_fields(ok: Column, other: Callable[[str], Column]) -> dict[str, Colum
 
 def _by_distinct_values(
     records: DataFrame,
-    fmt: str,
     fed_text: str,
     persist: Callable[[DataFrame], DataFrame],
     broadcast_rows: int,
-) -> Workload:
+) -> tuple[DataFrame, DataFrame]:
     """Python once per distinct point and geofence text, joined by the fast rows in the JVM.
 
     Per point its home broker and, where a publish stands, its H3 cell;
     per text its fence, meet and shape or the core's error (`_answers`,
     one Python job for both). The answers are broadcast up to
     `broadcast_rows` of them (moving clients make nearly as many points as
-    rows; then they join by a shuffle). The rows the JVM did not vouch for
-    (`_raw` set; rare) are kept with nothing but `_raw` and go through
-    `_by_row` afterwards.
+    rows; then they join by a shuffle). Returns the rows (`PARSED_SCHEMA`
+    and `_slow`, a row the JVM did not vouch for, which `parse_workload`
+    hands to `parse_op`) and the shapes (fence, wkb).
 
     Spark groups and joins -0.0 with 0.0: a point at -0.0 gets 0.0's answers,
     the same broker and cell (`tests/spark/test_spark_parse.py`).
@@ -675,37 +708,10 @@ def _by_distinct_values(
     cols["cell"] = F.when(ok & (op == "publish"), F.col("_pcell")).alias("cell")
     # The core's message names the field; the line is the row's.
     cols["err"] = F.when(fast & bad.isNotNull(), F.concat(at, bad)).alias("err")
-    stage = persist(joined.select(*[cols.get(n, F.col(n)) for n in PARSED_SCHEMA.names], "_raw"))
-    # One pass counts the ops and the slow rows: a clean trace has none to parse.
-    slow_rows = F.col("_raw").isNotNull()
-    by_op, n_slow = _count_ops(stage, slow_rows)
-    parsed = stage.where(~slow_rows).select(*PARSED_SCHEMA.names)
-    shapes = _shapes(fences)
-    if not n_slow:
-        return Workload(parsed, shapes, by_op)
-    # The slow rows as `_by_row` reads them: nothing the JVM typed, only `_raw`.
-    types = dict(records.dtypes)
-    slow = persist(
-        _by_row(
-            stage.where(slow_rows).select(
-                "k",
-                "file",
-                "line",
-                *[F.lit(None).cast(types[c]).alias(c) for c in WORKLOAD_TYPED],
-                F.lit(False).alias("_fast"),
-                "_raw",
-            ),
-            fmt,
-            fed_text,
-        )
+    stage = persist(
+        joined.select(*[cols.get(n, F.col(n)) for n in PARSED_SCHEMA.names], (~fast).alias("_slow"))
     )
-    for op_name, n in _count_ops(slow)[0].items():
-        by_op[op_name] = by_op.get(op_name, 0) + n
-    return Workload(
-        parsed.unionByName(slow.select(*PARSED_SCHEMA.names)),
-        shapes.unionByName(_shapes(slow)),
-        by_op,
-    )
+    return stage, _shapes(fences)
 
 
 def _answers(fed_text: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:

@@ -272,9 +272,13 @@ def analyze(spark: SparkSession, cfg: AnalysisConfig, progress: Progress | None 
         )
     summary["workload"] = {"files": inputs.files, "format": wfmt}
     with progress.stage("workload: validating ops"):
-        records = io.workload_records(numbered, wfmt)
         workload = io.parse_workload(
-            records, wfmt, fed_text, lambda df: _persist(df, keep), cfg.broadcast_rows
+            io.workload_records(numbered, wfmt),
+            numbered,
+            wfmt,
+            fed_text,
+            lambda df: _persist(df, keep),
+            cfg.broadcast_rows,
         )
         parsed = workload.parsed
         by_op = dict(workload.by_op)
