@@ -172,9 +172,9 @@ def _numbered_parquet(
         df = spark.read.parquet(*paths)
     except Exception as exc:  # Spark raises its own analysis errors for unreadable files
         raise InvalidInput(what, f"cannot read Parquet {', '.join(paths)}: {exc}") from None
-    present = set(df.columns)
+    columns = set(df.columns)
     for col in required:
-        if col not in present:
+        if col not in columns:
             raise InvalidInput(f"{what}.{col}", f"required column missing from {', '.join(paths)}")
     # The paths as the scan spells them (inputFiles() may spell them otherwise):
     # one row per file reaches the driver. Each row finds its file's index by
@@ -184,7 +184,7 @@ def _numbered_parquet(
     # (grouping the keys) drops the join.
     files = sorted(r[0] for r in df.select("_metadata.file_path").distinct().collect())
     index = spark.createDataFrame(list(enumerate(files)), "file int, _path string")
-    cols = [c for c in (*required, *optional) if c in present]
+    cols = [c for c in (*required, *optional) if c in columns]
     numbered = (
         df.select(
             F.col("_metadata.file_path").alias("_path"),
@@ -313,10 +313,10 @@ def _slow_records(numbered: DataFrame, fmt: str, types: dict[str, str]) -> DataF
     if fmt == "json":
         raw = F.struct("value")
     else:
-        present = dict(numbered.dtypes)
+        kinds = dict(numbered.dtypes)
         cols = [F.col(c) for c in numbered.columns if c not in ("k", "file", "line")]
         for name, kind in _OPTIONAL_TYPES.items():
-            if name not in present:
+            if name not in kinds:
                 cols.append(F.lit(None).cast(kind).alias(name))
         raw = F.struct(*cols)
     return numbered.select(
@@ -995,19 +995,19 @@ def parse_node_trace(numbered: DataFrame, fmt: str, broker_ids: Sequence[str]) -
             .select("k", "file", "line", "_obj", "_bytes_raw", "_t_raw", "r.*")
         )
     else:
-        present = set(numbered.columns)
+        columns = set(numbered.columns)
         fields = [f.split() for f in NODE_SCHEMA.split(",")]
         typed = numbered.select(
             "k",
             "file",
             "line",
             F.lit(True).alias("_obj"),
-            (F.col("bytes").cast("string") if "bytes" in present else F.lit(None)).alias(
+            (F.col("bytes").cast("string") if "bytes" in columns else F.lit(None)).alias(
                 "_bytes_raw"
             ),
-            (F.col("t").cast("string") if "t" in present else F.lit(None)).alias("_t_raw"),
+            (F.col("t").cast("string") if "t" in columns else F.lit(None)).alias("_t_raw"),
             *[
-                (F.col(c).cast(t) if c in present else F.lit(None).cast(t)).alias(c)
+                (F.col(c).cast(t) if c in columns else F.lit(None).cast(t)).alias(c)
                 for c, t in fields
             ],
         )
