@@ -305,11 +305,10 @@ def workload_records(numbered: DataFrame, fmt: str) -> DataFrame:
     )
 
 
-def _slow_records(numbered: DataFrame, fmt: str, types: dict[str, str]) -> DataFrame:
-    """Numbered rows as `_by_row` hands them to `parse_op`: nothing typed (`types`: the
-    typed fields' Spark types), not fast, `_raw` the record as the file holds it (a JSON
-    line's text; a Parquet row's columns, an optional column the file lacks as null, as
-    a record without the field)."""
+def _slow_records(numbered: DataFrame, fmt: str) -> DataFrame:
+    """Numbered rows as `_by_parse_op` hands them to `parse_op`: k, file, line and `_raw`,
+    the record as the file holds it (a JSON line's text; a Parquet row's columns, an
+    optional column the file lacks as null, as a record without the field)."""
     if fmt == "json":
         raw = F.struct("value")
     else:
@@ -319,14 +318,7 @@ def _slow_records(numbered: DataFrame, fmt: str, types: dict[str, str]) -> DataF
             if name not in kinds:
                 cols.append(F.lit(None).cast(kind).alias(name))
         raw = F.struct(*cols)
-    return numbered.select(
-        "k",
-        "file",
-        "line",
-        *[F.lit(None).cast(types[c]).alias(c) for c in WORKLOAD_TYPED],
-        F.lit(False).alias("_fast"),
-        raw.alias("_raw"),
-    )
+    return numbered.select("k", "file", "line", raw.alias("_raw"))
 
 
 def _valid(col: Callable[[str], Column], *, json: bool) -> Column:
@@ -372,7 +364,7 @@ def _valid(col: Callable[[str], Column], *, json: bool) -> Column:
         finite(size) & (size >= 0) & (size < 2.0**63) & (size == F.floor(size))
     )
     fence = col("geofence")
-    fence_ok = fence.isNull() | text_ok(fence)  # parsed in Python (`_geometry_batch`)
+    fence_ok = fence.isNull() | text_ok(fence)  # parsed in Python (`_answers`)
     sub, pub = op == "subscribe", op == "publish"
     # One conjunction, each rule written once and skipped by the ops it does
     # not concern, rather than a CASE over the op repeating the shared rules
@@ -469,22 +461,19 @@ there, its H3 cell. A text row (geofence set): its id, the brokers it meets
 and its shape (all null for the whole world), or the core's error without
 the line (``geofence: ...``).
 """
-_SLOW_FIELDS = ("op", "t", "client", "lat", "lon", "id", "topic", "payload")
-GEO_TYPE = pa.struct(
+_OP_FIELDS = ("op", "t", "client", "lat", "lon", "id", "topic", "payload")
+PARSE_OP_TYPE = pa.struct(
     [
-        *(PARSED_SCHEMA.field(name) for name in _SLOW_FIELDS),
+        *(PARSED_SCHEMA.field(name) for name in _OP_FIELDS),
         *(PARSED_SCHEMA.field(name) for name in ("fence", "meet")),
         pa.field("wkb", pa.binary()),
         *(PARSED_SCHEMA.field(name) for name in ("home", "cell", "err")),
         pa.field("blank", pa.bool_()),
     ]
 )
-"""What the executors' Python answers per workload row (`parse_workload`).
-
-For a fast row: its geometry (fence, meet, wkb, home, cell) or the error of
-a geofence the core refuses; the other fields stay null (the JVM has them).
-For a row of `_raw`: every field of `PARSED_SCHEMA` from `parse_op`, or err;
-blank: an empty line, which is skipped as `read_trace` skips it.
+"""What the executors' Python answers per row the JVM did not vouch for (`_by_parse_op`):
+every field of `PARSED_SCHEMA` but k, file and line from `parse_op`, or err; wkb the
+shape of its geofence; blank: an empty line, which is skipped as `read_trace` skips it.
 """
 
 
@@ -530,23 +519,20 @@ def parse_workload(
     """`workload_records` rows validated: one `PARSED_SCHEMA` row, an op or its error, per line.
 
     The typed fields of fast rows stay in the JVM; what Python adds is their
-    geometry (home broker, H3 cell, geofence). A Parquet trace asks Python
-    once per distinct point and geofence text (`_by_distinct_values`): a
-    second pass over the few columns that takes costs less than a row's trip
-    through Python. A JSON Lines trace asks per row (`_by_row`): a second
-    pass would decode every line again, which costs more than the trip.
-    Either way the rows the JVM did not vouch for (rare) are set apart, read
-    again from `numbered` (the trace as `read_numbered` gave it) by their k
-    and go through `parse_op` in the same Arrow UDF (`_geometry`): a clean
-    trace is read once. `persist` materializes each step (the job's
-    checkpoints); `broadcast_rows` bounds the answers and keys joined by a
-    broadcast.
+    geometry (home broker, H3 cell, geofence), asked once per distinct point
+    and geofence text (`_by_distinct_values`): a second pass over the few
+    columns that takes costs less than a row's trip through Python. That
+    second pass reads a Parquet trace again; JSON Lines are decoded once and
+    read back from a checkpoint (decoding them again would cost more).
+    The rows the JVM did not vouch for (rare) are set apart, read again from
+    `numbered` (the trace as `read_numbered` gave it) by their k and go
+    through `parse_op` itself (`_by_parse_op`): a clean trace is read once.
+    `persist` materializes each step (the job's checkpoints); `broadcast_rows`
+    bounds the answers and keys joined by a broadcast.
     """
-    if fmt == "parquet":
-        stage, shapes = _by_distinct_values(records, fed_text, persist, broadcast_rows)
-    else:
-        stage = persist(_by_row(records, fmt, fed_text))
-        shapes = _shapes(stage)
+    if fmt == "json":
+        records = persist(records)
+    stage, shapes = _by_distinct_values(records, fed_text, persist, broadcast_rows)
     # One pass counts the ops and the slow rows: a clean trace has none to parse.
     slow_rows = F.col("_slow")
     by_op, n_slow = _count_ops(stage, slow_rows)
@@ -555,7 +541,7 @@ def parse_workload(
         return Workload(parsed, shapes, by_op)
     keys = stage.where(slow_rows).select("k")
     again = numbered.join(F.broadcast(keys) if n_slow <= broadcast_rows else keys, "k", "left_semi")
-    slow = persist(_by_row(_slow_records(again, fmt, dict(records.dtypes)), fmt, fed_text))
+    slow = persist(_by_parse_op(_slow_records(again, fmt), fmt, fed_text))
     for op_name, n in _count_ops(slow)[0].items():
         by_op[op_name] = by_op.get(op_name, 0) + n
     return Workload(
@@ -569,48 +555,30 @@ def _shapes(answered: DataFrame) -> DataFrame:
     return answered.where(F.col("wkb").isNotNull()).select("fence", "wkb")
 
 
-def _by_row(records: DataFrame, fmt: str, fed_text: str) -> DataFrame:
-    """`PARSED_SCHEMA` rows with wkb (a shape on the first row of a partition that uses it)
-    and `_slow`: a row that is not fast and that `records` gives no `_raw` for.
+def _by_parse_op(slow: DataFrame, fmt: str, fed_text: str) -> DataFrame:
+    """`PARSED_SCHEMA` rows and wkb (a shape on the first row of a partition that uses it)
+    of `_slow_records` rows, each parsed by `parse_op`; blank lines dropped.
 
-    A scalar Arrow UDF sends Python only what geometry needs (a row's
-    location, whether it is a publish, its geofence text) and `_raw` (the
-    record `parse_op` reads, `_slow_records`; null where `records` has no
-    such column), and answers `GEO_TYPE` (`_geometry`), so the wide text
-    columns never cross into Python.
+    A scalar Arrow UDF (`_parse_rows`) sends Python each row's line and
+    `_raw` and answers `PARSE_OP_TYPE`.
     """
-    fast, op = F.col("_fast"), F.col("op")
-    raw = F.col("_raw") if "_raw" in records.columns else F.lit(None).cast("struct<value:string>")
-    located = fast & (op != "unsubscribe")
     # An iterator of batches (by its hints): one `_Fences` per partition.
-    geometry = arrow_udf(_geometry(fed_text, fmt), from_arrow_type(GEO_TYPE))  # type: ignore[call-overload,unused-ignore]
+    parse = arrow_udf(_parse_rows(fed_text, fmt), from_arrow_type(PARSE_OP_TYPE))  # type: ignore[call-overload,unused-ignore]
     # Marked nondeterministic so that it runs once: the optimizer would
     # otherwise push the blank-line filter below the projection and ask
     # Python twice per row, once for the filter and once for the columns.
-    geometry = geometry.asNondeterministic()
-    answered = records.select(
-        "*",
-        geometry(
-            F.col("line"),
-            F.when(located, F.col("lat").cast("double")),
-            F.when(located, F.col("lon").cast("double")),
-            fast & (op == "publish"),
-            F.when(fast & op.isin("subscribe", "publish"), F.col("geofence")),
-            raw,
-        ).alias("_g"),
+    parse = parse.asNondeterministic()
+    answered = slow.select("k", "file", "line", parse(F.col("line"), F.col("_raw")).alias("_g"))
+    return answered.where(~F.col("_g.blank")).select(
+        "k",
+        "file",
+        "line",
+        *[F.col(f"_g.{n}").alias(n) for n in (*PARSED_SCHEMA.names[3:], "wkb")],
     )
-    ok = fast & F.col("_g.err").isNull()  # a fast row whose geofence the core accepted
-
-    cols = _typed_fields(ok, lambda name: F.col(f"_g.{name}"))
-    for name in ("fence", "meet", "home", "cell", "err", "wkb"):
-        cols[name] = F.col(f"_g.{name}").alias(name)
-    cols["_slow"] = (~fast & raw.isNull()).alias("_slow")
-    names = (*PARSED_SCHEMA.names, "wkb", "_slow")
-    return answered.where(~F.col("_g.blank")).select(*[cols.get(n, F.col(n)) for n in names])
 
 
-def _typed_fields(ok: Column, other: Callable[[str], Column]) -> dict[str, Column]:
-    """The fields the JVM typed, of a fast row where `ok` holds, else `other(name)`."""
+def _typed_fields(ok: Column) -> dict[str, Column]:
+    """The fields the JVM typed, of a fast row where `ok` holds (else null)."""
     op = F.col("op")
     values = {
         "op": op,
@@ -624,7 +592,7 @@ def _typed_fields(ok: Column, other: Callable[[str], Column]) -> dict[str, Colum
             op == "publish", F.coalesce(F.col("payload_size").cast("long"), F.lit(0))
         ),
     }
-    return {name: F.when(ok, v).otherwise(other(name)).alias(name) for name, v in values.items()}
+    return {name: F.when(ok, v).alias(name) for name, v in values.items()}
 
 
 def _by_distinct_values(
@@ -701,7 +669,7 @@ def _by_distinct_values(
     at = F.concat(F.lit("line "), F.col("line").cast("string"), F.lit(": "))
     ok = fast & bad.isNull()  # a fast row whose geofence the core accepted
 
-    cols = _typed_fields(ok, lambda name: F.lit(None))
+    cols = _typed_fields(ok)
     cols["fence"] = F.when(ok, F.col("_ffence")).alias("fence")
     cols["meet"] = F.when(ok, F.col("_fmeet")).alias("meet")
     cols["home"] = F.when(ok, F.col("_phome")).alias("home")
@@ -735,7 +703,7 @@ def _answers(fed_text: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.
             shapes: list[Geofence | None] = []
             errors: list[str | None] = []
             for text in batch.column("geofence").to_pylist():
-                shape, err = (None, None) if text is None else _fence_or_error(fences, text, "")
+                shape, err = (None, None) if text is None else _fence_or_error(fences, text)
                 shapes.append(shape)
                 errors.append(err)
             fid, meet, wkb = fences.columns(shapes)
@@ -757,144 +725,73 @@ def _answers(fed_text: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.
     return run
 
 
-def _fence_or_error(fences: _Fences, text: str, where: str) -> tuple[Geofence | None, str | None]:
-    """A geofence text parsed by the core (cached), or why not; `where` prefixes the
-    message (``"line 7: "``, or "" when the row's line is added later)."""
+def _fence_or_error(fences: _Fences, text: str) -> tuple[Geofence | None, str | None]:
+    """A geofence text parsed by the core (cached), or why not (the message without the
+    line, which the row's adds)."""
     try:
-        return fences.cache.get(text, f"{where}geofence"), None
+        return fences.cache.get(text, "geofence"), None
     except GeofedError as exc:
         return None, str(exc)
     except Exception as exc:  # as in _parse_slow: a core bug is reported as a row
-        return None, f"{where}unexpected {type(exc).__name__}: {exc}"
+        return None, f"unexpected {type(exc).__name__}: {exc}"
 
 
-def _geometry(
+def _parse_rows(
     fed_text: str, fmt: str
 ) -> Callable[[Iterator[tuple[pa.Array, ...]]], Iterator[pa.Array]]:
-    """The Arrow UDF of `parse_workload`: one `_Fences` per partition, one answer per batch."""
+    """The Arrow UDF of `_by_parse_op`: one `_Fences` per partition, one answer per batch."""
 
     def run(batches: Iterator[tuple[pa.Array, ...]]) -> Iterator[pa.Array]:
         fences = _Fences(worker_federation(fed_text))
-        for line, lat, lon, pub, fence, raw in batches:
-            yield _geometry_batch(fences, fmt, line, lat, lon, pub, fence, raw)
+        for line, raw in batches:
+            yield _parse_batch(fences, fmt, line, raw)
 
     return run
 
 
-def _geometry_batch(
-    fences: _Fences,
-    fmt: str,
-    line: pa.Array,
-    lat: pa.Array,
-    lon: pa.Array,
-    pub: pa.Array,
-    fence: pa.Array,
-    raw: pa.Array,
-) -> pa.StructArray:
-    """`GEO_TYPE` of one batch: geometry of fast rows, `parse_op` of `_raw` rows.
-
-    A fast row's geofence is the one check left: its text goes through the
-    core's parser (once per distinct text); a geofence it refuses makes the
-    row an error with the core's message, as `parse_op` would have raised it
-    (every field parse_op checks before the geofence passed in the JVM).
-    """
+def _parse_batch(fences: _Fences, fmt: str, line: pa.Array, raw: pa.Array) -> pa.StructArray:
+    """`PARSE_OP_TYPE` of one batch of `_raw` records: `parse_op`'s op with its geometry,
+    or its error."""
     n = len(line)
-    fence_of: list[Geofence | None] = [None] * n
-    errors: dict[int, str] = {}
-    fenced = np.flatnonzero(present(fence))  # fast rows with a geofence, one by one
-    if len(fenced):
-        texts = fence.take(pa.array(fenced)).to_pylist()
-        lines = line.take(pa.array(fenced)).to_pylist()
-        for i, text, at in zip(fenced.tolist(), texts, lines, strict=True):
-            fence_of[i], err = _fence_or_error(fences, text, f"line {at}: ")
-            if err is not None:
-                errors[i] = err
-    # Copies: the slow rows' values are written into them.
-    la = filled(lat, np.nan, np.float64)
-    lo = filled(lon, np.nan, np.float64)
-    is_pub = filled(pub, False, bool)
-    if errors:
-        bad = np.fromiter(errors, dtype=np.intp, count=len(errors))
-        la[bad] = lo[bad] = np.nan
-        is_pub[bad] = False
-    slow_rows = np.flatnonzero(present(raw))
-    slow: dict[str, list[Any]] | None = None
+    values: dict[str, list[Any]] = {name: [None] * n for name in _OP_FIELDS}
+    errors: list[str | None] = [None] * n
     blank = np.zeros(n, dtype=bool)
-    if len(slow_rows):
-        slow = {name: [None] * n for name in _SLOW_FIELDS}
-        records = raw.take(pa.array(slow_rows)).to_pylist()
-        lines = line.take(pa.array(slow_rows)).to_pylist()
-        for i, record, at in zip(slow_rows.tolist(), records, lines, strict=True):
-            op, err = _parse_slow(record["value"] if fmt == "json" else record, at, fences)
-            if err is not None:
-                errors[i] = err
-            if op is None:
-                blank[i] = err is None
-                continue
-            for name, value in zip(_SLOW_FIELDS, _slow_values(op), strict=True):
-                slow[name][i] = value
-            if op.location is not None:
-                la[i], lo[i] = op.location.lat, op.location.lon
-            is_pub[i] = op.op == "publish"
-            fence_of[i] = op.geofence
+    fence_of: list[Geofence | None] = [None] * n
+    la = np.full(n, np.nan)
+    lo = np.full(n, np.nan)
+    is_pub = np.zeros(n, dtype=bool)
+    records = raw.to_pylist()
+    for i, (record, at) in enumerate(zip(records, line.to_pylist(), strict=True)):
+        op, err = _parse_slow(record["value"] if fmt == "json" else record, at, fences)
+        if op is None:
+            errors[i] = err
+            blank[i] = err is None
+            continue
+        for name, value in zip(_OP_FIELDS, _op_values(op), strict=True):
+            values[name][i] = value
+        if op.location is not None:
+            la[i], lo[i] = op.location.lat, op.location.lon
+        is_pub[i] = op.op == "publish"
+        fence_of[i] = op.geofence
     located = ~np.isnan(la)
     home = np.zeros(n, dtype=np.int32)
-    home[located] = _per_point(la[located], lo[located], fences.fidx.responsible)
+    home[located] = fences.fidx.responsible(la[located], lo[located])
     cells = np.zeros(n, dtype=np.int64)
-    cells[is_pub] = _per_point(la[is_pub], lo[is_pub], lambda a, b: h3_cells(a, b, H3_RES_MAX))
-    if any(f is not None for f in fence_of):
-        fid_col, meet_col, wkb_col = fences.columns(fence_of)
-        geo = [
-            pa.array(fid_col, pa.int64()),
-            pa.array(meet_col, pa.list_(pa.int32())),
-            pa.array(wkb_col, pa.binary()),
-        ]
-    else:  # most batches: publishes without a geofence
-        geo = [pa.nulls(n, GEO_TYPE.field(c).type) for c in ("fence", "meet", "wkb")]
-    fields = (
-        [pa.array(slow[name], GEO_TYPE.field(name).type) for name in _SLOW_FIELDS]
-        if slow is not None
-        else [pa.nulls(n, GEO_TYPE.field(name).type) for name in _SLOW_FIELDS]
-    )
-    err = (
-        pa.array([errors.get(i) for i in range(n)], pa.string())
-        if errors
-        else pa.nulls(n, pa.string())
-    )
+    cells[is_pub] = h3_cells(la[is_pub], lo[is_pub], H3_RES_MAX)
+    fid, meet, wkb = fences.columns(fence_of)
     return pa.StructArray.from_arrays(
         [
-            *fields,
-            *geo,
+            *(pa.array(values[name], PARSE_OP_TYPE.field(name).type) for name in _OP_FIELDS),
+            pa.array(fid, pa.int64()),
+            pa.array(meet, pa.list_(pa.int32())),
+            pa.array(wkb, pa.binary()),
             pa.array(home, mask=~located),
             pa.array(cells, mask=~is_pub),
-            err,
+            pa.array(errors, pa.string()),
             pa.array(blank),
         ],
-        fields=list(GEO_TYPE),
+        fields=list(PARSE_OP_TYPE),
     )
-
-
-def _per_point(
-    lat: np.ndarray, lon: np.ndarray, fn: Callable[[np.ndarray, np.ndarray], np.ndarray]
-) -> np.ndarray:
-    """`fn` of each point, asked once per distinct point (fixed publishers repeat theirs).
-
-    Points are told apart by their bits, so -0.0 and 0.0 stay distinct.
-    """
-    if len(lat) == 0:
-        return fn(lat, lon)
-    a, b = lat.view(np.int64), lon.view(np.int64)
-    # Sorted by (lat, lon) bits, a run of equal points is one group (np.unique
-    # over rows sorts a structured view, several times slower).
-    order = np.lexsort((b, a))
-    sa, sb = a[order], b[order]
-    first = np.empty(len(order), dtype=bool)
-    first[0] = True
-    first[1:] = (sa[1:] != sa[:-1]) | (sb[1:] != sb[:-1])
-    inverse = np.empty(len(order), dtype=np.intp)
-    inverse[order] = np.cumsum(first) - 1
-    rep = order[first]
-    return np.asarray(fn(lat[rep], lon[rep]))[inverse]
 
 
 def _record(row: dict[str, Any]) -> dict[str, Any]:
@@ -948,8 +845,8 @@ def _parse_slow(
     return (None, err) if err else (op, None)
 
 
-def _slow_values(op: TraceOp) -> tuple[Any, ...]:
-    """The `_SLOW_FIELDS` of a parsed op."""
+def _op_values(op: TraceOp) -> tuple[Any, ...]:
+    """The `_OP_FIELDS` of a parsed op."""
     loc = op.location
     return (
         op.op,

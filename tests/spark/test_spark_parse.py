@@ -33,7 +33,6 @@ from geofed.bench.analysis._geo import H3_RES_MAX, FederationIndex, fence_id, h3
 from geofed.bench.analysis._io import (
     PARSED_SCHEMA,
     WORKLOAD_REQUIRED,
-    _per_point,
     parse_workload,
     read_numbered,
     workload_records,
@@ -253,27 +252,6 @@ def test_parquet_rows_parse_as_the_core_does(spark: Any, tmp_path: Path) -> None
     assert sum(1 for v in want.values() if v[-1]) == 6
 
 
-def test_per_point_asks_once_per_distinct_point() -> None:
-    """Home and H3 cell are asked once per point of a batch, told apart by their bits
-    (-0.0 is not 0.0, a NaN is a point of its own), and handed back to every row."""
-
-    def key(a: np.ndarray, b: np.ndarray, asked: list[int]) -> np.ndarray:
-        asked.append(len(a))
-        pairs = zip(a.tolist(), b.tolist(), strict=True)
-        return np.array([hash((x.hex(), y.hex())) for x, y in pairs])
-
-    rng = np.random.default_rng(7)
-    for n in (0, 1, 2, 7, 5000):
-        lat = rng.choice(np.array([0.0, -0.0, 1.5, np.nan, -90.0]), n)
-        lon = rng.choice(np.array([0.0, -0.0, 180.0, 13.25]), n)
-        asked: list[int] = []
-        got = _per_point(lat, lon, lambda a, b, asked=asked: key(a, b, asked))
-        want = [hash((x.hex(), y.hex())) for x, y in zip(lat.tolist(), lon.tolist(), strict=True)]
-        assert got.tolist() == want
-        bits = zip(lat.view(np.int64).tolist(), lon.view(np.int64).tolist(), strict=True)
-        assert asked == [len(set(bits))]
-
-
 # Points the distinct-value path groups (Spark groups -0.0 with 0.0), on and
 # off the antimeridian, and geofences good and bad, each on many lines.
 POINTS = [
@@ -387,7 +365,7 @@ def test_parquet_points_and_geofences_repeated_across_files(
 @settings(max_examples=300, deadline=None)
 def test_a_signed_zero_has_the_broker_and_cell_of_zero(lat: float, lon: float) -> None:
     """Spark groups -0.0 with 0.0 when it looks points up once per distinct value: both must
-    answer the same broker and H3 cell (as the per-row path answered them for each)."""
+    answer the same broker and H3 cell (as `parse_op`'s path answers them per row)."""
     fidx = _aws_index()
     for a, b in ((0.0, lon), (lat, 0.0), (0.0, 0.0)):
         plus = np.array([a]), np.array([b])
