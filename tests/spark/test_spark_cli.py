@@ -89,3 +89,36 @@ def test_spark_submit_runs_the_file(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "event-geofence" in proc.stdout
     assert json.loads((out / "summary.json").read_text())["deliveries"] == 2
+
+
+_GC_NAMES = """
+import sys
+from geofed.bench.analysis._session import build_session
+spark = build_session("local[1]", "1g", sys.argv[1:])
+jvm = spark.sparkContext._jvm
+beans = jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()
+print(sorted(str(b.getName()) for b in beans))
+spark.stop()
+"""
+
+
+@pytest.mark.parametrize(
+    ("conf", "collectors"),
+    [
+        ([], ["PS MarkSweep", "PS Scavenge"]),
+        (["spark.driver.extraJavaOptions=-XX:+UseSerialGC"], ["Copy", "MarkSweepCompact"]),
+    ],
+)
+def test_a_local_driver_runs_the_parallel_collector_unless_told(
+    conf: list[str], collectors: list[str]
+) -> None:
+    # A fresh process: the JVM's options are fixed when it starts.
+    proc = subprocess.run(
+        [sys.executable, "-c", _GC_NAMES, *conf],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == repr(collectors)
