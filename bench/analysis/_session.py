@@ -104,7 +104,7 @@ def build_session(
             builder = builder.config("spark.driver.memory", memory)
         if local:
             # The driver JVM does the executors' work too: a batch job, where
-            # the throughput collector costs ~10 % fewer CPU seconds than the
+            # the throughput collector costs ~5 % fewer CPU seconds than the
             # default G1 (bench/results/spark.md). Executors on a cluster keep
             # Spark's default (their heaps may be large: long full pauses).
             builder = builder.config("spark.driver.extraJavaOptions", LOCAL_JAVA_OPTIONS)
