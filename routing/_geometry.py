@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import sys
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -83,6 +84,17 @@ def latlon(lat: Any, lon: Any, field: str = "location") -> LatLon:
     if not -180.0 <= lon_f <= 180.0:
         raise InvalidInput(f"{field}.lon", f"must be within [-180, 180], got {lon_f!r}")
     return LatLon(lat_f, lon_f)
+
+
+def _normal(degrees: float) -> float:
+    """A vertex coordinate with subnormal values read as 0.
+
+    Below the smallest normal double (about 2.2e-308 degrees) a coordinate
+    means 0 to anyone, but GEOS's overlay loses track of such slivers: the
+    intersection of a cell with a piece whose edge stood at 5e-324 came back
+    as the whole cell, and geofence covers went wrong.
+    """
+    return 0.0 if 0.0 < abs(degrees) < sys.float_info.min else degrees
 
 
 def _finite(value: Any, field: str) -> float:
@@ -466,7 +478,7 @@ def circle(
         ring = _pole_cap_ring(ring, center)
     else:
         ring.append(ring[0])
-    poly = Polygon(ring)
+    poly = Polygon([(_normal(lon), _normal(lat)) for lon, lat in ring])
     if not poly.is_valid or poly.area == 0.0:
         raise InvalidInput(field, f"degenerate circle: {shapely.is_valid_reason(poly)}")
     return _canonical(_cut_antimeridian(poly), field, max_vertices, max_bytes)
@@ -524,8 +536,8 @@ def build_geofence(
             pts: Ring = []
             for v_idx, pos in enumerate(ring):
                 where = f"{field} (polygon {p_idx}, ring {r_idx}, vertex {v_idx})"
-                lon = _finite(pos[0], f"{where} lon")
-                lat = _finite(pos[1], f"{where} lat")
+                lon = _normal(_finite(pos[0], f"{where} lon"))
+                lat = _normal(_finite(pos[1], f"{where} lat"))
                 if not -180.0 <= lon <= 180.0:
                     raise InvalidInput(field, f"longitude {lon!r} out of [-180, 180] at {where}")
                 if not -90.0 <= lat <= 90.0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 import shapely
@@ -138,6 +139,8 @@ def test_rectangles_cover_what_a_direct_check_says(
 ) -> None:
     north = south + height
     fence = parse_wkt(rect_wkt(west, south, west + width, north))
+    # A subnormal coordinate reads as 0 (see the test below).
+    west, south = (0.0 if 0.0 < abs(v) < sys.float_info.min else v for v in (west, south))
     minx, miny, maxx, maxy = fence.geometry.bounds
     assert -180.0 <= minx <= maxx <= 180.0 and -90.0 <= miny <= maxy <= 90.0
     assert fence.geometry.area == pytest.approx(width * height, rel=1e-6)
@@ -151,6 +154,17 @@ def test_rectangles_cover_what_a_direct_check_says(
             continue
         expected = south <= lat <= north and (east_of_west <= width or lon == wrap_lon(west))
         assert fence.covers(latlon(lat, lon)) is expected, (lat, lon)
+
+
+def test_a_subnormal_vertex_coordinate_reads_as_zero() -> None:
+    # GEOS's overlay mishandles slivers as thin as 5e-324 degrees (a cover of
+    # such a rectangle once went wrong): the parser flattens them to 0.
+    for west, south in ((5e-324, 1e-310), (-5e-324, -2e-308)):
+        fence = parse_wkt(rect_wkt(west, south, 0.001, 2.0))
+        xy = shapely.get_coordinates(fence.geometry)
+        assert xy[:, 0].min() == 0.0 and xy[:, 1].min() == 0.0
+        assert not any(math.copysign(1.0, v) < 0 for v in xy.ravel() if v == 0.0)
+        assert fence.geometry.equals(parse_wkt(rect_wkt(0.0, 0.0, 0.001, 2.0)).geometry)
 
 
 @st.composite
