@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,10 +33,10 @@ from pyspark.sql import DataFrame
 from geofed.bench._machine import machine_cpu_seconds, record
 from geofed.bench.analysis import _fs as fs
 from geofed.bench.analysis import _io as io
-from geofed.bench.analysis._job import _persist, load_federation
+from geofed.bench.analysis._job import AnalysisConfig, _checkpoints, _persist, load_federation
 from geofed.bench.analysis._session import build_session
+from geofed.bench.spark_scale_bench import REPO, shown
 
-REPO = Path(__file__).resolve().parents[1]
 DEFAULT_FEDERATION = REPO / "deploy" / "federations" / "aws-2020.geojson"
 
 
@@ -83,15 +81,14 @@ def one_round(spark: Any, files: list[str], fed_text: str, fmt: str) -> Clock:
             optional=io.WORKLOAD_OPTIONAL,
         ),
     )
-    noop = "noop"
     clock.time(
         "reference: the numbered trace, read",
-        lambda: numbered.write.format(noop).mode("overwrite").save(),
+        lambda: numbered.write.format("noop").mode("overwrite").save(),
     )
     records = io.workload_records(numbered, fmt)
     clock.time(
         "reference: typed records and pre-check",
-        lambda: records.write.format(noop).mode("overwrite").save(),
+        lambda: records.write.format("noop").mode("overwrite").save(),
     )
     keep: list[Any] = []
     persisted: list[str] = []
@@ -142,14 +139,6 @@ def report(rounds: list[Clock], fmt: str, trace: str, master: str) -> str:
     return "\n".join(lines)
 
 
-def shown_path(path: str) -> str:
-    """A path as the results page shows it: relative to the repository, else `<workdir>/name`."""
-    full = os.path.abspath(path)
-    if full.startswith(str(REPO) + os.sep):
-        return os.path.relpath(full, REPO)
-    return f"<workdir>/{os.path.basename(full.rstrip('/'))}"
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the rounds, print and record the figures; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -159,26 +148,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--results", default=str(REPO / "bench" / "results" / "spark.md"))
     parser.add_argument("--conf", action="append", default=[], help="Spark setting KEY=VALUE")
+    parser.add_argument("--checkpoint-dir", help="as geofed analyze's (needed on a cluster)")
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds: at least 1")
     _, fed_text = load_federation(args.federation)
     spark = build_session(args.master, None, args.conf)
-    folder = tempfile.mkdtemp(prefix="geofed-steps-")
+    # The job's own checkpoint folder (deleted afterwards), as `analyze` sets it up.
+    cfg = AnalysisConfig(args.federation, (args.workload,), checkpoint_dir=args.checkpoint_dir)
+    cleanup = _checkpoints(spark, cfg)
     try:
-        spark.sparkContext.setCheckpointDir(folder)
         fmt, files = fs.detect_format(spark, [args.workload], None, "workload")
         rounds = []
         for i in range(args.rounds):
             print(f"[steps] round {i + 1}", file=sys.stderr, flush=True)
             rounds.append(one_round(spark, files, fed_text, fmt))
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    body = report(rounds, fmt, shown_path(args.workload), args.master)
+        cleanup()
+    # Paths as the results page shows them: relative to the repository, the
+    # trace's folder as <workdir>.
+    workdir = os.path.dirname(os.path.abspath(args.workload))
+    words = [
+        os.path.abspath(w) if os.path.exists(w) else w
+        for w in (sys.argv[1:] if argv is None else argv)
+    ]
+    body = report(rounds, fmt, shown([os.path.abspath(args.workload)], workdir), args.master)
     print(body)
-    words = list(argv if argv is not None else sys.argv[1:])
-    shown = [shown_path(w) if os.path.isabs(w) or os.path.exists(w) else w for w in words]
-    record(Path(args.results), "geofed.bench.spark_steps_bench", shown, body)
+    record(Path(args.results), "geofed.bench.spark_steps_bench", [shown(words, workdir)], body)
     return 0
 
 
