@@ -13,6 +13,7 @@ an environment installed on every worker, or one packed and sent with
 from __future__ import annotations
 
 import os
+import re
 import sys
 import tempfile
 import zipfile
@@ -64,6 +65,42 @@ def package_zip(folder: str | None = None) -> str:
     return str(target)
 
 
+def spark_defaults() -> dict[str, str]:
+    """The settings of the spark-defaults.conf that spark-submit reads when this process
+    starts Spark: in ``$SPARK_CONF_DIR``, else in the ``conf`` folder of ``$SPARK_HOME``
+    (else of the pyspark install). Empty when there is none.
+    """
+    folder = os.environ.get("SPARK_CONF_DIR")
+    if folder is None:
+        import pyspark
+
+        home = os.environ.get("SPARK_HOME") or str(Path(pyspark.__file__).parent)
+        folder = os.path.join(home, "conf")
+    try:
+        text = (Path(folder) / "spark-defaults.conf").read_text(encoding="utf-8")
+    except OSError:
+        return {}
+    return properties(text)
+
+
+def properties(text: str) -> dict[str, str]:
+    """Key-value pairs of a Java properties file, as far as Spark's files use them:
+    ``key value``, ``key=value`` or ``key: value``, ``#`` and ``!`` comments, a
+    backslash at the end of a line continuing it. Values are trimmed, as Spark does."""
+    out: dict[str, str] = {}
+    lines = iter(text.splitlines())
+    for raw in lines:
+        line = raw.lstrip()
+        if not line or line[0] in "#!":
+            continue
+        while (len(line) - len(line.rstrip("\\"))) % 2:  # an odd run of backslashes
+            line = line[:-1] + next(lines, "").lstrip()
+        key = re.split(r"[\s=:]", line, maxsplit=1)[0]
+        value = line[len(key) :].lstrip()
+        out[key] = (value[1:] if value[:1] in ("=", ":") else value).strip()
+    return out
+
+
 def build_session(
     master: str | None,
     driver_memory: str | None,
@@ -77,11 +114,14 @@ def build_session(
     memory; only `master` given explicitly overrides it. Otherwise this
     process starts the driver JVM, with `driver_memory` (default: a third
     of RAM for a local master, Spark's own for a cluster) and, for a local
-    master, `LOCAL_JAVA_OPTIONS`. On a cluster
-    master the executors run ``spark.pyspark.python`` (default: the
-    PYSPARK_PYTHON variable, else this interpreter's absolute path) and get
-    this process's geofed package (`package_zip`). `conf` items are
-    ``KEY=VALUE`` Spark settings; they win over everything set here.
+    master, `LOCAL_JAVA_OPTIONS`. On a cluster master the executors run
+    ``spark.pyspark.python`` (default: the PYSPARK_PYTHON variable, else
+    this interpreter's absolute path) and get this process's geofed package
+    (`package_zip`). Each of these defaults, and the job's other Spark
+    settings, yields to a value spark-submit was given or a
+    spark-defaults.conf sets (`spark_defaults`); `driver_memory`,
+    `executor_memory` and `conf` items (``KEY=VALUE`` Spark settings) win
+    over everything.
 
     Raises:
         ValueError: for a `conf` item that is not ``KEY=VALUE``.
@@ -90,48 +130,53 @@ def build_session(
     if active is not None:
         return active
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ
-    given = SparkConf() if submitted else None
+    # What the user has set already: spark-submit's settings (its flags and
+    # its spark-defaults.conf), or the spark-defaults.conf that the JVM this
+    # process starts will read. The defaults below yield to them; `conf`
+    # items win over both.
+    user = dict(SparkConf().getAll()) if submitted else spark_defaults()
     builder = SparkSession.builder.appName(APP_NAME)
-    effective = master or (
-        given.get("spark.master", "local[*]") if given is not None else "local[*]"
-    )
+
+    def default(key: str, value: str) -> None:
+        nonlocal builder
+        if key not in user:
+            builder = builder.config(key, value)
+
+    effective = master or user.get("spark.master", "local[*]")
     if master or not submitted:
         builder = builder.master(effective)
     local = effective.startswith("local")
     if not submitted:
-        memory = driver_memory or (default_driver_memory() if local else None)
-        if memory:
-            builder = builder.config("spark.driver.memory", memory)
+        if driver_memory:
+            builder = builder.config("spark.driver.memory", driver_memory)
+        elif local:
+            default("spark.driver.memory", default_driver_memory())
         if local:
             # The driver JVM does the executors' work too: a batch job, where
             # the throughput collector costs ~5 % fewer CPU seconds than the
             # default G1 (bench/results/spark.md). Executors on a cluster keep
             # Spark's default (their heaps may be large: long full pauses).
-            builder = builder.config("spark.driver.extraJavaOptions", LOCAL_JAVA_OPTIONS)
+            default("spark.driver.extraJavaOptions", LOCAL_JAVA_OPTIONS)
     if executor_memory:
         builder = builder.config("spark.executor.memory", executor_memory)
     if local:
         # Python workers run this interpreter (and so find geofed) unless told otherwise.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         # Few cores: a few partitions per core; AQE merges what is too small.
-        builder = builder.config("spark.sql.shuffle.partitions", str(8 * (os.cpu_count() or 2)))
-    elif given is None or not given.contains("spark.pyspark.python"):
+        default("spark.sql.shuffle.partitions", str(8 * (os.cpu_count() or 2)))
+    else:
         # An absolute path: a relative one would be looked up in each
         # executor's work folder.
-        python = os.environ.get("PYSPARK_PYTHON") or sys.executable
-        builder = builder.config("spark.pyspark.python", python)
-    if given is None or not given.contains("spark.serializer"):
-        # The job's checkpoints are written with it: Kryo writes rows for
-        # fewer CPU seconds than Java serialization (bench/results/spark.md).
-        builder = builder.config("spark.serializer", "org.apache.spark.serializer.KryoSerializer")
-    builder = (
-        builder.config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.adaptive.enabled", "true")
-        # The job caches intermediate tables; let AQE still size their partitions.
-        .config("spark.sql.optimizer.canChangeCachedPlanOutputPartitioning", "true")
-        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "20000")
-        .config("spark.checkpoint.compress", "true")
-    )
+        default("spark.pyspark.python", os.environ.get("PYSPARK_PYTHON") or sys.executable)
+    # The job's checkpoints are written with it: Kryo writes rows for fewer
+    # CPU seconds than Java serialization (bench/results/spark.md).
+    default("spark.serializer", "org.apache.spark.serializer.KryoSerializer")
+    default("spark.ui.showConsoleProgress", "false")
+    default("spark.sql.adaptive.enabled", "true")
+    # The job caches intermediate tables; let AQE still size their partitions.
+    default("spark.sql.optimizer.canChangeCachedPlanOutputPartitioning", "true")
+    default("spark.sql.execution.arrow.maxRecordsPerBatch", "20000")
+    default("spark.checkpoint.compress", "true")
     for item in conf:
         key, sep, value = item.partition("=")
         if not sep or not key:

@@ -15,6 +15,7 @@ from spark_helpers import REPO, THREE, write_jsonl
 from test_spark_known import THREE_TRACE
 
 from geofed.bench import analyze
+from geofed.bench.analysis._session import properties
 
 pytestmark = pytest.mark.spark
 
@@ -91,34 +92,74 @@ def test_spark_submit_runs_the_file(tmp_path: Path) -> None:
     assert json.loads((out / "summary.json").read_text())["deliveries"] == 2
 
 
-_GC_NAMES = """
+_JVM_SETTINGS = """
 import sys
 from geofed.bench.analysis._session import build_session
 spark = build_session("local[1]", "1g", sys.argv[1:])
 jvm = spark.sparkContext._jvm
 beans = jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()
-print(sorted(str(b.getName()) for b in beans))
+print(sorted(str(b.getName()) for b in beans), spark.conf.get("spark.serializer"))
 spark.stop()
 """
+KRYO = "org.apache.spark.serializer.KryoSerializer"
+JAVA = "org.apache.spark.serializer.JavaSerializer"
+PARALLEL = ["PS MarkSweep", "PS Scavenge"]
+SERIAL = ["Copy", "MarkSweepCompact"]
 
 
 @pytest.mark.parametrize(
-    ("conf", "collectors"),
+    ("conf", "defaults", "collectors", "serializer"),
     [
-        ([], ["PS MarkSweep", "PS Scavenge"]),
-        (["spark.driver.extraJavaOptions=-XX:+UseSerialGC"], ["Copy", "MarkSweepCompact"]),
+        ([], None, PARALLEL, KRYO),
+        (["spark.driver.extraJavaOptions=-XX:+UseSerialGC"], None, SERIAL, KRYO),
+        # A spark-defaults.conf's settings win over the job's defaults ...
+        (
+            [],
+            f"spark.driver.extraJavaOptions  -XX:+UseSerialGC\nspark.serializer={JAVA}\n",
+            SERIAL,
+            JAVA,
+        ),
+        # ... and --conf over the file.
+        (
+            [f"spark.serializer={KRYO}"],
+            f"# settings\nspark.serializer {JAVA}\n",
+            PARALLEL,
+            KRYO,
+        ),
     ],
 )
-def test_a_local_driver_runs_the_parallel_collector_unless_told(
-    conf: list[str], collectors: list[str]
+def test_a_local_driver_runs_the_parallel_collector_and_kryo_unless_told(
+    conf: list[str],
+    defaults: str | None,
+    collectors: list[str],
+    serializer: str,
+    tmp_path: Path,
 ) -> None:
-    # A fresh process: the JVM's options are fixed when it starts.
+    # A fresh process: the JVM's options are fixed when it starts. Its
+    # spark-defaults.conf is the test's (an empty folder when none).
+    if defaults is not None:
+        (tmp_path / "spark-defaults.conf").write_text(defaults, encoding="utf-8")
     proc = subprocess.run(
-        [sys.executable, "-c", _GC_NAMES, *conf],
+        [sys.executable, "-c", _JVM_SETTINGS, *conf],
         capture_output=True,
         text=True,
         check=False,
-        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_CONF_DIR": str(tmp_path)},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip().splitlines()[-1] == repr(collectors)
+    assert proc.stdout.strip().splitlines()[-1] == f"{collectors!r} {serializer}"
+
+
+def test_properties_read_as_spark_reads_its_defaults_file() -> None:
+    text = (
+        "# a comment\n! another\n\n"
+        "spark.a 1\n  spark.b=2\nspark.c : two words \n"
+        "spark.d -XX:+A \\\n    -XX:+B\nspark.e\n"
+    )
+    assert properties(text) == {
+        "spark.a": "1",
+        "spark.b": "2",
+        "spark.c": "two words",
+        "spark.d": "-XX:+A -XX:+B",
+        "spark.e": "",
+    }
