@@ -539,11 +539,9 @@ class _Greedy:
         total = 0.0
         serial = 0
 
-        def add(n: _Node) -> None:
+        def add(kept: _Node) -> None:
+            """Make a node live (one `free_splits` has reached), queued if it can split."""
             nonlocal total, serial
-            kept = self.free_splits(n)
-            if kept is None:
-                return
             serial += 1
             live[serial] = kept
             total += kept.area
@@ -553,10 +551,16 @@ class _Greedy:
                     weight = (1.0 - kept.coverage) * kept.area / SPLIT_BASE ** (d - 1)
                     heapq.heappush(heap, (-weight, serial))
 
+        def split(n: _Node) -> list[_Node]:
+            """What replaces `n`: its kids after their free splits (an H3 kid whose
+            descendants all miss the geofence goes, so maybe fewer than its kids)."""
+            return [k for k in map(self.free_splits, self.kids(n)) if k is not None]
+
         for c in self.system.roots():
             root = self.node(c, self.target.geometry)
-            if root is not None:
-                add(root)
+            start = None if root is None else self.free_splits(root)
+            if start is not None:
+                add(start)
         if len(live) > max_filters:
             raise InvalidInput(
                 "max_filters",
@@ -564,7 +568,7 @@ class _Greedy:
                 f" got {max_filters}",
             )
         stopped = "resolution"
-        capped = False
+        capped: list[tuple[float, int]] = []  # splits that did not fit
         while True:
             achieved = self.target.area / total if total > 0 else 1.0
             if achieved >= coverage:
@@ -573,16 +577,21 @@ class _Greedy:
             if not heap:
                 stopped = "max_filters" if capped else "resolution"
                 break
-            _, key = heapq.heappop(heap)
-            n = live[key]
-            kids = self.kids(n)
-            if len(live) - 1 + len(kids) > max_filters:
-                capped = True  # never fits later either: the count only grows
+            item = heapq.heappop(heap)
+            n = live[item[1]]
+            kept = split(n)
+            if len(live) - 1 + len(kept) > max_filters:
+                capped.append(item)
                 continue
-            del live[key]
+            del live[item[1]]
             total -= n.area
-            for k in kids:
+            for k in kept:
                 add(k)
+            if not kept:
+                # The count fell: a split that did not fit before may fit now.
+                for c in capped:
+                    heapq.heappush(heap, c)
+                capped.clear()
         return list(live.values()), min(1.0, achieved), stopped
 
 

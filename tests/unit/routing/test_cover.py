@@ -36,6 +36,7 @@ from geofed.routing import (
     topic_matches,
     validate_filter,
 )
+from geofed.routing._cover import _DecimalSystem, _Greedy, _H3System, _Target
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 EUROPE = parse_wkt("POLYGON((-10 36, 30 36, 30 71, -10 71, -10 36))")
@@ -97,6 +98,30 @@ def assert_cover_holds(
         topic = layout.topic(p, "t/x")
         hits = matched(result, topic)
         assert len(hits) == 1, (p, topic, hits)
+
+
+def assert_no_split_fits(
+    system: _DecimalSystem | _H3System, fence: Geofence | None, result: Cover, max_filters: int
+) -> None:
+    """Stopped short of the target: no split was left that fits in max_filters
+    ("max_filters"), or none at all ("resolution"). A split replaces a cell by its
+    kids after their free splits (an H3 kid whose descendants miss the geofence goes)."""
+    if result.stopped == "coverage":
+        return
+    greedy = _Greedy(system, _Target(fence))
+    target = box(-180, -90, 180, 90) if fence is None else fence.geometry
+    room = max_filters - len(result.cells)
+    for r in result.cells:
+        node = greedy.node(r, target)
+        assert node is not None  # every cell meets the geofence
+        if node.coverage >= 1.0 - 1e-12:
+            continue
+        kids = greedy.kids(node)
+        if result.stopped == "resolution":
+            assert not kids, r  # only cells at the layout's finest level are left
+        else:
+            kept = [k for k in map(greedy.free_splits, kids) if k is not None]
+            assert not kids or len(kept) - 1 > room, (r, len(kids), len(kept), room)
 
 
 # --------------------------------------------------------------------------
@@ -267,29 +292,13 @@ def test_decimal_cover_contains_the_geofence(
     result = cover(fence, layout, coverage=coverage, max_filters=max_filters)
     assert_cover_holds(fence, result, layout, coverage, max_filters, seed)
     # The cells, as closed boxes, hold the shape (geometry containment).
-    from geofed.routing._cover import _DecimalSystem, _Greedy, _Target
-
     system = _DecimalSystem(layout)
     union = shapely.union_all([box(*system.bounds(r)) for r in result.cells])
     target = box(-180, -90, 180, 90) if fence is None else fence.geometry
     assert union.covers(target)
     # Cells are disjoint: their areas add up to the cover's.
     assert math.isclose(sum(system.shape(r).area for r in result.cells), result.area, rel_tol=1e-9)
-    # Stopped short of the target: no split was left that fits in max_filters
-    # ("max_filters"), or none at all ("resolution").
-    if result.stopped != "coverage":
-        greedy = _Greedy(system, _Target(fence))
-        room = max_filters - len(result.cells)
-        for r in result.cells:
-            node = greedy.node(r, target)
-            assert node is not None  # every cell meets the geofence
-            if node.coverage >= 1.0 - 1e-12:
-                continue
-            d = len(greedy.kids(node))
-            if result.stopped == "resolution":
-                assert d == 0, r  # only cells at the layout's finest digits are left
-            else:
-                assert d == 0 or d - 1 > room, (r, d, room)
+    assert_no_split_fits(system, fence, result, max_filters)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -299,6 +308,28 @@ def test_decimal_cover_contains_the_geofence(
     max_filters=st.sampled_from([150, 400]),
     resolution=st.integers(1, 6),
     seed=st.integers(0, 2**16),
+)
+# Before a split's count excluded the kids that go (an H3 kid whose
+# descendants miss the geofence), the cover stopped with splits left that fit:
+# one whose 4 kids keep 2 with room for 1 more filter, and one whose 2 kids
+# both go (the count falls, and splits capped earlier fit again).
+@example(
+    fence=parse_wkt(
+        rect_wkt(16.430438483343806, -53.04915330482697, 17.13898302930905, -46.64092492189066)
+    ),
+    coverage=0.95,
+    max_filters=20,
+    resolution=6,
+    seed=0,
+)
+@example(
+    fence=parse_wkt(
+        rect_wkt(153.20582197809256, -7.639280564796344, 163.49829252856503, 3.8723515007257596)
+    ),
+    coverage=0.95,
+    max_filters=20,
+    resolution=5,
+    seed=0,
 )
 def test_h3_cover_contains_the_geofence(
     fence: Geofence | None, coverage: float, max_filters: int, resolution: int, seed: int
@@ -310,6 +341,7 @@ def test_h3_cover_contains_the_geofence(
         assert exc.field == "max_filters"
         return
     assert_cover_holds(fence, result, layout, coverage, max_filters, seed)
+    assert_no_split_fits(_H3System(layout), fence, result, max_filters)
 
 
 @SETTINGS
