@@ -903,8 +903,8 @@ class BrokerServer(Guarded):
             return
         if isinstance(msg, RelocateMsg):
             # Kept as the copy now placed (a relocation of no copy held changed nothing).
-            held = self.core.remote.get(msg.key)
-            if held is None or self.core.remote_home(msg.key) != msg.home:
+            held = self.core.remote_copy(msg.key, msg.home)
+            if held is None:
                 return
             msg = SubscribeMsg(held, msg.home)
         if isinstance(msg, SubscribeMsg):

@@ -10,8 +10,9 @@ What a broker must not lose lives here (docs/design.md §8):
   subscriptions, with the last offset the subscriber acknowledged;
 * ``pending`` — deliveries of persistent subscriptions not yet acknowledged by
   the subscriber, by offset;
-* ``remote`` — the subscriptions peers forwarded, so that a restarted broker
-  matches for them before the peers' snapshots arrive;
+* ``remote`` — the subscriptions peers forwarded, one row per subscription
+  and home (each home's copy until it withdraws it), so that a restarted
+  broker matches for them before the peers' snapshots arrive;
 * ``seen`` — the recent event ids per peer (and of local publishes), the
   duplicate windows, so that a restart does not let a resend through (trimmed
   to the newest window's worth every quarter window: at most 1.25 windows).
@@ -50,6 +51,12 @@ from ._config import STORE_CACHE_KIB, SYNC_MODES
 log = logging.getLogger("geofed.node.store")
 T = TypeVar("T")
 W = TypeVar("W")
+
+
+def _remote_row(sub_id: str, home: str) -> str:
+    """The row id of one home's copy of a forwarded subscription (``remote`` table):
+    ids hold no control characters, so the separator cannot occur in either part."""
+    return f"{sub_id}\x1e{home}"
 
 
 class GroupCommit(Generic[W]):
@@ -424,10 +431,17 @@ class Store:
         )
 
     def put_remote(self, sub_id: str, home: str, data: bytes) -> None:
-        self._write("INSERT OR REPLACE INTO remote VALUES (?, ?, ?)", (sub_id, home, data))
+        """Keep `home`'s copy of a forwarded subscription (replacing that home's older one)."""
+        row = (_remote_row(sub_id, home), home, data)
+        self._write("INSERT OR REPLACE INTO remote VALUES (?, ?, ?)", row)
 
     def delete_remote(self, sub_id: str, home: str) -> None:
-        self._write("DELETE FROM remote WHERE id = ? AND home = ?", (sub_id, home))
+        """Forget `home`'s copy of a forwarded subscription."""
+        # Stores written before copies were kept per home have rows by id alone.
+        self._write(
+            "DELETE FROM remote WHERE id IN (?, ?) AND home = ?",
+            (_remote_row(sub_id, home), sub_id, home),
+        )
 
     def clear_remote(self, home: str) -> None:
         self._write("DELETE FROM remote WHERE home = ?", (home,))

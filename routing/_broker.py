@@ -246,7 +246,12 @@ class BrokerState:
         self.sessions: dict[str, LatLon] = {}
         self.local = SubscriptionIndex()
         self.remote = SubscriptionIndex()
+        """Remote subscriptions: per key the copy of one home (`remote_home`), the one that
+        announced it last among those that have not withdrawn it."""
         self._remote_home: dict[SubKey, str] = {}
+        # Copies of other homes not withdrawn yet, by key, oldest announcement
+        # first: the subscriber moved, and that home's withdrawal is on its way.
+        self._shadowed: dict[SubKey, dict[str, Subscription]] = {}
         self._client_subs: dict[str, dict[str, Subscription]] = defaultdict(dict)
         # The last mile: how local subscriptions are matched (docs/design.md §14).
         # Its EXACT state is `local` itself, which routing keeps anyway.
@@ -417,18 +422,14 @@ class BrokerState:
         if isinstance(msg, SubscribeMsg):
             if msg.sub.roaming is not None and msg.sub.geofence is None:
                 raise ValueError(f"roaming subscription {msg.sub.key} arrived unplaced")
-            self.remote.add(msg.sub, msg.home)
-            self._remote_home[msg.sub.key] = msg.home
+            self._hold(msg.sub, msg.home)
         elif isinstance(msg, RelocateMsg):
-            held = self.remote.get(msg.key)
-            # Only the copy from that home moves (a newer one from another home stays).
-            if held is not None and self._remote_home.get(msg.key) == msg.home:
-                self.remote.add(held.placed(msg.at), msg.home)
+            # Only the copy from that home moves (another home's stays as it is).
+            held = self.remote_copy(msg.key, msg.home)
+            if held is not None:
+                self._hold(held.placed(msg.at), msg.home, announced=False)
         elif isinstance(msg, UnsubscribeMsg):
-            # A newer version from another home (the subscriber moved) stays.
-            if self._remote_home.get(msg.key) == msg.home:
-                self.remote.remove(msg.key)
-                del self._remote_home[msg.key]
+            self._drop(msg.key, msg.home)
         elif isinstance(msg, TableMsg):
             return Outcome(sends=self._on_table(src, msg))
         elif isinstance(msg, ProposeMsg):
@@ -441,16 +442,67 @@ class BrokerState:
 
     def replace_remote(self, src: str, snapshot: list[SubscribeMsg]) -> None:
         """Replace everything held from `src` by its snapshot."""
-        for key, home in list(self._remote_home.items()):
-            if home == src:
-                self.remote.remove(key)
-                del self._remote_home[key]
+        held = [key for key, home in self._remote_home.items() if home == src]
+        shadowed = [key for key, homes in self._shadowed.items() if src in homes]
+        for key in (*held, *shadowed):
+            self._drop(key, src)
         for msg in snapshot:
             self.on_message(src, msg)
 
     def remote_home(self, key: SubKey) -> str | None:
-        """The home broker of a remote subscription held here."""
+        """The home broker of the copy of a remote subscription that matching uses here."""
         return self._remote_home.get(key)
+
+    def remote_copy(self, key: SubKey, home: str) -> Subscription | None:
+        """The copy of a remote subscription that broker `home` announced and has not
+        withdrawn, whether matching uses it or not."""
+        if self._remote_home.get(key) == home:
+            return self.remote.get(key)
+        return self._shadowed.get(key, {}).get(home)
+
+    def _hold(self, sub: Subscription, home: str, *, announced: bool = True) -> None:
+        """Keep `home`'s copy of a remote subscription. Announced (a new version), it is
+        the copy matching uses; moved (`announced` false), it keeps its rank.
+
+        Why per home: a subscriber that moves A -> B -> A makes B announce and
+        withdraw between A's withdrawal and A's renewal, and the links from A
+        and from B deliver in their own time. Kept per home, each home's last
+        word stands whatever the interleaving: B's late announcement does not
+        replace A's renewal for good, and B's withdrawal removes B's copy only.
+        """
+        key = sub.key
+        current = self._remote_home.get(key)
+        if current is not None and current != home:
+            if not announced:
+                self._shadowed[key][home] = sub
+                return
+            shadowed = self._shadowed.setdefault(key, {})
+            shadowed[current] = self.remote.get(key)  # type: ignore[assignment]
+        others = self._shadowed.get(key)
+        if others is not None:
+            others.pop(home, None)
+            if not others:
+                del self._shadowed[key]
+        self.remote.add(sub, home)
+        self._remote_home[key] = home
+
+    def _drop(self, key: SubKey, home: str) -> None:
+        """Forget `home`'s copy of a remote subscription (the newest other copy, if
+        any, becomes the one matching uses)."""
+        if self._remote_home.get(key) != home:
+            others = self._shadowed.get(key)
+            if others is not None and others.pop(home, None) is not None and not others:
+                del self._shadowed[key]
+            return
+        self.remote.remove(key)
+        del self._remote_home[key]
+        others = self._shadowed.pop(key, None)
+        if others:
+            newest, sub = others.popitem()
+            if others:
+                self._shadowed[key] = others
+            self.remote.add(sub, newest)
+            self._remote_home[key] = newest
 
     # -- strategy per topic and transitions (docs/design.md §3) -----------
 

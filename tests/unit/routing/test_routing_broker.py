@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from geofed.routing import (
     BrokerInfo,
@@ -15,6 +17,9 @@ from geofed.routing import (
     Federation,
     Kind,
     NotFound,
+    PeerMessage,
+    RelocateMsg,
+    Roaming,
     Send,
     SubscribeMsg,
     Subscription,
@@ -311,3 +316,78 @@ def test_new_event_ids_are_fresh_in_a_forked_child() -> None:
     ids = {new_event_id() for _ in range(300)}  # more than one bulk
     assert len(ids) == 300 and all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
     assert len(child) == 32 and child not in ids
+
+
+@st.composite
+def _home_streams(draw: st.DrawFn) -> tuple[list[str], list[tuple[str, PeerMessage]], bool]:
+    """A subscriber's path through the homes west and mid (east holds copies), and what
+    reaches east: each home's messages in its own order, the homes interleaved at random
+    (each link keeps its order, nothing more). Version i of the subscription (its i-th
+    home) has topic filter ``a/i``; a move within a home relocates its roaming geofence."""
+    path = draw(st.lists(st.sampled_from(["west", "mid"]), min_size=1, max_size=6))
+    path = [h for i, h in enumerate(path) if i == 0 or h != path[i - 1]]  # a move changes home
+    stays = draw(st.booleans())  # subscribed at the end, or withdrawn
+    streams: dict[str, list[PeerMessage]] = {"west": [], "mid": []}
+    for i, home in enumerate(path):
+        sub = Subscription("s1", "c1", f"a/{i}", roaming=ROAM).placed(latlon(i, 0))
+        streams[home].append(SubscribeMsg(sub, home))
+        if draw(st.booleans()):
+            streams[home].append(RelocateMsg(sub.key, home, latlon(i, 1)))
+        if i < len(path) - 1 or not stays:
+            streams[home].append(UnsubscribeMsg(sub.key, home))
+    arrivals: list[tuple[str, PeerMessage]] = []
+    while any(streams.values()):
+        home = draw(st.sampled_from(sorted(h for h, msgs in streams.items() if msgs)))
+        arrivals.append((home, streams[home].pop(0)))
+    return path, arrivals, stays
+
+
+ROAM = Roaming(radius_m=5000.0)
+KEY = ("c1", "s1")
+
+
+@given(_home_streams())
+def test_each_homes_last_word_stands_whatever_the_interleaving(
+    case: tuple[list[str], list[tuple[str, PeerMessage]], bool],
+) -> None:
+    # A subscriber moving mid -> west -> mid: west's announcement can reach east
+    # after mid's renewal; west's withdrawal must then not take the renewal.
+    path, arrivals, stays = case
+    east = core("east", "flooding-subscriptions")
+    last_word: dict[str, PeerMessage] = {}
+    for src, msg in arrivals:
+        east.on_message(src, msg)
+        if not isinstance(msg, RelocateMsg):
+            last_word[src] = msg
+        # Matching uses a copy that some home announced and has not withdrawn.
+        home = east.remote_home(KEY)
+        assert (home is None) == (KEY not in east.remote)
+        assert home is None or isinstance(last_word[home], SubscribeMsg)
+        assert all(
+            (east.remote_copy(KEY, h) is not None) == isinstance(m, SubscribeMsg)
+            for h, m in last_word.items()
+        )
+    if stays:
+        held = east.remote.get(KEY)
+        assert east.remote_home(KEY) == path[-1] and held is not None
+        assert held.topic_filter == f"a/{len(path) - 1}"  # the renewal, as last placed
+        moved = [m.at for _, m in arrivals if isinstance(m, RelocateMsg)]
+        last = len(path) - 1
+        assert held.at == (latlon(last, 1) if latlon(last, 1) in moved else latlon(last, 0))
+    else:
+        assert KEY not in east.remote and east.remote_home(KEY) is None
+    assert not east._shadowed  # nothing left over once every link has delivered
+
+
+def test_a_late_announcement_and_withdrawal_leave_the_renewal() -> None:
+    east = core("east", "flooding-subscriptions")
+    sub = Subscription("s1", "c1", "a", None)
+    east.on_message("mid", SubscribeMsg(sub, "mid"))
+    east.on_message("mid", UnsubscribeMsg(sub.key, "mid"))  # moved to west
+    east.on_message("mid", SubscribeMsg(sub, "mid"))  # and back: renewed at mid
+    east.on_message("west", SubscribeMsg(sub, "west"))  # west's, late
+    assert east.remote_home(sub.key) == "west"  # the newest word, for now
+    east.on_message("west", UnsubscribeMsg(sub.key, "west"))
+    assert east.remote_home(sub.key) == "mid" and sub.key in east.remote
+    east.replace_remote("mid", [])
+    assert sub.key not in east.remote and not east._shadowed
