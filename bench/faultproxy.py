@@ -13,6 +13,9 @@ Modes:
   soon as they are accepted (the dialler sees its link fail and backs off);
 * ``blackhole``: connections stay open but nothing is forwarded, and new ones
   are accepted and held (only the link heartbeat notices);
+* ``hold``: connections stay open and what they carry waits, in order, until
+  the mode changes: forwarded then (``pass``), or dropped (a slow link, whose
+  messages arrive late but arrive, as long as the peers' timeouts allow);
 * flapping (`FaultProxy.flap`): partition for a while, pass until the link
   has come back and carried traffic for a while, and again, until `heal`.
 
@@ -30,8 +33,8 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Literal, TypeVar
 
 T = TypeVar("T")
-Mode = Literal["pass", "partition", "blackhole"]
-MODES: tuple[Mode, ...] = ("pass", "partition", "blackhole")
+Mode = Literal["pass", "partition", "blackhole", "hold"]
+MODES: tuple[Mode, ...] = ("pass", "partition", "blackhole", "hold")
 TapFactory = Callable[[], Callable[[int, bytes], None]]
 _CHUNK = 65536
 _CALL_TIMEOUT_S = 10.0
@@ -58,6 +61,10 @@ class _Pipe:
     async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, way: int) -> None:
         try:
             while data := await src.read(_CHUNK):
+                if self.proxy.mode == "hold":
+                    self.proxy.held += 1
+                    async with self.proxy._mode_changed:
+                        await self.proxy._mode_changed.wait_for(lambda: self.proxy.mode != "hold")
                 if self.proxy.mode != "pass":
                     self.proxy.dropped += len(data)  # read and dropped: the sender never blocks
                     continue
@@ -105,6 +112,8 @@ class FaultProxy:
         """Connections accepted, refused ones included."""
         self.dropped = 0
         """Bytes read and not forwarded (blackholed)."""
+        self.held = 0
+        """Chunks that waited in ``hold`` mode."""
         self.cuts = 0
         """Times the link was partitioned (one per flap)."""
         self.flaps = 0
@@ -116,6 +125,7 @@ class FaultProxy:
         self._server: asyncio.Server | None = None
         self._pipes: set[_Pipe] = set()
         self._flowed = asyncio.Event()
+        self._mode_changed = asyncio.Condition()
         self._flapper: asyncio.Task[None] | None = None
 
     # -- from any thread ---------------------------------------------------
@@ -133,6 +143,10 @@ class FaultProxy:
     def heal(self) -> None:
         """Let traffic pass again (and stop flapping)."""
         self.set_mode("pass")
+
+    def hold(self) -> None:
+        """Keep what the link carries from now on until `heal` (it then arrives, in order)."""
+        self.set_mode("hold")
 
     def flap(self, down_s: float = 0.3, up_s: float = 0.3) -> None:
         """Alternate: partitioned for `down_s`, then passing until the link is back
@@ -170,6 +184,8 @@ class FaultProxy:
             for pipe in list(self._pipes):
                 pipe.cut(reset=True)
         self.mode = mode
+        async with self._mode_changed:
+            self._mode_changed.notify_all()  # held chunks go on (or are dropped)
 
     async def _start_flapping(self, down_s: float, up_s: float) -> None:
         await self._set_mode("pass", stop_flapping=True)

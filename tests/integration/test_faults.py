@@ -19,8 +19,11 @@ from pathlib import Path
 
 import pytest
 
+import geofed
+from geofed.bench import LocalFederation, metric
 from geofed.bench.faultproxy import ProxyHost
 from geofed.bench.faults import FAULTS, run_faults, until
+from geofed.node import DELIVERIES, PEER_MESSAGES_RECEIVED, SUBSCRIPTIONS
 from geofed.routing import STRATEGIES
 
 pytestmark = pytest.mark.integration
@@ -89,6 +92,14 @@ def test_fault_proxy_passes_partitions_blackholes_and_heals() -> None:
             writer.write(b"two")
             assert await reader.readexactly(3) == b"two"
             assert bytes(received) == b"onetwo"
+            # Hold: what is sent waits at the proxy, then arrives, in order.
+            await asyncio.to_thread(proxy.hold)
+            writer.write(b"late")
+            await until(lambda: proxy.held == 1, "the proxy holds a chunk", 30)
+            assert bytes(received) == b"onetwo"
+            await asyncio.to_thread(proxy.heal)
+            assert await reader.readexactly(4) == b"late"
+            assert bytes(received) == b"onetwolate" and proxy.dropped == 4
             writer.close()
         finally:
             hosts.close()
@@ -97,3 +108,58 @@ def test_fault_proxy_passes_partitions_blackholes_and_heals() -> None:
                 w.close()
 
     asyncio.run(run())
+
+
+THREE = Path(__file__).resolve().parents[2] / "deploy" / "federations" / "three.geojson"
+
+
+def test_a_renewal_outlives_a_slow_links_late_announcement_and_withdrawal(tmp_path: Path) -> None:
+    """A subscriber moves eu -> us -> eu while the us-ap link is slow (held): ap gets eu's
+    withdrawal and renewal first, us's announcement and withdrawal after them. ap must
+    still hold eu's copy and deliver to it (docs/design.md §3: each home's last word)."""
+    paris, new_york = geofed.LatLon(48.85, 2.35), geofed.LatLon(40.71, -74.0)
+    singapore = geofed.LatLon(1.29, 103.85)
+
+    async def run(fed: LocalFederation) -> None:
+        ap, eu = fed.nodes["ap"].metrics_url, fed.nodes["eu"].metrics_url
+
+        def from_eu(kind: str) -> float:
+            return metric(ap, PEER_MESSAGES_RECEIVED, peer="eu", kind=kind)
+
+        mover = await geofed.connect(
+            client_id="mover", location=paris, federation=fed.federation_path
+        )
+        sub = await mover.subscribe("race/x", subscription_id="s1")
+        await fed.quiescent()
+        assert metric(ap, SUBSCRIPTIONS, scope="remote") == 1
+        subscribes, unsubscribes = from_eu("subscribe"), from_eu("unsubscribe")
+        await asyncio.to_thread(fed.link("us", "ap").hold)
+        assert await mover.move(new_york)  # eu withdraws, us announces (held towards ap)
+        assert await mover.move(paris)  # us withdraws (held), eu renews
+        await until(
+            lambda: (
+                from_eu("unsubscribe") == unsubscribes + 1
+                and from_eu("subscribe") == subscribes + 1
+            ),
+            "ap has eu's withdrawal and renewal",
+            60,
+            scrapes=True,
+        )
+        await asyncio.to_thread(fed.link("us", "ap").heal)  # us's two arrive late
+        await fed.quiescent()
+        assert fed.link("us", "ap").held > 0
+        made = metric(eu, DELIVERIES)
+        publisher = await geofed.connect(
+            client_id="far", location=singapore, federation=fed.federation_path
+        )
+        await publisher.publish("race/x", b"after the moves")
+        await fed.quiescent()
+        assert metric(eu, DELIVERIES) == made + 1, "ap lost eu's renewed copy"
+        assert (await sub.next()).payload == b"after the moves"
+        await publisher.close()
+        await mover.close()
+
+    with LocalFederation(
+        THREE, "flooding-subscriptions", tmp_path, links=True, mqtt=False, http=False
+    ) as fed:
+        asyncio.run(run(fed))
