@@ -476,8 +476,9 @@ class BrokerState:
             if not announced:
                 self._shadowed[key][home] = sub
                 return
-            shadowed = self._shadowed.setdefault(key, {})
-            shadowed[current] = self.remote.get(key)  # type: ignore[assignment]
+            held = self.remote.get(key)
+            assert held is not None  # the index holds the current home's copy
+            self._shadowed.setdefault(key, {})[current] = held
         others = self._shadowed.get(key)
         if others is not None:
             others.pop(home, None)
