@@ -479,11 +479,7 @@ class BrokerState:
             held = self.remote.get(key)
             assert held is not None  # the index holds the current home's copy
             self._shadowed.setdefault(key, {})[current] = held
-        others = self._shadowed.get(key)
-        if others is not None:
-            others.pop(home, None)
-            if not others:
-                del self._shadowed[key]
+        self._unshadow(key, home)
         self.remote.add(sub, home)
         self._remote_home[key] = home
 
@@ -491,19 +487,22 @@ class BrokerState:
         """Forget `home`'s copy of a remote subscription (the newest other copy, if
         any, becomes the one matching uses)."""
         if self._remote_home.get(key) != home:
-            others = self._shadowed.get(key)
-            if others is not None and others.pop(home, None) is not None and not others:
-                del self._shadowed[key]
+            self._unshadow(key, home)
             return
         self.remote.remove(key)
         del self._remote_home[key]
-        others = self._shadowed.pop(key, None)
+        others = self._shadowed.get(key)
         if others:
-            newest, sub = others.popitem()
-            if others:
-                self._shadowed[key] = others
-            self.remote.add(sub, newest)
-            self._remote_home[key] = newest
+            newest = next(reversed(others))
+            self._hold(others[newest], newest)
+
+    def _unshadow(self, key: SubKey, home: str) -> None:
+        """`home`'s copy of `key` is no longer one set aside (an empty set goes)."""
+        others = self._shadowed.get(key)
+        if others is not None:
+            others.pop(home, None)
+            if not others:
+                del self._shadowed[key]
 
     # -- strategy per topic and transitions (docs/design.md §3) -----------
 

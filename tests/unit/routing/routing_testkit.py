@@ -7,6 +7,7 @@ the name is unique so it cannot shadow a module of another test folder.
 from __future__ import annotations
 
 import math
+import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
 
@@ -157,6 +158,12 @@ def star_ring(
         for r, a in zip(radii, sorted(angles), strict=True)
     ]
     return [*pts, pts[0]]
+
+
+def as_parsed(degrees: float) -> float:
+    """A vertex coordinate as the parser reads it: a subnormal one is 0 (GEOS's overlay
+    mishandles them, routing/_geometry.py)."""
+    return 0.0 if 0.0 < abs(degrees) < sys.float_info.min else degrees
 
 
 # --------------------------------------------------------------------------

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from typing import Any
 
 import pytest
 import shapely
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
-from routing_testkit import points, star_ring, wrap_lon
+from routing_testkit import as_parsed, points, star_ring, wrap_lon
 
 from geofed.routing import (
     DEFAULT_MAX_BYTES,
@@ -370,5 +369,5 @@ def test_canonical_wkt_is_exact(xs: list[float], ys: list[float]) -> None:
     assert text == fence.wkt
     back = shapely.get_coordinates(shapely.from_wkt(text)).tolist()
     # Exact, but for subnormal coordinates, which read as 0 (GEOS mishandles them).
-    given = [[0.0 if 0.0 < abs(v) < sys.float_info.min else v for v in p] for p in ring]
+    given = [[as_parsed(v) for v in p] for p in ring]
     assert back == shapely.get_coordinates(fence.geometry).tolist() == given

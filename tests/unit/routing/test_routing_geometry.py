@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import math
-import sys
 
 import pytest
 import shapely
 from hypothesis import example, given, reject, settings
 from hypothesis import strategies as st
-from routing_testkit import LAT, LON, destination, points, rect_wkt, star_ring, wrap_lon
+from routing_testkit import LAT, LON, as_parsed, destination, points, rect_wkt, star_ring, wrap_lon
 from shapely.geometry import MultiPolygon, Point, Polygon
 
 from geofed.routing import (
@@ -140,7 +139,7 @@ def test_rectangles_cover_what_a_direct_check_says(
     north = south + height
     fence = parse_wkt(rect_wkt(west, south, west + width, north))
     # A subnormal coordinate reads as 0 (see the test below).
-    west, south = (0.0 if 0.0 < abs(v) < sys.float_info.min else v for v in (west, south))
+    west, south = as_parsed(west), as_parsed(south)
     minx, miny, maxx, maxy = fence.geometry.bounds
     assert -180.0 <= minx <= maxx <= 180.0 and -90.0 <= miny <= maxy <= 90.0
     assert fence.geometry.area == pytest.approx(width * height, rel=1e-6)
@@ -178,7 +177,7 @@ def star_polygons(draw: st.DrawFn) -> tuple[Polygon, Geofence]:
     radii = draw(st.lists(st.floats(0.1 * scale, scale), min_size=n, max_size=n))
     ring = star_ring(center.lon, lat, radii, angles)
     # A subnormal coordinate reads as 0 (see the test above): the reference shape too.
-    ring = [tuple(0.0 if 0.0 < abs(v) < sys.float_info.min else v for v in xy) for xy in ring]
+    ring = [(as_parsed(x), as_parsed(y)) for x, y in ring]
     raw = Polygon(ring)
     if not raw.is_valid or raw.area == 0.0:
         reject()  # vertices sorted by angle may still cross (see star_ring)
