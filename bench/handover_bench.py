@@ -5,9 +5,13 @@ back and forth between Paris (eu) and New York (us) on the bundled `three`
 federation, `--moves` times, while a publisher at Singapore (ap) publishes
 `--rate` events a second on those topics, round robin, for the whole run.
 Every event is world-wide, so a subscriber that held its subscriptions the
-whole time would receive every event once. The events it did not receive
-are those matched between the old broker's withdrawal and the new broker's
-registration (docs/design.md §7, "What a handover can miss").
+whole time would receive every event once. The client makes before it
+breaks (docs/design.md §7): the old broker matches for it until the
+renewals stand, so what it misses is what was still in flight towards the
+old broker when the client left it. `--hold-s 0` runs the brokers without
+holding (break before make: the old broker withdraws when it answers the
+move), which misses what is matched between that withdrawal and the new
+broker's registration.
 
 Reported per strategy: events published, received, missed (in total and per
 move), deliveries the brokers made that never reached the client (counted
@@ -112,13 +116,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--strategy", action="append", choices=list(STRATEGIES), help="repeatable; default: all"
     )
+    p.add_argument(
+        "--hold-s",
+        type=float,
+        help="the brokers' handover_hold_s (default: theirs, 10; 0: break before make)",
+    )
     p.add_argument("--no-record", action="store_true", help="do not append to handover.md")
     args = p.parse_args(argv)
+    env = {} if args.hold_s is None else {"GEOFED_HANDOVER_HOLD_S": f"{args.hold_s:g}"}
     rows = []
     for strategy in args.strategy or list(STRATEGIES):
         with (
             tempfile.TemporaryDirectory(prefix="geofed-handover-") as work,
-            LocalFederation("three", strategy, Path(work)) as fed,
+            LocalFederation("three", strategy, Path(work), extra_env=env) as fed,
         ):
             r = asyncio.run(_run(fed, args.subs, args.moves, args.rate))
         rows.append(
@@ -129,7 +139,9 @@ def main(argv: list[str] | None = None) -> int:
         print(rows[-1], flush=True)
     body = (
         f"{args.subs} world-wide subscriptions, {args.moves} moves eu <-> us, a quarter"
-        f" second apart, {args.rate:g} events/s published at ap throughout.\n\n"
+        f" second apart, {args.rate:g} events/s published at ap throughout;"
+        f" handover_hold_s {'10 (default)' if args.hold_s is None else f'{args.hold_s:g}'}"
+        f"{' (break before make)' if args.hold_s == 0 else ' (make before break)'}.\n\n"
         "| strategy | published | received | missed | missed per move | made, never received"
         " | move ms p50 | move ms max |\n|---|---:|---:|---:|---:|---:|---:|---:|\n"
         + "\n".join(rows)

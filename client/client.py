@@ -18,13 +18,15 @@ opens a session there. `Client.move` reports a new location; when it leaves
 the broker's area the client follows the redirect and re-establishes every
 subscription at the new broker, with the same `Subscription` objects.
 
-What a handover can miss (the federation is exact only between moves): the
-old broker withdraws the client's subscriptions when it answers the move, and
-the new broker holds them once `move` returns. An event matched in between is
-not delivered, and under the subscription-forwarding strategies the renewed
-subscriptions reach remote brokers one link delay later, so an event published
-there within that delay is missed too. Nothing is delivered twice: an event
-that reaches the client through both brokers is handed over once.
+A handover makes before it breaks: the old broker keeps matching for the
+client (at its last location there) until every subscription stands at the
+new broker and the peers that route for it have applied the renewal; then
+the client leaves the old broker. What it can still miss (the federation is
+exact only between moves): a message in flight towards the old broker on a
+link slower than the whole handover, and, until the renewals stand, an event
+whose geofence covers the new place but not the old one (docs/design.md §7).
+Nothing is delivered twice: an event that reaches the client through both
+brokers is handed over once.
 
 Persistent sessions (``session_expiry_s`` > 0): the broker keeps the
 client's subscriptions while no stream is open, for that long, and queues
@@ -96,6 +98,7 @@ from geofed.wire import (
     health_check_request,
     history_record_from_pb,
     history_request,
+    leave_request,
     message_from_pb,
     publish_batch,
     publish_request,
@@ -549,7 +552,9 @@ class Client:
 
         A move out of the broker's area follows the redirect: the session opens
         at the responsible broker and every subscription is renewed there,
-        before this returns (see the module docs for what a handover can miss).
+        before this returns. Make before break: the old broker goes on matching
+        for the client until the renewals stand (their peers included), then
+        the client leaves it (see the module docs for what a handover can miss).
         """
         self._check_open()
         where = latlon(getattr(location, "lat", None), getattr(location, "lon", None), "location")
@@ -559,7 +564,7 @@ class Client:
                 lambda: self._unary(
                     "move",
                     self._stub().UpdateLocation(
-                        update_location_request(self.client_id, where),
+                        update_location_request(self.client_id, where, hold=True),
                         timeout=self.config.request_timeout_s,
                     ),
                 ),
@@ -568,9 +573,11 @@ class Client:
             if resp.accepted:
                 return False
             self.redirects += 1
-            # The old broker ended our streams and withdrew the subscriptions: until
-            # the new one holds them, what is published is missed, so they are renewed
-            # all at once (one round trip, not one per subscription).
+            # The old broker holds our subscriptions until we leave it (a broker
+            # that does not hold, held_s 0, withdrew them already: what is published
+            # until the new one holds them is missed). They are renewed all at once
+            # (one round trip, not one per subscription).
+            left = self._endpoint if resp.held_s > 0 else None
             await self._open_session(*self._redirect_target(resp))
             renewed = await asyncio.gather(
                 *(
@@ -582,7 +589,27 @@ class Client:
             for outcome in renewed:
                 if isinstance(outcome, BaseException):
                     raise outcome
+            if left is not None:
+                await self._leave(left)
             return True
+
+    async def _leave(self, endpoint: str) -> None:
+        """End the handover the broker at `endpoint` holds (best effort: the broker
+        withdraws on its own once its hold runs out)."""
+        try:
+            await self._unary(
+                "leave",
+                self._channels.stub(endpoint).Leave(
+                    leave_request(self.client_id), timeout=self.config.request_timeout_s
+                ),
+            )
+        except GeofedError as exc:
+            _log.info(
+                "client %s: leaving %s failed (%s); it withdraws within its handover hold",
+                self.client_id,
+                endpoint,
+                exc,
+            )
 
     async def close(self) -> None:
         """End every subscription's iteration and close the connections (idempotent).
@@ -950,7 +977,12 @@ class Subscription:
             self._broker = broker_id
         call = stub.Subscribe(
             subscribe_request(
-                client.client_id, self.id, self.topic_filter, self.geofence, self._offset
+                client.client_id,
+                self.id,
+                self.topic_filter,
+                self.geofence,
+                self._offset,
+                handover=moved,
             ),
             metadata=(BATCH_METADATA,),  # many deliveries per stream message
         )

@@ -314,12 +314,19 @@ def accepted_response(
     )
 
 
-def redirect_response(broker_id: str, target: BrokerInfo) -> cpb.ConnectResponse:
-    """The client must go to `target` (the broker responsible for its location)."""
+def redirect_response(
+    broker_id: str, target: BrokerInfo, held_s: float = 0.0
+) -> cpb.ConnectResponse:
+    """The client must go to `target` (the broker responsible for its location).
+
+    `held_s` > 0: this broker keeps matching for the client until it leaves
+    (`leave_request`), for at most that long.
+    """
     return cpb.ConnectResponse(
         broker_id=broker_id,
         accepted=False,
         redirect=cpb.Redirect(broker_id=target.id, endpoint=target.client_endpoint),
+        held_s=held_s,
     )
 
 
@@ -356,6 +363,11 @@ def deliveries_in(pb: cpb.Delivery) -> Iterable[cpb.Delivery]:
 def delivery_from_bytes(data: bytes) -> cpb.Delivery:
     """A delivery the broker stored (`delivery_to_pb` serialized)."""
     return cpb.Delivery.FromString(data)
+
+
+def leave_response(held: bool) -> cpb.LeaveResponse:
+    """Whether a held handover ended (`leave_request`)."""
+    return cpb.LeaveResponse(held=held)
 
 
 def unsubscribe_response(existed: bool) -> cpb.UnsubscribeResponse:
@@ -1113,9 +1125,20 @@ def connect_request(
     )
 
 
-def update_location_request(client: str, location: LatLon) -> cpb.UpdateLocationRequest:
-    """Tell the session's broker where the client is now."""
-    return cpb.UpdateLocationRequest(client=client, location=latlon_to_pb(location))
+def update_location_request(
+    client: str, location: LatLon, hold: bool = False
+) -> cpb.UpdateLocationRequest:
+    """Tell the session's broker where the client is now.
+
+    `hold`: if that leaves the area, the broker keeps the subscriptions until
+    `leave_request` (make before break).
+    """
+    return cpb.UpdateLocationRequest(client=client, location=latlon_to_pb(location), hold=hold)
+
+
+def leave_request(client: str) -> cpb.LeaveRequest:
+    """End a held handover at the old broker: its subscriptions and session go."""
+    return cpb.LeaveRequest(client=client)
 
 
 def subscribe_request(
@@ -1124,15 +1147,18 @@ def subscribe_request(
     topic_filter: str,
     geofence: GeofenceInput = None,
     resume_after: int = 0,
+    handover: bool = False,
 ) -> cpb.SubscribeRequest:
     """Register a subscription (its deliveries stream back on the same call).
 
     In a persistent session `resume_after` is the last offset received: the
-    broker sends what it queued after it.
+    broker sends what it queued after it. `handover`: a renewal after a move,
+    answered once the peers hold it.
     """
     return cpb.SubscribeRequest(
         client=client,
         resume_after=resume_after,
+        handover=handover,
         subscription=gpb.Subscription(
             id=subscription_id,
             client=client,

@@ -175,6 +175,12 @@ class NodeConfig:
         "a non-persistent session without subscriptions is forgotten after this long",
         default=600.0,
     )
+    handover_hold_s: float = _doc(
+        "make before break: a client that moves out of the area and asks for it is matched"
+        " here until it leaves (its subscriptions stand at its new broker), for at most this"
+        " long (0 = withdraw at once)",
+        default=10.0,
+    )
     session_queue_bytes: int = _doc(
         "bytes of unacknowledged deliveries kept per persistent subscription; beyond, the"
         " oldest are dropped",
@@ -360,6 +366,7 @@ class NodeConfig:
             "shutdown_grace_s",
             "max_session_expiry_s",
             "session_idle_s",
+            "handover_hold_s",
             "store_max_bytes",
             "client_keepalive_s",
             "mqtt_connect_timeout_s",

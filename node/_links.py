@@ -216,6 +216,12 @@ class PeerLink:
         self._writing = 0  # messages in the frame being written
         self._restart_reason = ""
         self._unacked: deque[tuple[int, list[PeerMessage]]] = deque(maxlen=_UNACKED_FRAMES)
+        # `settled`: messages taken from the queue so far, (frame seq, that count once
+        # the frame was written), the count the peer has acknowledged, and the waiters.
+        self._popped = 0
+        self._marks: deque[tuple[int, int]] = deque(maxlen=_UNACKED_FRAMES)
+        self._acked_popped = 0
+        self._settling: list[tuple[int, asyncio.Future[None]]] = []
         self._window: DedupWindow | None = None  # what came over this link: see `window`
         self._seq = 0
         self._ack_pending = 0
@@ -303,7 +309,35 @@ class PeerLink:
     def _pop(self) -> PeerMessage:
         msg, _ = self._queue.popleft()
         self._account(-_size(msg))
+        self._popped += 1
         return msg
+
+    async def settled(self) -> None:
+        """Wait until the peer has applied every message queued for it so far.
+
+        Returns at once when the link is down, and when the session ends
+        meanwhile: the next session's snapshot carries the subscription state.
+        Messages the durable outbox still holds behind the queue (events,
+        deliveries) are not waited for.
+        """
+        if not self.connected:
+            return
+        target = self._popped + len(self._queue)
+        if target <= self._acked_popped:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._settling.append((target, waiter))
+        await waiter
+
+    def _release_settled(self, everyone: bool = False) -> None:
+        keep = []
+        for target, waiter in self._settling:
+            if everyone or target <= self._acked_popped:
+                if not waiter.done():
+                    waiter.set_result(None)
+            elif not waiter.done():  # a waiter that gave up is forgotten
+                keep.append((target, waiter))
+        self._settling = keep
 
     def _account(self, delta: int) -> None:
         self._queued_bytes += delta
@@ -522,6 +556,8 @@ class PeerLink:
         self._seq = 0
         self._ack_pending = 0
         self._last_heard = time.monotonic()
+        self._marks.clear()
+        self._acked_popped = self._popped
         self._keep_resendable()
         self.node.metrics.peer_connected.labels(peer=self.peer.id).set(1)
         self.node.link_state_changed()
@@ -535,6 +571,7 @@ class PeerLink:
             for _, msgs in self._unacked:
                 self._resend.extend((m, 0) for m in msgs)
         self._unacked.clear()
+        self._release_settled(everyone=True)
         self._keep_resendable(unacked)
         self.node.metrics.peer_connected.labels(peer=self.peer.id).set(0)
         self.node.link_state_changed()
@@ -611,6 +648,7 @@ class PeerLink:
             resendable = [m for m in msgs if m.kind in _RESENDABLE]
             if resendable:
                 self._unacked.append((self._seq, resendable))
+            self._marks.append((self._seq, self._popped))
         if self._ack_pending:
             frame.ack.seq = self._ack_pending
             self._ack_pending = 0
@@ -644,6 +682,11 @@ class PeerLink:
                     acked.extend(self._unacked.popleft()[1])
                 if acked and self.durable:
                     node.outbox_acked(peer, acked)
+                marks = self._marks
+                while marks and marks[0][0] <= frame.ack.seq:
+                    self._acked_popped = marks.popleft()[1]
+                if self._settling:
+                    self._release_settled()
             try:
                 if frame.HasField("snapshot"):
                     rejected: list[RejectedMessage] = []

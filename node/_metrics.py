@@ -33,6 +33,8 @@ STORE_FAILURES = "geofed_store_failures_total"
 SQLITE_MEMORY = "geofed_sqlite_memory_bytes"
 SESSION_QUEUE_DROPPED = "geofed_session_queue_dropped_total"
 SESSIONS_EXPIRED = "geofed_sessions_expired_total"
+HANDOVERS = "geofed_handovers_total"
+HANDOVER_SETTLE_TIMEOUTS = "geofed_handover_settle_timeouts_total"
 AUTH_REFUSED = "geofed_auth_refused_total"
 QUEUED_BYTES = "geofed_queued_bytes"
 PEER_REFUSED = "geofed_peer_refused_total"
@@ -413,6 +415,21 @@ class NodeMetrics:
         self.sessions_expired = Counter(
             SESSIONS_EXPIRED,
             "Sessions forgotten after their expiry (or session_idle_s) without an open stream.",
+            registry=registry,
+        )
+        self.handovers = Counter(
+            HANDOVERS,
+            "Held handovers (make before break) that ended: the client left (left), the hold"
+            " ran out (expired) or the client came back into the area (returned).",
+            ["outcome"],
+            registry=registry,
+        )
+        for outcome in ("left", "expired", "returned"):
+            self.handovers.labels(outcome=outcome)
+        self.handover_settle_timeouts = Counter(
+            HANDOVER_SETTLE_TIMEOUTS,
+            "Handover renewals answered before every connected peer had acknowledged what"
+            " they sent (the bound ran out).",
             registry=registry,
         )
 

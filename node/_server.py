@@ -40,6 +40,7 @@ from geofed.routing import (
     KeyWindow,
     Kind,
     LatLon,
+    Moved,
     NotFound,
     PeerMessage,
     PermissionDenied,
@@ -90,6 +91,7 @@ from geofed.wire import (
     history_query_from_peer,
     history_record_from_pb,
     history_response,
+    leave_response,
     location_from_pb,
     message_from_bytes,
     message_to_bytes,
@@ -289,6 +291,15 @@ class _Session:
     idle_since: float = field(default_factory=time.monotonic)  # since when it has none
 
 
+@dataclass
+class _Held:
+    """A handover held open (make before break): where the client went, and the timer
+    that withdraws its subscriptions if it does not leave first."""
+
+    where: LatLon
+    timer: asyncio.TimerHandle
+
+
 @dataclass(frozen=True)
 class Opened:
     """What a client's connect got: a session (persistent or not) or a redirect."""
@@ -377,6 +388,7 @@ class BrokerServer(Guarded):
         # publishing a request now (shutdown cancels only the ones waiting for one).
         self.publish_calls: dict[asyncio.Task[Any], bool] = {}
         self._sessions: dict[str, _Session] = {}
+        self._held: dict[str, _Held] = {}  # clients that moved away and have not left yet
         self.pending: dict[SubKey, PendingInfo] = {}  # persistent subscriptions' queues
         self._published = DedupWindow(config.dedup_window)  # recent local event ids
         self._next_oid = 1
@@ -1254,6 +1266,12 @@ class BrokerServer(Guarded):
             self.pending[msg.sub.key] = loaded.pending.get(stored) or PendingInfo()
         for home, data in loaded.remote:
             self.core.on_message(home, message_from_bytes(data, self.peer_geofences))
+        for client, where in list(self.core.sessions.items()):
+            if self.federation.responsible(where) != self.broker_id:
+                # Stored by a held handover (or an area that changed): the client
+                # is elsewhere now, so its move ends here.
+                log.info("session of %s: its location lies outside this area; closed", client)
+                self._moved_away(client, self.core.update_location(client, where))
         for peer, keys in loaded.seen.items():
             window = self._published if peer == _LOCAL else None
             if peer in self.links:
@@ -1415,6 +1433,7 @@ class BrokerServer(Guarded):
         self.security.may_be_at(who, where)
         if client in self.core.sessions and self.federation.responsible(where) == self.broker_id:
             # A known client at a new place: its roaming geofences follow.
+            self._unhold(client, where)
             self.dispatch(self.core.update_location(client, where).sends)
         redirect = self.core.connect(client, where)
         if redirect is not None:
@@ -1436,6 +1455,7 @@ class BrokerServer(Guarded):
         """
         self.check_owner(who, client)
         self.security.may_be_at(who, where)
+        self._unhold(client, where)
         moved = self.core.update_location(client, where)
         self.dispatch(moved.sends)  # withdrawals, or where its roaming geofences now reach
         if moved.redirect is None:
@@ -1445,6 +1465,82 @@ class BrokerServer(Guarded):
                     client, where.lat, where.lon, session.expiry_s, session.owner
                 )
             return None
+        self.metrics.redirects.inc()
+        return self._moved_away(client, moved)
+
+    async def client_handover(
+        self, who: Principal, client: str, where: LatLon
+    ) -> tuple[BrokerInfo | None, float]:
+        """`client_move`, make before break: (broker to go to, seconds held here).
+
+        A move out of the area keeps the session and its subscriptions (matched
+        at the client's last location here) until the client leaves
+        (`client_leave`, once its subscriptions stand at the new broker) or
+        `handover_hold_s` runs out. A persistent session is stored at the new
+        location first, so that a restart meanwhile ends the move (`_restore`).
+        Otherwise (in the area, or `handover_hold_s` 0) as `client_move`.
+
+        Raises:
+            NotFound, PermissionDenied: as for `client_move`.
+            StorageFailed: the store did not keep the new location (nothing held).
+        """
+        hold_s = self.config.handover_hold_s
+        owner = self.federation.responsible(where)
+        if not hold_s or owner == self.broker_id:
+            return self.client_move(who, client, where), 0.0
+        self.check_owner(who, client)
+        self.security.may_be_at(who, where)
+        if client not in self.core.sessions:
+            raise NotFound("client session", client)
+        if self.durable and self.persistent(client):
+            session = self._sessions[client]
+            self.store.put_session(client, where.lat, where.lon, session.expiry_s, session.owner)
+            await self.store.commit()
+        self._unhold(client, where)
+        timer = asyncio.get_running_loop().call_later(hold_s, self._hold_ran_out, client)
+        self._held[client] = _Held(where, timer)
+        self.metrics.redirects.inc()
+        return self.federation.broker(owner), hold_s
+
+    def client_leave(self, who: Principal, client: str) -> bool:
+        """The client whose handover this broker holds left: withdraw and close its session.
+
+        Returns False when no handover was held (a retried Leave, or one after
+        the hold ran out); a session in the area is never touched.
+
+        Raises:
+            PermissionDenied: another identity's client id.
+        """
+        self.check_owner(who, client)
+        held = self._held.pop(client, None)
+        if held is None:
+            return False
+        held.timer.cancel()
+        self.metrics.handovers.labels(outcome="left").inc()
+        self._moved_away(client, self.core.update_location(client, held.where))
+        return True
+
+    def _hold_ran_out(self, client: str) -> None:
+        held = self._held.pop(client, None)
+        if held is None:
+            return
+        self.metrics.handovers.labels(outcome="expired").inc()
+        if client in self.core.sessions:  # not expired meanwhile
+            log.info("handover of %s: not left within handover_hold_s; withdrawn", client)
+            self._moved_away(client, self.core.update_location(client, held.where))
+
+    def _unhold(self, client: str, where: LatLon) -> None:
+        """A held client's new location or connect: the hold ends without withdrawing."""
+        held = self._held.pop(client, None)
+        if held is not None:
+            held.timer.cancel()
+            if self.federation.responsible(where) == self.broker_id:
+                self.metrics.handovers.labels(outcome="returned").inc()
+
+    def _moved_away(self, client: str, moved: Moved) -> BrokerInfo:
+        """After `update_location` redirected: end the client's streams and session here."""
+        assert moved.redirect is not None
+        self.dispatch(moved.sends)  # the withdrawals
         for sub in moved.dropped:
             stream = self._streams.pop(sub.key, None)
             if stream is not None:
@@ -1456,8 +1552,19 @@ class BrokerServer(Guarded):
                 )
         self.end_session(client, moved.dropped)
         self._update_sub_gauges()
-        self.metrics.redirects.inc()
         return self.federation.broker(moved.redirect)
+
+    async def peers_settled(self) -> None:
+        """Wait until every connected peer applied what was queued for it so far, for at
+        most half of `handover_hold_s` (counted when that runs out)."""
+        waits = [link.settled() for link in self.links.values() if link.connected]
+        if not waits:
+            return
+        try:
+            async with asyncio.timeout(self.config.handover_hold_s / 2):
+                await asyncio.gather(*waits)
+        except TimeoutError:
+            self.metrics.handover_settle_timeouts.inc()
 
     async def client_subscribe(
         self, who: Principal, client: str, pb: gpb.Subscription, resume_after: int = 0
@@ -2007,10 +2114,21 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
         _decoded(request, "request")
         client = validate_id(request.client, "client")
         where = location_from_pb(request, "location", "location")
-        target = node.client_move(node.security.principal(context), client, where)
+        who = node.security.principal(context)
+        if request.hold:
+            target, held_s = await node.client_handover(who, client, where)
+        else:
+            target, held_s = node.client_move(who, client, where), 0.0
         if target is None:
             return accepted_response(node.broker_id)
-        return redirect_response(node.broker_id, target)
+        return redirect_response(node.broker_id, target, held_s)
+
+    @unary
+    async def Leave(self, request: cpb.LeaveRequest, context: Any) -> cpb.LeaveResponse:
+        node = self.node
+        _decoded(request, "request")
+        client = validate_id(request.client, "client")
+        return leave_response(node.client_leave(node.security.principal(context), client))
 
     @streaming
     async def Subscribe(
@@ -2031,6 +2149,10 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
         delay = cfg.subscriber_batch_delay_ms / 1000.0
         last = 0.0
         try:
+            if request.handover:
+                # The client lets go of its old broker once this answers: first
+                # the peers must hold what the subscription sent them.
+                await node.peers_settled()
             await context.send_initial_metadata(((BROKER_METADATA, node.broker_id),))
             while True:
                 item = await stream.get()

@@ -25,14 +25,22 @@ from geofed.bench import LocalFederation, metric
 from geofed.bench.faultproxy import FaultProxy, ProxyHost
 from geofed.bench.faults import until
 from geofed.client import Publication, RetryConfig, Subscription
-from geofed.node import EVENTS_PUBLISHED, PUBLISH_DUPLICATES, SESSIONS, SESSIONS_EXPIRED
+from geofed.node import (
+    EVENTS_PUBLISHED,
+    PUBLISH_DUPLICATES,
+    SESSIONS,
+    SESSIONS_EXPIRED,
+    SUBSCRIPTIONS,
+)
 from geofed.routing import STRATEGIES
+from geofed.wire import update_location_request
 
 pytestmark = pytest.mark.integration
 
 THREE = Path(__file__).resolve().parents[2] / "deploy" / "federations" / "three.geojson"
 PARIS = geofed.LatLon(48.85, 2.35)  # eu
 SINGAPORE = geofed.LatLon(1.29, 103.85)  # ap
+NEW_YORK = geofed.LatLon(40.71, -74.0)  # us
 HANG_S = 120.0
 # Short liveness so that a killed peer is noticed fast; retries outlast a restart.
 ENV = {"GEOFED_PEER_HEARTBEAT_S": "0.2", "GEOFED_PEER_TIMEOUT_S": "1.5"}
@@ -433,5 +441,36 @@ def test_two_clients_may_use_the_same_subscription_id(durable: LocalFederation) 
         await until(lambda: metric(us, "geofed_subscriptions", scope="remote") == 1, "1", HANG_S)
         for c in (a, b, pub):
             await c.close()
+
+    asyncio.run(run())
+
+
+def test_a_broker_killed_while_it_holds_a_handover_ends_the_move_when_restarted(
+    durable: LocalFederation,
+) -> None:
+    """eu holds the handover of a persistent session (make before break, §7) and is killed
+    before the client leaves: the store has the session at its new place, so the restarted
+    eu withdraws its subscription and closes it instead of matching for it again."""
+    fed = durable
+
+    async def run() -> None:
+        mover = await client(fed, "hold-kill", PARIS, session_expiry_s=300.0)
+        await mover.subscribe("d/#", subscription_id="hold-s")
+        assert metric(fed.nodes["eu"].metrics_url, SUBSCRIPTIONS, scope="local") == 1
+        answer = await mover._call(
+            "move",
+            lambda stub, timeout: stub.UpdateLocation(
+                update_location_request("hold-kill", NEW_YORK, hold=True), timeout=timeout
+            ),
+        )
+        assert answer.held_s > 0  # held: eu still matches for the client
+        assert metric(fed.nodes["eu"].metrics_url, SESSIONS) == 1
+        fed.stop_node("eu", signal.SIGKILL)
+        fed.start_node("eu")
+        fed.wait_ready(HANG_S)
+        eu = fed.nodes["eu"].metrics_url
+        assert metric(eu, SESSIONS) == 0
+        assert metric(eu, SUBSCRIPTIONS, scope="local") == 0
+        await mover.close()
 
     asyncio.run(run())

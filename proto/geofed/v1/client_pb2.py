@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from geofed.v1 import geo_pb2 as geofed_dot_v1_dot_geo__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16geofed/v1/client.proto\x12\tgeofed.v1\x1a\x13geofed/v1/geo.proto\"_\n\x0e\x43onnectRequest\x12\x0e\n\x06\x63lient\x18\x01 \x01(\t\x12#\n\x08location\x18\x02 \x01(\x0b\x32\x11.geofed.v1.LatLon\x12\x18\n\x10session_expiry_s\x18\x03 \x01(\x01\"/\n\x08Redirect\x12\x11\n\tbroker_id\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\"\x90\x01\n\x0f\x43onnectResponse\x12\x11\n\tbroker_id\x18\x01 \x01(\t\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12%\n\x08redirect\x18\x03 \x01(\x0b\x32\x13.geofed.v1.Redirect\x12\x17\n\x0fsession_present\x18\x04 \x01(\x08\x12\x18\n\x10session_expiry_s\x18\x05 \x01(\x01\"L\n\x15UpdateLocationRequest\x12\x0e\n\x06\x63lient\x18\x01 \x01(\t\x12#\n\x08location\x18\x02 \x01(\x0b\x32\x11.geofed.v1.LatLon\"g\n\x10SubscribeRequest\x12\x0e\n\x06\x63lient\x18\x01 \x01(\t\x12-\n\x0csubscription\x18\x02 \x01(\x0b\x32\x17.geofed.v1.Subscription\x12\x14\n\x0cresume_after\x18\x03 \x01(\x04\"\xa5\x01\n\x08\x44\x65livery\x12\x17\n\x0fsubscription_id\x18\x01 \x01(\t\x12\x1f\n\x05\x65vent\x18\x02 \x01(\x0b\x32\x10.geofed.v1.Event\x12\x14\n\x0c\x64\x65liver_time\x18\x03 \x01(\x01\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\"\n\x05\x62\x61tch\x18\x05 \x03(\x0b\x32\x13.geofed.v1.Delivery\x12\x15\n\rfilter_scheme\x18\x06 \x01(\t\"=\n\x12UnsubscribeRequest\x12\x0e\n\x06\x63lient\x18\x01 \x01(\t\x12\x17\n\x0fsubscription_id\x18\x02 \x01(\t\"&\n\x13UnsubscribeResponse\x12\x0f\n\x07\x65xisted\x18\x01 \x01(\x08\"A\n\x0ePublishRequest\x12\x0e\n\x06\x63lient\x18\x01 \x01(\t\x12\x1f\n\x05\x65vent\x18\x02 \x01(\x0b\x32\x10.geofed.v1.Event\"#\n\x0fPublishResponse\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\"F\n\rPublishResult\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12#\n\x07refused\x18\x02 \x01(\x0b\x32\x12.geofed.v1.Refusal\"7\n\x07Refusal\x12\x0c\n\x04\x63ode\x18\x01 \x01(\r\x12\x0f\n\x07\x64\x65tails\x18\x02 \x01(\t\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"@\n\x0cPublishBatch\x12\x0e\n\x06\x63lient\x18\x01 \x01(\t\x12 \n\x06\x65vents\x18\x02 \x03(\x0b\x32\x10.geofed.v1.Event\";\n\x14PublishBatchResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x04\x12\x11\n\tevent_ids\x18\x02 \x03(\t\"E\n\nAckRequest\x12\x0e\n\x06\x63lient\x18\x01 \x01(\t\x12\x17\n\x0fsubscription_id\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\x04\"\r\n\x0b\x41\x63kResponse\"\xb4\x01\n\x0eHistoryRequest\x12\x0e\n\x06\x63lient\x18\x01 \x01(\t\x12\x14\n\x0ctopic_filter\x18\x02 \x01(\t\x12\x12\n\x05start\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x10\n\x03\x65nd\x18\x04 \x01(\x01H\x01\x88\x01\x01\x12%\n\x08geometry\x18\x05 \x01(\x0b\x32\x13.geofed.v1.Geofence\x12\r\n\x05limit\x18\x06 \x01(\r\x12\x0e\n\x06\x64\x65lete\x18\x07 \x01(\x08\x42\x08\n\x06_startB\x06\n\x04_end\"W\n\x0fHistoryResponse\x12 \n\x06\x65vents\x18\x01 \x03(\x0b\x32\x10.geofed.v1.Event\x12\x11\n\ttruncated\x18\x02 \x01(\x08\x12\x0f\n\x07\x62rokers\x18\x03 \x03(\t\"<\n\x12SetStrategyRequest\x12\x14\n\x0ctopic_filter\x18\x01 \x01(\t\x12\x10\n\x08strategy\x18\x02 \x01(\t\"\x14\n\x12GetStrategyRequest\"\x9f\x01\n\rStrategyState\x12\x11\n\tbroker_id\x18\x01 \x01(\t\x12\'\n\x05table\x18\x02 \x01(\x0b\x32\x18.geofed.v1.StrategyTable\x12(\n\x06newest\x18\x03 \x01(\x0b\x32\x18.geofed.v1.StrategyTable\x12\x15\n\rin_transition\x18\x04 \x01(\x08\x12\x11\n\tsequencer\x18\x05 \x01(\t2\x8f\x06\n\rClientService\x12@\n\x07\x43onnect\x12\x19.geofed.v1.ConnectRequest\x1a\x1a.geofed.v1.ConnectResponse\x12N\n\x0eUpdateLocation\x12 .geofed.v1.UpdateLocationRequest\x1a\x1a.geofed.v1.ConnectResponse\x12?\n\tSubscribe\x12\x1b.geofed.v1.SubscribeRequest\x1a\x13.geofed.v1.Delivery0\x01\x12L\n\x0bUnsubscribe\x12\x1d.geofed.v1.UnsubscribeRequest\x1a\x1e.geofed.v1.UnsubscribeResponse\x12@\n\x07Publish\x12\x19.geofed.v1.PublishRequest\x1a\x1a.geofed.v1.PublishResponse\x12K\n\rPublishStream\x12\x17.geofed.v1.PublishBatch\x1a\x1f.geofed.v1.PublishBatchResponse(\x01\x12\x46\n\x0bPublishEach\x12\x19.geofed.v1.PublishRequest\x1a\x18.geofed.v1.PublishResult(\x01\x30\x01\x12\x34\n\x03\x41\x63k\x12\x15.geofed.v1.AckRequest\x1a\x16.geofed.v1.AckResponse\x12@\n\x07History\x12\x19.geofed.v1.HistoryRequest\x1a\x1a.geofed.v1.HistoryResponse\x12\x46\n\x0bSetStrategy\x12\x1d.geofed.v1.SetStrategyRequest\x1a\x18.geofed.v1.StrategyState\x12\x46\n\x0bGetStrategy\x12\x1d.geofed.v1.GetStrategyRequest\x1a\x18.geofed.v1.StrategyStateb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16geofed/v1/client.proto\x12\tgeofed.v1\x1a\x13geofed/v1/geo.proto\"_\n\x0e\x43onnectRequest\x12\x0e\n\x06\x63lient\x18\x01 \x01(\t\x12#\n\x08location\x18\x02 \x01(\x0b\x32\x11.geofed.v1.LatLon\x12\x18\n\x10session_expiry_s\x18\x03 \x01(\x01\"/\n\x08Redirect\x12\x11\n\tbroker_id\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\"\xa0\x01\n\x0f\x43onnectResponse\x12\x11\n\tbroker_id\x18\x01 \x01(\t\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12%\n\x08redirect\x18\x03 \x01(\x0b\x32\x13.geofed.v1.Redirect\x12\x17\n\x0fsession_present\x18\x04 \x01(\x08\x12\x18\n\x10session_expiry_s\x18\x05 \x01(\x01\x12\x0e\n\x06held_s\x18\x06 \x01(\x01\"Z\n\x15UpdateLocationRequest\x12\x0e\n\x06\x63lient\x18\x01 \x01(\t\x12#\n\x08location\x18\x02 \x01(\x0b\x32\x11.geofed.v1.LatLon\x12\x0c\n\x04hold\x18\x03 \x01(\x08\"\x1e\n\x0cLeaveRequest\x12\x0e\n\x06\x63lient\x18\x01 \x01(\t\"\x1d\n\rLeaveResponse\x12\x0c\n\x04held\x18\x01 \x01(\x08\"y\n\x10SubscribeRequest\x12\x0e\n\x06\x63lient\x18\x01 \x01(\t\x12-\n\x0csubscription\x18\x02 \x01(\x0b\x32\x17.geofed.v1.Subscription\x12\x14\n\x0cresume_after\x18\x03 \x01(\x04\x12\x10\n\x08handover\x18\x04 \x01(\x08\"\xa5\x01\n\x08\x44\x65livery\x12\x17\n\x0fsubscription_id\x18\x01 \x01(\t\x12\x1f\n\x05\x65vent\x18\x02 \x01(\x0b\x32\x10.geofed.v1.Event\x12\x14\n\x0c\x64\x65liver_time\x18\x03 \x01(\x01\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\"\n\x05\x62\x61tch\x18\x05 \x03(\x0b\x32\x13.geofed.v1.Delivery\x12\x15\n\rfilter_scheme\x18\x06 \x01(\t\"=\n\x12UnsubscribeRequest\x12\x0e\n\x06\x63lient\x18\x01 \x01(\t\x12\x17\n\x0fsubscription_id\x18\x02 \x01(\t\"&\n\x13UnsubscribeResponse\x12\x0f\n\x07\x65xisted\x18\x01 \x01(\x08\"A\n\x0ePublishRequest\x12\x0e\n\x06\x63lient\x18\x01 \x01(\t\x12\x1f\n\x05\x65vent\x18\x02 \x01(\x0b\x32\x10.geofed.v1.Event\"#\n\x0fPublishResponse\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\"F\n\rPublishResult\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12#\n\x07refused\x18\x02 \x01(\x0b\x32\x12.geofed.v1.Refusal\"7\n\x07Refusal\x12\x0c\n\x04\x63ode\x18\x01 \x01(\r\x12\x0f\n\x07\x64\x65tails\x18\x02 \x01(\t\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"@\n\x0cPublishBatch\x12\x0e\n\x06\x63lient\x18\x01 \x01(\t\x12 \n\x06\x65vents\x18\x02 \x03(\x0b\x32\x10.geofed.v1.Event\";\n\x14PublishBatchResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x04\x12\x11\n\tevent_ids\x18\x02 \x03(\t\"E\n\nAckRequest\x12\x0e\n\x06\x63lient\x18\x01 \x01(\t\x12\x17\n\x0fsubscription_id\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\x04\"\r\n\x0b\x41\x63kResponse\"\xb4\x01\n\x0eHistoryRequest\x12\x0e\n\x06\x63lient\x18\x01 \x01(\t\x12\x14\n\x0ctopic_filter\x18\x02 \x01(\t\x12\x12\n\x05start\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x10\n\x03\x65nd\x18\x04 \x01(\x01H\x01\x88\x01\x01\x12%\n\x08geometry\x18\x05 \x01(\x0b\x32\x13.geofed.v1.Geofence\x12\r\n\x05limit\x18\x06 \x01(\r\x12\x0e\n\x06\x64\x65lete\x18\x07 \x01(\x08\x42\x08\n\x06_startB\x06\n\x04_end\"W\n\x0fHistoryResponse\x12 \n\x06\x65vents\x18\x01 \x03(\x0b\x32\x10.geofed.v1.Event\x12\x11\n\ttruncated\x18\x02 \x01(\x08\x12\x0f\n\x07\x62rokers\x18\x03 \x03(\t\"<\n\x12SetStrategyRequest\x12\x14\n\x0ctopic_filter\x18\x01 \x01(\t\x12\x10\n\x08strategy\x18\x02 \x01(\t\"\x14\n\x12GetStrategyRequest\"\x9f\x01\n\rStrategyState\x12\x11\n\tbroker_id\x18\x01 \x01(\t\x12\'\n\x05table\x18\x02 \x01(\x0b\x32\x18.geofed.v1.StrategyTable\x12(\n\x06newest\x18\x03 \x01(\x0b\x32\x18.geofed.v1.StrategyTable\x12\x15\n\rin_transition\x18\x04 \x01(\x08\x12\x11\n\tsequencer\x18\x05 \x01(\t2\xcb\x06\n\rClientService\x12@\n\x07\x43onnect\x12\x19.geofed.v1.ConnectRequest\x1a\x1a.geofed.v1.ConnectResponse\x12N\n\x0eUpdateLocation\x12 .geofed.v1.UpdateLocationRequest\x1a\x1a.geofed.v1.ConnectResponse\x12:\n\x05Leave\x12\x17.geofed.v1.LeaveRequest\x1a\x18.geofed.v1.LeaveResponse\x12?\n\tSubscribe\x12\x1b.geofed.v1.SubscribeRequest\x1a\x13.geofed.v1.Delivery0\x01\x12L\n\x0bUnsubscribe\x12\x1d.geofed.v1.UnsubscribeRequest\x1a\x1e.geofed.v1.UnsubscribeResponse\x12@\n\x07Publish\x12\x19.geofed.v1.PublishRequest\x1a\x1a.geofed.v1.PublishResponse\x12K\n\rPublishStream\x12\x17.geofed.v1.PublishBatch\x1a\x1f.geofed.v1.PublishBatchResponse(\x01\x12\x46\n\x0bPublishEach\x12\x19.geofed.v1.PublishRequest\x1a\x18.geofed.v1.PublishResult(\x01\x30\x01\x12\x34\n\x03\x41\x63k\x12\x15.geofed.v1.AckRequest\x1a\x16.geofed.v1.AckResponse\x12@\n\x07History\x12\x19.geofed.v1.HistoryRequest\x1a\x1a.geofed.v1.HistoryResponse\x12\x46\n\x0bSetStrategy\x12\x1d.geofed.v1.SetStrategyRequest\x1a\x18.geofed.v1.StrategyState\x12\x46\n\x0bGetStrategy\x12\x1d.geofed.v1.GetStrategyRequest\x1a\x18.geofed.v1.StrategyStateb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,43 +37,47 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REDIRECT']._serialized_start=155
   _globals['_REDIRECT']._serialized_end=202
   _globals['_CONNECTRESPONSE']._serialized_start=205
-  _globals['_CONNECTRESPONSE']._serialized_end=349
-  _globals['_UPDATELOCATIONREQUEST']._serialized_start=351
-  _globals['_UPDATELOCATIONREQUEST']._serialized_end=427
-  _globals['_SUBSCRIBEREQUEST']._serialized_start=429
-  _globals['_SUBSCRIBEREQUEST']._serialized_end=532
-  _globals['_DELIVERY']._serialized_start=535
-  _globals['_DELIVERY']._serialized_end=700
-  _globals['_UNSUBSCRIBEREQUEST']._serialized_start=702
-  _globals['_UNSUBSCRIBEREQUEST']._serialized_end=763
-  _globals['_UNSUBSCRIBERESPONSE']._serialized_start=765
-  _globals['_UNSUBSCRIBERESPONSE']._serialized_end=803
-  _globals['_PUBLISHREQUEST']._serialized_start=805
-  _globals['_PUBLISHREQUEST']._serialized_end=870
-  _globals['_PUBLISHRESPONSE']._serialized_start=872
-  _globals['_PUBLISHRESPONSE']._serialized_end=907
-  _globals['_PUBLISHRESULT']._serialized_start=909
-  _globals['_PUBLISHRESULT']._serialized_end=979
-  _globals['_REFUSAL']._serialized_start=981
-  _globals['_REFUSAL']._serialized_end=1036
-  _globals['_PUBLISHBATCH']._serialized_start=1038
-  _globals['_PUBLISHBATCH']._serialized_end=1102
-  _globals['_PUBLISHBATCHRESPONSE']._serialized_start=1104
-  _globals['_PUBLISHBATCHRESPONSE']._serialized_end=1163
-  _globals['_ACKREQUEST']._serialized_start=1165
-  _globals['_ACKREQUEST']._serialized_end=1234
-  _globals['_ACKRESPONSE']._serialized_start=1236
-  _globals['_ACKRESPONSE']._serialized_end=1249
-  _globals['_HISTORYREQUEST']._serialized_start=1252
-  _globals['_HISTORYREQUEST']._serialized_end=1432
-  _globals['_HISTORYRESPONSE']._serialized_start=1434
-  _globals['_HISTORYRESPONSE']._serialized_end=1521
-  _globals['_SETSTRATEGYREQUEST']._serialized_start=1523
-  _globals['_SETSTRATEGYREQUEST']._serialized_end=1583
-  _globals['_GETSTRATEGYREQUEST']._serialized_start=1585
-  _globals['_GETSTRATEGYREQUEST']._serialized_end=1605
-  _globals['_STRATEGYSTATE']._serialized_start=1608
-  _globals['_STRATEGYSTATE']._serialized_end=1767
-  _globals['_CLIENTSERVICE']._serialized_start=1770
-  _globals['_CLIENTSERVICE']._serialized_end=2553
+  _globals['_CONNECTRESPONSE']._serialized_end=365
+  _globals['_UPDATELOCATIONREQUEST']._serialized_start=367
+  _globals['_UPDATELOCATIONREQUEST']._serialized_end=457
+  _globals['_LEAVEREQUEST']._serialized_start=459
+  _globals['_LEAVEREQUEST']._serialized_end=489
+  _globals['_LEAVERESPONSE']._serialized_start=491
+  _globals['_LEAVERESPONSE']._serialized_end=520
+  _globals['_SUBSCRIBEREQUEST']._serialized_start=522
+  _globals['_SUBSCRIBEREQUEST']._serialized_end=643
+  _globals['_DELIVERY']._serialized_start=646
+  _globals['_DELIVERY']._serialized_end=811
+  _globals['_UNSUBSCRIBEREQUEST']._serialized_start=813
+  _globals['_UNSUBSCRIBEREQUEST']._serialized_end=874
+  _globals['_UNSUBSCRIBERESPONSE']._serialized_start=876
+  _globals['_UNSUBSCRIBERESPONSE']._serialized_end=914
+  _globals['_PUBLISHREQUEST']._serialized_start=916
+  _globals['_PUBLISHREQUEST']._serialized_end=981
+  _globals['_PUBLISHRESPONSE']._serialized_start=983
+  _globals['_PUBLISHRESPONSE']._serialized_end=1018
+  _globals['_PUBLISHRESULT']._serialized_start=1020
+  _globals['_PUBLISHRESULT']._serialized_end=1090
+  _globals['_REFUSAL']._serialized_start=1092
+  _globals['_REFUSAL']._serialized_end=1147
+  _globals['_PUBLISHBATCH']._serialized_start=1149
+  _globals['_PUBLISHBATCH']._serialized_end=1213
+  _globals['_PUBLISHBATCHRESPONSE']._serialized_start=1215
+  _globals['_PUBLISHBATCHRESPONSE']._serialized_end=1274
+  _globals['_ACKREQUEST']._serialized_start=1276
+  _globals['_ACKREQUEST']._serialized_end=1345
+  _globals['_ACKRESPONSE']._serialized_start=1347
+  _globals['_ACKRESPONSE']._serialized_end=1360
+  _globals['_HISTORYREQUEST']._serialized_start=1363
+  _globals['_HISTORYREQUEST']._serialized_end=1543
+  _globals['_HISTORYRESPONSE']._serialized_start=1545
+  _globals['_HISTORYRESPONSE']._serialized_end=1632
+  _globals['_SETSTRATEGYREQUEST']._serialized_start=1634
+  _globals['_SETSTRATEGYREQUEST']._serialized_end=1694
+  _globals['_GETSTRATEGYREQUEST']._serialized_start=1696
+  _globals['_GETSTRATEGYREQUEST']._serialized_end=1716
+  _globals['_STRATEGYSTATE']._serialized_start=1719
+  _globals['_STRATEGYSTATE']._serialized_end=1878
+  _globals['_CLIENTSERVICE']._serialized_start=1881
+  _globals['_CLIENTSERVICE']._serialized_end=2724
 # @@protoc_insertion_point(module_scope)

@@ -26,36 +26,54 @@ class Redirect(_message.Message):
     def __init__(self, broker_id: _Optional[str] = ..., endpoint: _Optional[str] = ...) -> None: ...
 
 class ConnectResponse(_message.Message):
-    __slots__ = ("broker_id", "accepted", "redirect", "session_present", "session_expiry_s")
+    __slots__ = ("broker_id", "accepted", "redirect", "session_present", "session_expiry_s", "held_s")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     REDIRECT_FIELD_NUMBER: _ClassVar[int]
     SESSION_PRESENT_FIELD_NUMBER: _ClassVar[int]
     SESSION_EXPIRY_S_FIELD_NUMBER: _ClassVar[int]
+    HELD_S_FIELD_NUMBER: _ClassVar[int]
     broker_id: str
     accepted: bool
     redirect: Redirect
     session_present: bool
     session_expiry_s: float
-    def __init__(self, broker_id: _Optional[str] = ..., accepted: _Optional[bool] = ..., redirect: _Optional[_Union[Redirect, _Mapping]] = ..., session_present: _Optional[bool] = ..., session_expiry_s: _Optional[float] = ...) -> None: ...
+    held_s: float
+    def __init__(self, broker_id: _Optional[str] = ..., accepted: _Optional[bool] = ..., redirect: _Optional[_Union[Redirect, _Mapping]] = ..., session_present: _Optional[bool] = ..., session_expiry_s: _Optional[float] = ..., held_s: _Optional[float] = ...) -> None: ...
 
 class UpdateLocationRequest(_message.Message):
-    __slots__ = ("client", "location")
+    __slots__ = ("client", "location", "hold")
     CLIENT_FIELD_NUMBER: _ClassVar[int]
     LOCATION_FIELD_NUMBER: _ClassVar[int]
+    HOLD_FIELD_NUMBER: _ClassVar[int]
     client: str
     location: _geo_pb2.LatLon
-    def __init__(self, client: _Optional[str] = ..., location: _Optional[_Union[_geo_pb2.LatLon, _Mapping]] = ...) -> None: ...
+    hold: bool
+    def __init__(self, client: _Optional[str] = ..., location: _Optional[_Union[_geo_pb2.LatLon, _Mapping]] = ..., hold: _Optional[bool] = ...) -> None: ...
+
+class LeaveRequest(_message.Message):
+    __slots__ = ("client",)
+    CLIENT_FIELD_NUMBER: _ClassVar[int]
+    client: str
+    def __init__(self, client: _Optional[str] = ...) -> None: ...
+
+class LeaveResponse(_message.Message):
+    __slots__ = ("held",)
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    held: bool
+    def __init__(self, held: _Optional[bool] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
-    __slots__ = ("client", "subscription", "resume_after")
+    __slots__ = ("client", "subscription", "resume_after", "handover")
     CLIENT_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
     RESUME_AFTER_FIELD_NUMBER: _ClassVar[int]
+    HANDOVER_FIELD_NUMBER: _ClassVar[int]
     client: str
     subscription: _geo_pb2.Subscription
     resume_after: int
-    def __init__(self, client: _Optional[str] = ..., subscription: _Optional[_Union[_geo_pb2.Subscription, _Mapping]] = ..., resume_after: _Optional[int] = ...) -> None: ...
+    handover: bool
+    def __init__(self, client: _Optional[str] = ..., subscription: _Optional[_Union[_geo_pb2.Subscription, _Mapping]] = ..., resume_after: _Optional[int] = ..., handover: _Optional[bool] = ...) -> None: ...
 
 class Delivery(_message.Message):
     __slots__ = ("subscription_id", "event", "deliver_time", "offset", "batch", "filter_scheme")

@@ -44,6 +44,11 @@ class ClientServiceStub:
                 request_serializer=geofed_dot_v1_dot_client__pb2.UpdateLocationRequest.SerializeToString,
                 response_deserializer=geofed_dot_v1_dot_client__pb2.ConnectResponse.FromString,
                 _registered_method=True)
+        self.Leave = channel.unary_unary(
+                '/geofed.v1.ClientService/Leave',
+                request_serializer=geofed_dot_v1_dot_client__pb2.LeaveRequest.SerializeToString,
+                response_deserializer=geofed_dot_v1_dot_client__pb2.LeaveResponse.FromString,
+                _registered_method=True)
         self.Subscribe = channel.unary_stream(
                 '/geofed.v1.ClientService/Subscribe',
                 request_serializer=geofed_dot_v1_dot_client__pb2.SubscribeRequest.SerializeToString,
@@ -104,6 +109,15 @@ class ClientServiceServicer:
 
     def UpdateLocation(self, request, context):
         """Updates the session's location; stays local (never crosses regions).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Leave(self, request, context):
+        """Ends the handover a held UpdateLocation began (the client's subscriptions
+        stand at its new broker): the subscriptions are withdrawn here and the
+        session closed. A session not held is left alone.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -191,6 +205,11 @@ def add_ClientServiceServicer_to_server(servicer, server):
                     servicer.UpdateLocation,
                     request_deserializer=geofed_dot_v1_dot_client__pb2.UpdateLocationRequest.FromString,
                     response_serializer=geofed_dot_v1_dot_client__pb2.ConnectResponse.SerializeToString,
+            ),
+            'Leave': grpc.unary_unary_rpc_method_handler(
+                    servicer.Leave,
+                    request_deserializer=geofed_dot_v1_dot_client__pb2.LeaveRequest.FromString,
+                    response_serializer=geofed_dot_v1_dot_client__pb2.LeaveResponse.SerializeToString,
             ),
             'Subscribe': grpc.unary_stream_rpc_method_handler(
                     servicer.Subscribe,
@@ -292,6 +311,33 @@ class ClientService:
             '/geofed.v1.ClientService/UpdateLocation',
             geofed_dot_v1_dot_client__pb2.UpdateLocationRequest.SerializeToString,
             geofed_dot_v1_dot_client__pb2.ConnectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Leave(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/geofed.v1.ClientService/Leave',
+            geofed_dot_v1_dot_client__pb2.LeaveRequest.SerializeToString,
+            geofed_dot_v1_dot_client__pb2.LeaveResponse.FromString,
             options,
             channel_credentials,
             insecure,
