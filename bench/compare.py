@@ -275,7 +275,7 @@ def _run(args: argparse.Namespace) -> int:
     speed = args.speed if args.speed is not None else (0.0 if args.barrier else 1.0)
     if speed < 0:
         raise InvalidInput("speed", f"must be >= 0, got {speed!r}")
-    wan_env, wan_text = _wan_settings(args.wan, args.wan_ms_per_km, federation)
+    wan_env, wan_text = wan_settings(args.wan, args.wan_ms_per_km, federation)
     strategies = list(dict.fromkeys(args.strategy or STRATEGIES))
     out, workdir = _output_folders(args)
     root = Path(args.output_root)
@@ -436,7 +436,7 @@ def _stage(progress: _Progress, name: str) -> Iterator[None]:
 # Inputs
 
 
-def _wan_settings(wan: str, ms_per_km: float | None, fed: Federation) -> tuple[dict[str, str], str]:
+def wan_settings(wan: str, ms_per_km: float | None, fed: Federation) -> tuple[dict[str, str], str]:
     """Node environment for the WAN emulation, and a description for the report."""
     if wan == "off":
         return {}, "off"

@@ -7,11 +7,12 @@ federation, `--moves` times, while a publisher at Singapore (ap) publishes
 Every event is world-wide, so a subscriber that held its subscriptions the
 whole time would receive every event once. The client makes before it
 breaks (docs/design.md §7): the old broker matches for it until the
-renewals stand, so what it misses is what was still in flight towards the
-old broker when the client left it. `--hold-s 0` runs the brokers without
-holding (break before make: the old broker withdraws when it answers the
-move), which misses what is matched between that withdrawal and the new
-broker's registration.
+renewals stand and lets go once what its peers sent it is delivered, so it
+should miss nothing; the price is the time `move` takes, which `--wan
+model` (emulated inter-region delays) shows. `--hold-s 0` runs the brokers
+without holding (break before make: the old broker withdraws when it
+answers the move), which misses what is matched between that withdrawal
+and the new broker's registration.
 
 Reported per strategy: events published, received, missed (in total and per
 move), deliveries the brokers made that never reached the client (counted
@@ -32,9 +33,10 @@ from pathlib import Path
 
 import geofed
 from geofed.node import DELIVERIES
-from geofed.routing import STRATEGIES, GeofedError
+from geofed.routing import STRATEGIES, Federation, GeofedError
 
 from ._machine import record
+from .compare import wan_settings
 from .faults import until
 from .local import LocalFederation
 
@@ -121,9 +123,18 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         help="the brokers' handover_hold_s (default: theirs, 10; 0: break before make)",
     )
+    p.add_argument(
+        "--wan",
+        default="off",
+        metavar="model|off|FILE",
+        help="emulated inter-broker latency, as for `geofed compare` (default: off)",
+    )
+    p.add_argument("--wan-ms-per-km", type=float, help="with --wan model (default 0.021)")
     p.add_argument("--no-record", action="store_true", help="do not append to handover.md")
     args = p.parse_args(argv)
-    env = {} if args.hold_s is None else {"GEOFED_HANDOVER_HOLD_S": f"{args.hold_s:g}"}
+    env, wan_text = wan_settings(args.wan, args.wan_ms_per_km, Federation.load("three"))
+    if args.hold_s is not None:
+        env["GEOFED_HANDOVER_HOLD_S"] = f"{args.hold_s:g}"
     rows = []
     for strategy in args.strategy or list(STRATEGIES):
         with (
@@ -139,9 +150,10 @@ def main(argv: list[str] | None = None) -> int:
         print(rows[-1], flush=True)
     body = (
         f"{args.subs} world-wide subscriptions, {args.moves} moves eu <-> us, a quarter"
-        f" second apart, {args.rate:g} events/s published at ap throughout;"
-        f" handover_hold_s {'10 (default)' if args.hold_s is None else f'{args.hold_s:g}'}"
-        f"{' (break before make)' if args.hold_s == 0 else ' (make before break)'}.\n\n"
+        f" second apart, {args.rate:g} events/s published at ap throughout; handover_hold_s"
+        f" {'10, the default' if args.hold_s is None else f'{args.hold_s:g}'}:"
+        f" {'break before make' if args.hold_s == 0 else 'make before break'}; WAN"
+        f" emulation: {wan_text}.\n\n"
         "| strategy | published | received | missed | missed per move | made, never received"
         " | move ms p50 | move ms max |\n|---|---:|---:|---:|---:|---:|---:|---:|\n"
         + "\n".join(rows)

@@ -21,12 +21,12 @@ subscription at the new broker, with the same `Subscription` objects.
 A handover makes before it breaks: the old broker keeps matching for the
 client (at its last location there) until every subscription stands at the
 new broker and the peers that route for it have applied the renewal; then
-the client leaves the old broker. What it can still miss (the federation is
-exact only between moves): a message in flight towards the old broker on a
-link slower than the whole handover, and, until the renewals stand, an event
-whose geofence covers the new place but not the old one (docs/design.md §7).
-Nothing is delivered twice: an event that reaches the client through both
-brokers is handed over once.
+the client leaves the old broker, which lets go once what its peers had
+sent it is delivered. What it can still miss (the federation is exact only
+between moves): until the renewals stand, an event whose geofence covers the
+new place but not the old one, and what a wait cut short by its bound lets
+through (docs/design.md §7). Nothing is delivered twice: an event that
+reaches the client through both brokers is handed over once.
 
 Persistent sessions (``session_expiry_s`` > 0): the broker keeps the
 client's subscriptions while no stream is open, for that long, and queues

@@ -32,6 +32,7 @@ from geofed.routing import (
     DeliveryMsg,
     Event,
     EventMsg,
+    FlushMsg,
     GeofedError,
     Geofence,
     GeofenceCache,
@@ -676,7 +677,7 @@ FRAME_RANK = {
     "event": 3,
     "delivery": 4,
     "transition": 5,
-    "control": 6,  # adaptive-controller reports
+    "control": 6,  # adaptive-controller reports, handover flushes
 }
 """Application order of message kinds within one frame."""
 
@@ -709,6 +710,9 @@ def add_to_frame(frame: fpb.Frame, msg: PeerMessage, origin: str) -> int:
     elif isinstance(msg, ReportMsg):
         pb = report_to_pb(msg)
         frame.reports.append(pb)
+    elif isinstance(msg, FlushMsg):
+        pb = fpb.Flush(token=msg.token, reply=msg.reply)
+        frame.flushes.append(pb)
     else:
         # A delivery to a busy broker names many subscriptions: its encoding
         # is joined from cached encoded references and parsed in C, 2.5x
@@ -864,9 +868,9 @@ def messages_from_frame(
     """The logical messages of a frame, in the order they are applied.
 
     A frame applies subscribes, then unsubscribes, relocations, events,
-    deliveries, strategy tables and proposals; senders start a new frame
-    rather than put a message behind one of a later rank (`FRAME_RANK`), so
-    this order is the order sent.
+    deliveries, strategy tables and proposals, then control traffic (reports,
+    handover flushes); senders start a new frame rather than put a message
+    behind one of a later rank (`FRAME_RANK`), so this order is the order sent.
 
     `cache` is the receiving broker's `PeerGeofenceCache`. A message that
     cannot be converted is skipped and appended to `rejected`, and the others
@@ -924,6 +928,7 @@ def messages_from_frame(
     out.extend(
         _each(frame.reports, Kind.CONTROL, lambda r: str(r.window), report_from_pb, rejected)
     )
+    out.extend(FlushMsg(int(f.token), f.reply) for f in frame.flushes)
     return out
 
 

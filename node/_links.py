@@ -222,6 +222,7 @@ class PeerLink:
         self._marks: deque[tuple[int, int]] = deque(maxlen=_UNACKED_FRAMES)
         self._acked_popped = 0
         self._settling: list[tuple[int, asyncio.Future[None]]] = []
+        self._after_backlog: list[PeerMessage] = []  # `enqueue_behind`, while `_behind`
         self._window: DedupWindow | None = None  # what came over this link: see `window`
         self._seq = 0
         self._ack_pending = 0
@@ -286,6 +287,18 @@ class PeerLink:
         self._account(size)
         self._count_queued()
         self._wake.set()
+
+    def enqueue_behind(self, msg: PeerMessage) -> None:
+        """Queue `msg` behind every message queued for the peer so far.
+
+        `enqueue` puts a message without an outbox id ahead of a durable
+        link's backlog still in the outbox (read back later); this one waits
+        until the backlog is in the queue. Dropped if the session ends first.
+        """
+        if self._behind is None:
+            self.enqueue(msg)
+        else:
+            self._after_backlog.append(msg)
 
     @property
     def queued(self) -> int:
@@ -377,6 +390,9 @@ class PeerLink:
             # Whatever is committed from now on is dispatched after this point
             # (the store reads and commits in order): memory is complete again.
             self._behind, self._skipped = None, 0
+            after, self._after_backlog = self._after_backlog, []
+            for msg in after:
+                self.enqueue(msg)
         self._count_queued()
 
     # -- lifecycle -------------------------------------------------------
@@ -572,6 +588,7 @@ class PeerLink:
                 self._resend.extend((m, 0) for m in msgs)
         self._unacked.clear()
         self._release_settled(everyone=True)
+        self._after_backlog.clear()
         self._keep_resendable(unacked)
         self.node.metrics.peer_connected.labels(peer=self.peer.id).set(0)
         self.node.link_state_changed()

@@ -34,7 +34,7 @@ SQLITE_MEMORY = "geofed_sqlite_memory_bytes"
 SESSION_QUEUE_DROPPED = "geofed_session_queue_dropped_total"
 SESSIONS_EXPIRED = "geofed_sessions_expired_total"
 HANDOVERS = "geofed_handovers_total"
-HANDOVER_SETTLE_TIMEOUTS = "geofed_handover_settle_timeouts_total"
+HANDOVER_WAIT_TIMEOUTS = "geofed_handover_wait_timeouts_total"
 AUTH_REFUSED = "geofed_auth_refused_total"
 QUEUED_BYTES = "geofed_queued_bytes"
 PEER_REFUSED = "geofed_peer_refused_total"
@@ -426,12 +426,16 @@ class NodeMetrics:
         )
         for outcome in ("left", "expired", "returned"):
             self.handovers.labels(outcome=outcome)
-        self.handover_settle_timeouts = Counter(
-            HANDOVER_SETTLE_TIMEOUTS,
-            "Handover renewals answered before every connected peer had acknowledged what"
-            " they sent (the bound ran out).",
+        self.handover_wait_timeouts = Counter(
+            HANDOVER_WAIT_TIMEOUTS,
+            "Handover waits whose bound ran out: a renewal answered before every connected"
+            " peer acknowledged what it was sent (settle), a withdrawal made before every"
+            " connected peer's flush reply arrived (flush).",
+            ["step"],
             registry=registry,
         )
+        for step in ("settle", "flush"):
+            self.handover_wait_timeouts.labels(step=step)
 
     def reject_peer_message(self, peer: str, kind: str, msg_id: str, reason: str) -> None:
         """Account for a message from `peer` that was skipped: counted, logged once.

@@ -31,6 +31,7 @@ from geofed.routing import (
     FederatedController,
     Federation,
     FederationMismatch,
+    FlushMsg,
     GeofedError,
     Geofence,
     GeofenceCache,
@@ -293,11 +294,13 @@ class _Session:
 
 @dataclass
 class _Held:
-    """A handover held open (make before break): where the client went, and the timer
-    that withdraws its subscriptions if it does not leave first."""
+    """A handover held open (make before break): where the client went, the timer
+    that withdraws its subscriptions if it does not leave first, and, once it left,
+    the task that withdraws them after the peers' flushes."""
 
     where: LatLon
     timer: asyncio.TimerHandle
+    leaving: asyncio.Task[None] | None = None
 
 
 @dataclass(frozen=True)
@@ -388,7 +391,9 @@ class BrokerServer(Guarded):
         # publishing a request now (shutdown cancels only the ones waiting for one).
         self.publish_calls: dict[asyncio.Task[Any], bool] = {}
         self._sessions: dict[str, _Session] = {}
-        self._held: dict[str, _Held] = {}  # clients that moved away and have not left yet
+        self._held: dict[str, _Held] = {}  # clients that moved away, not yet withdrawn
+        self._flush_token = 0
+        self._flushes: dict[tuple[str, int], asyncio.Future[None]] = {}  # (peer, token)
         self.pending: dict[SubKey, PendingInfo] = {}  # persistent subscriptions' queues
         self._published = DedupWindow(config.dedup_window)  # recent local event ids
         self._next_oid = 1
@@ -582,6 +587,9 @@ class BrokerServer(Guarded):
         if not self._stopped and self._started:
             asyncio.get_running_loop().create_task(self.health.set(FEDERATION_SERVICE, status))
         self._announce_tables()  # a strategy change waiting on a link that broke
+        for (peer, _), waiter in self._flushes.items():
+            if not self.links[peer].connected and not waiter.done():
+                waiter.set_result(None)  # no reply comes over a broken link
 
     # -- federation protocol -----------------------------------------------
 
@@ -949,6 +957,7 @@ class BrokerServer(Guarded):
         link = self.links[peer]
         staged = _Staged()
         in_frame: set[tuple[Kind, str]] = set()
+        flushes: list[FlushMsg] = []
         changed = False
         for msg in msgs:
             try:
@@ -967,6 +976,8 @@ class BrokerServer(Guarded):
                     if isinstance(msg, ProposeMsg):
                         self._check_links()
                     self._transition(self.core.on_message(peer, msg).sends)
+                elif isinstance(msg, FlushMsg):
+                    flushes.append(msg)
                 elif isinstance(msg, ReportMsg):
                     if self.controller is not None:  # a broker's share
                         self.controller.add(peer, msg.shares)
@@ -988,6 +999,14 @@ class BrokerServer(Guarded):
         await self._commit(staged)
         for kind in staged.received:
             self.metrics.peer_received.labels(peer=peer, kind=kind.value).inc()
+        # After the frame's deliveries went to their streams: a reply means
+        # everything the peer sent before it is in place here.
+        for flush in flushes:
+            if not flush.reply:
+                link.enqueue_behind(FlushMsg(flush.token, True))
+            elif (waiter := self._flushes.get((peer, flush.token))) is not None:
+                if not waiter.done():
+                    waiter.set_result(None)
 
     def _reject(self, peer: str, kind: Kind, msg_id: str, exc: Exception) -> None:
         """A message from `peer` that could not be applied (its frame goes on)."""
@@ -1502,23 +1521,38 @@ class BrokerServer(Guarded):
         self.metrics.redirects.inc()
         return self.federation.broker(owner), hold_s
 
-    def client_leave(self, who: Principal, client: str) -> bool:
+    async def client_leave(self, who: Principal, client: str) -> bool:
         """The client whose handover this broker holds left: withdraw and close its session.
 
-        Returns False when no handover was held (a retried Leave, or one after
-        the hold ran out); a session in the area is never touched.
+        The withdrawal waits for every connected peer's flush reply (`peers_flushed`):
+        what the peers sent here before they learnt of the client's new broker
+        (events it matched too late there, deliveries matched against this
+        broker's copy) is delivered first. Returns once withdrawn (in a task of
+        its own: a caller that goes away does not stop it halfway), True; False
+        when no handover was held (a retried Leave, or one after the hold ran
+        out); a session in the area is never touched.
 
         Raises:
             PermissionDenied: another identity's client id.
         """
         self.check_owner(who, client)
-        held = self._held.pop(client, None)
+        held = self._held.get(client)
         if held is None:
             return False
-        held.timer.cancel()
-        self.metrics.handovers.labels(outcome="left").inc()
-        self._moved_away(client, self.core.update_location(client, held.where))
+        if held.leaving is None:
+            held.timer.cancel()
+            self.metrics.handovers.labels(outcome="left").inc()
+            held.leaving = asyncio.get_running_loop().create_task(
+                self._leave(client, held), name=f"leave-{client}"
+            )
+        await asyncio.wait([held.leaving])  # cancelled if the client came back meanwhile
         return True
+
+    async def _leave(self, client: str, held: _Held) -> None:
+        await self.peers_flushed()
+        if self._held.get(client) is held:  # still away (not back meanwhile)
+            del self._held[client]
+            self._moved_away(client, self.core.update_location(client, held.where))
 
     def _hold_ran_out(self, client: str) -> None:
         held = self._held.pop(client, None)
@@ -1534,6 +1568,8 @@ class BrokerServer(Guarded):
         held = self._held.pop(client, None)
         if held is not None:
             held.timer.cancel()
+            if held.leaving is not None:
+                held.leaving.cancel()
             if self.federation.responsible(where) == self.broker_id:
                 self.metrics.handovers.labels(outcome="returned").inc()
 
@@ -1555,16 +1591,41 @@ class BrokerServer(Guarded):
         return self.federation.broker(moved.redirect)
 
     async def peers_settled(self) -> None:
-        """Wait until every connected peer applied what was queued for it so far, for at
-        most half of `handover_hold_s` (counted when that runs out)."""
-        waits = [link.settled() for link in self.links.values() if link.connected]
+        """Wait until every connected peer applied what was queued for it so far (a
+        handover's renewal, before the client leaves its old broker)."""
+        await self._handover_wait(
+            "settle", [link.settled() for link in self.links.values() if link.connected]
+        )
+
+    async def peers_flushed(self) -> None:
+        """Ask every connected peer for a flush and wait for the replies (a handover's
+        withdrawal): each peer queues its reply behind everything it had queued for
+        this broker, and a reply is taken once its frame's effects are in place."""
+        loop = asyncio.get_running_loop()
+        mine: list[tuple[str, int]] = []
+        for peer, link in self.links.items():
+            if link.connected:
+                self._flush_token += 1
+                key = (peer, self._flush_token)
+                self._flushes[key] = loop.create_future()
+                mine.append(key)
+                link.enqueue(FlushMsg(self._flush_token, False))
+        try:
+            await self._handover_wait("flush", [self._flushes[key] for key in mine])
+        finally:
+            for key in mine:
+                self._flushes.pop(key, None)
+
+    async def _handover_wait(self, step: str, waits: list[Awaitable[Any]]) -> None:
+        """Wait for `waits`, for at most half of `handover_hold_s` (counted when that
+        runs out: the handover goes on without them)."""
         if not waits:
             return
         try:
             async with asyncio.timeout(self.config.handover_hold_s / 2):
                 await asyncio.gather(*waits)
         except TimeoutError:
-            self.metrics.handover_settle_timeouts.inc()
+            self.metrics.handover_wait_timeouts.labels(step=step).inc()
 
     async def client_subscribe(
         self, who: Principal, client: str, pb: gpb.Subscription, resume_after: int = 0
@@ -1952,6 +2013,8 @@ def _trace_fields(msg: PeerMessage) -> tuple[list[str], str | None]:
         return [], msg.topic_filter
     if isinstance(msg, ReportMsg):
         return [str(msg.window)], None
+    if isinstance(msg, FlushMsg):
+        return [str(msg.token)], None
     return [msg.key[1]], None
 
 
@@ -2128,7 +2191,7 @@ class _ClientServicer(cpb_grpc.ClientServiceServicer, Guarded):
         node = self.node
         _decoded(request, "request")
         client = validate_id(request.client, "client")
-        return leave_response(node.client_leave(node.security.principal(context), client))
+        return leave_response(await node.client_leave(node.security.principal(context), client))
 
     @streaming
     async def Subscribe(

@@ -142,6 +142,19 @@ class ReportMsg:
     kind = Kind.CONTROL
 
 
+@dataclass(frozen=True, slots=True)
+class FlushMsg:
+    """A handover flush (docs/design.md §7): a request, or the reply to request `token`.
+
+    Control traffic between nodes: the broker core ignores it, and the cost
+    model leaves it out.
+    """
+
+    token: int
+    reply: bool
+    kind = Kind.CONTROL
+
+
 PeerMessage = (
     EventMsg
     | SubscribeMsg
@@ -151,6 +164,7 @@ PeerMessage = (
     | TableMsg
     | ProposeMsg
     | ReportMsg
+    | FlushMsg
 )
 
 MessageKey = tuple[str, str, str]

@@ -3,8 +3,10 @@ its subscriptions stand at the new one (docs/design.md §7).
 
 The old broker holds a handover (`UpdateLocation` with `hold`) until the client's
 `Leave`, its bound (`handover_hold_s`) or the client's return; a renewal flagged
-`handover` is answered once every connected peer has applied what it sent. Waits
-are on answers, metrics and the quiescence barrier, not on time.
+`handover` is answered once every connected peer has applied what it sent, and a
+`Leave` once every connected peer's flush reply has arrived. Waits are on answers,
+metrics and the quiescence barrier, not on time: the federation that waits on a
+held link has long bounds (`HOLD_S`), the one that lets them run out short ones.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from geofed.bench import LocalFederation, metric
 from geofed.bench.faults import until
 from geofed.node import (
     DELIVERIES,
-    HANDOVER_SETTLE_TIMEOUTS,
+    HANDOVER_WAIT_TIMEOUTS,
     HANDOVERS,
     PEER_MESSAGES_RECEIVED,
     SESSIONS,
@@ -37,16 +39,28 @@ FRANKFURT = geofed.LatLon(50.11, 8.68)  # eu
 NEW_YORK = geofed.LatLon(40.71, -74.0)  # us
 SINGAPORE = geofed.LatLon(1.29, 103.85)  # ap
 WAIT_S = 60.0
+HOLD_S = 120.0  # no wait of `fed` runs out while a test holds a link (half of it)
+
+
+def _federation(workdir: Path, hold_s: float) -> LocalFederation:
+    # A subscription-forwarding strategy: renewals travel to the publishers' brokers.
+    # A fault proxy on every link, to slow one down.
+    env = {"GEOFED_HANDOVER_HOLD_S": f"{hold_s:g}"}
+    return LocalFederation(
+        THREE, "flooding-subscriptions", workdir, links=True, mqtt=False, http=False, extra_env=env
+    )
 
 
 @pytest.fixture(scope="module")
 def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFederation]:
-    # A subscription-forwarding strategy: renewals travel to the publishers' brokers.
-    # A fault proxy on every link, to slow one down.
-    workdir = tmp_path_factory.mktemp("handover")
-    with LocalFederation(
-        THREE, "flooding-subscriptions", workdir, links=True, mqtt=False, http=False
-    ) as running:
+    with _federation(tmp_path_factory.mktemp("handover"), HOLD_S) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def short(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFederation]:
+    """Holds of half a second: its waits run out."""
+    with _federation(tmp_path_factory.mktemp("handover-short"), 0.5) as running:
         yield running
 
 
@@ -80,7 +94,7 @@ def test_a_held_handover_matches_at_the_old_broker_until_the_client_leaves(
             mover, "UpdateLocation", gw.update_location_request("held", NEW_YORK, hold=True)
         )
         assert not answer.accepted and answer.redirect.broker_id == "us"
-        assert answer.held_s == 10.0  # handover_hold_s's default
+        assert answer.held_s == HOLD_S
         # Held: eu still matches for the client, for its own publishers and the others'.
         assert count(fed, "eu", SUBSCRIPTIONS, scope="local") == local
         await near.publish("held/x", b"from eu")
@@ -141,28 +155,76 @@ def test_a_renewal_is_answered_once_every_peer_holds_it(fed: LocalFederation) ->
         await mover.subscribe("settle/x", subscription_id="s")
         await fed.quiescent()
         from_us = count(fed, "ap", PEER_MESSAGES_RECEIVED, peer="us", kind="subscribe")
-        timeouts = count(fed, "us", HANDOVER_SETTLE_TIMEOUTS)
+        timeouts = count(fed, "us", HANDOVER_WAIT_TIMEOUTS, step="settle")
         assert await mover.move(NEW_YORK)
         assert count(fed, "ap", PEER_MESSAGES_RECEIVED, peer="us", kind="subscribe") == from_us + 1
-        assert count(fed, "us", HANDOVER_SETTLE_TIMEOUTS) == timeouts
+        assert count(fed, "us", HANDOVER_WAIT_TIMEOUTS, step="settle") == timeouts
         assert count(fed, "eu", SUBSCRIPTIONS, scope="local") == local
         await mover.close()
 
     asyncio.run(run())
 
 
-def test_a_renewal_waits_for_a_slow_peer_only_up_to_its_bound(fed: LocalFederation) -> None:
+def test_what_a_peer_sent_the_old_broker_before_the_move_is_delivered_before_it_lets_go(
+    fed: LocalFederation,
+) -> None:
+    """ap matches events against eu's copy while the ap-eu link is slow (held): the
+    deliveries wait on the link while the client moves to us. eu takes `Leave` only
+    after ap's flush reply, which comes behind them: they reach the client."""
+
     async def run() -> None:
+        mover = await connect(fed, "inflight", PARIS)
+        far = await connect(fed, "inflight-far", SINGAPORE)
+        sub = await mover.subscribe("inflight/x", subscription_id="i")
+        await fed.quiescent()
+        left, local = (
+            count(fed, "eu", HANDOVERS, outcome="left"),
+            count(fed, "eu", SUBSCRIPTIONS, scope="local"),
+        )
+        await asyncio.to_thread(fed.link("ap", "eu").hold)
+        try:
+            sent = [await far.publish("inflight/x", f"{i}".encode()) for i in range(5)]
+            moving = asyncio.create_task(mover.move(NEW_YORK))
+            await until(
+                lambda: count(fed, "eu", HANDOVERS, outcome="left") == left + 1,
+                "the client left eu",
+                WAIT_S,
+                scrapes=True,
+            )
+            assert not moving.done()  # eu waits for ap's flush reply
+            assert count(fed, "eu", SUBSCRIPTIONS, scope="local") == local
+        finally:
+            await asyncio.to_thread(fed.link("ap", "eu").heal)
+        assert await moving
+        assert count(fed, "eu", SUBSCRIPTIONS, scope="local") == local - 1
+        assert sorted([(await sub.next(timeout=WAIT_S)).event_id for _ in sent]) == sorted(sent)
+        for client in (mover, far):
+            await client.close()
+
+    asyncio.run(run())
+
+
+def test_a_handover_waits_for_a_slow_peer_only_up_to_its_bound(short: LocalFederation) -> None:
+    """With the us-ap link held, us answers the renewal once half the hold has run out
+    (counted), and the client still leaves eu."""
+
+    async def run() -> None:
+        fed = short
         mover = await connect(fed, "slow", PARIS)
         local = count(fed, "eu", SUBSCRIPTIONS, scope="local")
         await mover.subscribe("slow/x", subscription_id="s")
         await fed.quiescent()
-        timeouts = count(fed, "us", HANDOVER_SETTLE_TIMEOUTS)
+        timeouts = count(fed, "us", HANDOVER_WAIT_TIMEOUTS, step="settle")
         await asyncio.to_thread(fed.link("us", "ap").hold)
         try:
             assert await mover.move(NEW_YORK)  # ap's acknowledgement cannot come
-            assert count(fed, "us", HANDOVER_SETTLE_TIMEOUTS) == timeouts + 1
-            assert count(fed, "eu", SUBSCRIPTIONS, scope="local") == local  # left all the same
+            assert count(fed, "us", HANDOVER_WAIT_TIMEOUTS, step="settle") == timeouts + 1
+            await until(  # left, or its hold ran out first
+                lambda: count(fed, "eu", SUBSCRIPTIONS, scope="local") == local,
+                "eu withdrew",
+                WAIT_S,
+                scrapes=True,
+            )
         finally:
             await asyncio.to_thread(fed.link("us", "ap").heal)
         await fed.quiescent()
@@ -210,28 +272,26 @@ def test_a_publisher_at_the_old_broker_misses_nothing_while_the_client_moves(
     asyncio.run(run())
 
 
-def test_a_handover_not_left_is_withdrawn_when_its_hold_runs_out(tmp_path: Path) -> None:
-    env = {"GEOFED_HANDOVER_HOLD_S": "0.2"}
-
-    async def run(fed: LocalFederation) -> None:
+def test_a_handover_not_left_is_withdrawn_when_its_hold_runs_out(short: LocalFederation) -> None:
+    async def run() -> None:
+        fed = short
         mover = await connect(fed, "gone", PARIS)
+        local, sessions = count(fed, "eu", SUBSCRIPTIONS, scope="local"), count(fed, "eu", SESSIONS)
         await mover.subscribe("gone/x", subscription_id="g")
+        expired = count(fed, "eu", HANDOVERS, outcome="expired")
         answer = await raw(
             mover, "UpdateLocation", gw.update_location_request("gone", NEW_YORK, hold=True)
         )
-        assert answer.held_s == 0.2
+        assert answer.held_s == 0.5
         await until(
-            lambda: count(fed, "eu", HANDOVERS, outcome="expired") == 1,
+            lambda: count(fed, "eu", HANDOVERS, outcome="expired") == expired + 1,
             "eu's hold ran out",
             WAIT_S,
             scrapes=True,
         )
-        assert count(fed, "eu", SUBSCRIPTIONS, scope="local") == 0
-        assert count(fed, "eu", SESSIONS) == 0
+        assert count(fed, "eu", SUBSCRIPTIONS, scope="local") == local
+        assert count(fed, "eu", SESSIONS) == sessions - 1
         assert not (await raw(mover, "Leave", gw.leave_request("gone"))).held
         await mover.close()
 
-    with LocalFederation(
-        THREE, "event-geofence", tmp_path, extra_env=env, mqtt=False, http=False
-    ) as fed:
-        asyncio.run(run(fed))
+    asyncio.run(run())

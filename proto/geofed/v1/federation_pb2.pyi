@@ -132,7 +132,7 @@ class Ack(_message.Message):
     def __init__(self, seq: _Optional[int] = ...) -> None: ...
 
 class Frame(_message.Message):
-    __slots__ = ("seq", "hello", "ack", "events", "subscribes", "unsubscribes", "deliveries", "snapshot", "refuse_reason", "relocations", "tables", "proposals", "reports")
+    __slots__ = ("seq", "hello", "ack", "events", "subscribes", "unsubscribes", "deliveries", "snapshot", "refuse_reason", "relocations", "tables", "proposals", "reports", "flushes")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
@@ -146,6 +146,7 @@ class Frame(_message.Message):
     TABLES_FIELD_NUMBER: _ClassVar[int]
     PROPOSALS_FIELD_NUMBER: _ClassVar[int]
     REPORTS_FIELD_NUMBER: _ClassVar[int]
+    FLUSHES_FIELD_NUMBER: _ClassVar[int]
     seq: int
     hello: Hello
     ack: Ack
@@ -159,7 +160,16 @@ class Frame(_message.Message):
     tables: _containers.RepeatedCompositeFieldContainer[TableState]
     proposals: _containers.RepeatedCompositeFieldContainer[StrategyProposal]
     reports: _containers.RepeatedCompositeFieldContainer[AdaptiveReport]
-    def __init__(self, seq: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_geo_pb2.Event, _Mapping]]] = ..., subscribes: _Optional[_Iterable[_Union[RemoteSubscription, _Mapping]]] = ..., unsubscribes: _Optional[_Iterable[_Union[Unsubscription, _Mapping]]] = ..., deliveries: _Optional[_Iterable[_Union[EventDelivery, _Mapping]]] = ..., snapshot: _Optional[_Union[SubscriptionSnapshot, _Mapping]] = ..., refuse_reason: _Optional[str] = ..., relocations: _Optional[_Iterable[_Union[Relocation, _Mapping]]] = ..., tables: _Optional[_Iterable[_Union[TableState, _Mapping]]] = ..., proposals: _Optional[_Iterable[_Union[StrategyProposal, _Mapping]]] = ..., reports: _Optional[_Iterable[_Union[AdaptiveReport, _Mapping]]] = ...) -> None: ...
+    flushes: _containers.RepeatedCompositeFieldContainer[Flush]
+    def __init__(self, seq: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_geo_pb2.Event, _Mapping]]] = ..., subscribes: _Optional[_Iterable[_Union[RemoteSubscription, _Mapping]]] = ..., unsubscribes: _Optional[_Iterable[_Union[Unsubscription, _Mapping]]] = ..., deliveries: _Optional[_Iterable[_Union[EventDelivery, _Mapping]]] = ..., snapshot: _Optional[_Union[SubscriptionSnapshot, _Mapping]] = ..., refuse_reason: _Optional[str] = ..., relocations: _Optional[_Iterable[_Union[Relocation, _Mapping]]] = ..., tables: _Optional[_Iterable[_Union[TableState, _Mapping]]] = ..., proposals: _Optional[_Iterable[_Union[StrategyProposal, _Mapping]]] = ..., reports: _Optional[_Iterable[_Union[AdaptiveReport, _Mapping]]] = ..., flushes: _Optional[_Iterable[_Union[Flush, _Mapping]]] = ...) -> None: ...
+
+class Flush(_message.Message):
+    __slots__ = ("token", "reply")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    REPLY_FIELD_NUMBER: _ClassVar[int]
+    token: int
+    reply: bool
+    def __init__(self, token: _Optional[int] = ..., reply: _Optional[bool] = ...) -> None: ...
 
 class AdaptiveReport(_message.Message):
     __slots__ = ("window", "keys")

@@ -443,15 +443,15 @@ def test_generation_options_are_refused_beside_a_workload_file() -> None:
 
 def test_wan_settings(tmp_path: Path) -> None:
     fed = Federation.load(THREE)
-    assert compare._wan_settings("off", None, fed) == ({}, "off")
-    env, text = compare._wan_settings("model", None, fed)
+    assert compare.wan_settings("off", None, fed) == ({}, "off")
+    env, text = compare.wan_settings("model", None, fed)
     assert env == {"GEOFED_WAN_LATENCY": "model", "GEOFED_WAN_MS_PER_KM": "0.021"}
     assert text == "model, 0.021 ms/km of great-circle distance (one-way 138–326 ms)"
-    env, text = compare._wan_settings("model", 0.1, fed)
+    env, text = compare.wan_settings("model", 0.1, fed)
     assert env["GEOFED_WAN_MS_PER_KM"] == "0.1" and "(one-way 655–1553 ms)" in text
     matrix = tmp_path / "m.json"
     matrix.write_text(json.dumps({"eu": {"us": 80, "ap": 120.5}}), encoding="utf-8")
-    env, text = compare._wan_settings(str(matrix), None, fed)
+    env, text = compare.wan_settings(str(matrix), None, fed)
     assert env == {"GEOFED_WAN_LATENCY": str(matrix.resolve())}
     assert text == f"matrix {matrix} (one-way 80–120.5 ms)"
 
@@ -459,19 +459,19 @@ def test_wan_settings(tmp_path: Path) -> None:
 def test_wan_settings_reject_bad_input(tmp_path: Path) -> None:
     fed = Federation.load(THREE)
     with pytest.raises(InvalidInput, match="wan"):
-        compare._wan_settings(str(tmp_path / "missing.json"), None, fed)
+        compare.wan_settings(str(tmp_path / "missing.json"), None, fed)
     bad = tmp_path / "bad.json"
     bad.write_text("[1, 2]", encoding="utf-8")
     with pytest.raises(InvalidInput, match="not a JSON matrix"):
-        compare._wan_settings(str(bad), None, fed)
+        compare.wan_settings(str(bad), None, fed)
     with pytest.raises(InvalidInput, match="wan_ms_per_km"):
-        compare._wan_settings("model", -1.0, fed)
+        compare.wan_settings("model", -1.0, fed)
     doc = fed.to_geojson()
     for f in doc["features"]:
         del f["properties"]["site"]
     no_sites = Federation.from_geojson(doc)
     with pytest.raises(InvalidInput, match="needs a site"):
-        compare._wan_settings("model", None, no_sites)
+        compare.wan_settings("model", None, no_sites)
 
 
 def test_generated_workload_is_written_for_spark(tmp_path: Path) -> None:

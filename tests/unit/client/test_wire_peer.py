@@ -20,6 +20,7 @@ from geofed.routing import (
     DEFAULT_MAX_VERTICES,
     DeliveryMsg,
     EventMsg,
+    FlushMsg,
     Geofence,
     GeofenceCache,
     InvalidInput,
@@ -343,3 +344,15 @@ def test_adaptive_reports_round_trip_and_a_bad_one_is_rejected_alone() -> None:
     assert rejected[0].reason.startswith("reports.keys[0].predicted.strategy")
     assert rejected[1].reason.startswith("reports.keys[0].key")
     assert gw.FRAME_RANK[report.kind.value] > gw.FRAME_RANK["transition"]
+
+
+def test_handover_flushes_cross_a_frame_and_are_applied_after_its_events_and_deliveries() -> None:
+    frame = gw.new_frame()
+    flushes = [FlushMsg(3, False), FlushMsg(4, True)]
+    event = EventMsg(make_event("e1", "t/x", ll(48.1, 11.6)))
+    gw.add_to_frame(frame, flushes[0], "a")
+    gw.add_to_frame(frame, event, "a")
+    gw.add_to_frame(frame, flushes[1], "a")
+    wire = fpb.Frame.FromString(frame.SerializeToString())
+    assert gw.messages_from_frame(wire, gw.PeerGeofenceCache()) == [event, *flushes]
+    assert gw.FRAME_RANK[Kind.CONTROL.value] == max(gw.FRAME_RANK.values())

@@ -580,3 +580,35 @@ def test_a_replaced_session_stops_writing() -> None:
         await link.stop()
 
     run(test)
+
+
+def test_settled_waits_for_the_peers_ack_of_what_was_queued_and_not_for_later_messages() -> None:
+    """`settled` returns once the peer acknowledged the frame carrying the last message
+    queued before the call (a later message does not hold it), at once with nothing
+    pending, and when the session ends (the next one's snapshot carries the state)."""
+
+    async def test() -> None:
+        host = FakeHost(batch_max_messages=1)
+        link = host.make_link()
+        wire, task, _ = await accept(link)
+        await link.settled()  # nothing queued: at once
+        link.enqueue(event("e1"))
+        link.enqueue(event("e2"))
+        waiting = asyncio.create_task(link.settled())
+        await asyncio.sleep(0)  # the call takes its mark
+        link.enqueue(event("e3"))  # after the call: not waited for
+        seqs = [(await wire.peer_end.frame_with_events()).seq for _ in range(3)]
+        await wire.peer_end.write(gw.ack_frame(seqs[0]))
+        await host.until(lambda: len(link._unacked) == 2)
+        assert not waiting.done()  # e2 is not acknowledged yet
+        await wire.peer_end.write(gw.ack_frame(seqs[1]))
+        await waiting
+        link.enqueue(event("e4"))
+        pending = asyncio.create_task(link.settled())
+        await wire.peer_end.frame_with_events()
+        assert not pending.done()
+        await close(link, wire, task)
+        await pending  # the session ended: not waited for any longer
+        await link.settled()  # down: at once
+
+    run(test)
