@@ -14,6 +14,7 @@ PEER_MESSAGES_SENT = "geofed_peer_messages_sent_total"
 PEER_MESSAGES_RECEIVED = "geofed_peer_messages_received_total"
 PEER_BYTES_SENT = "geofed_peer_bytes_sent_total"
 PEER_QUEUE_DROPPED = "geofed_peer_queue_dropped_total"
+PEER_UNACKED_FORGOTTEN = "geofed_peer_unacked_forgotten_total"
 PEER_DUPLICATES_DROPPED = "geofed_peer_duplicates_dropped_total"
 PEER_MESSAGES_REJECTED = "geofed_peer_messages_rejected_total"
 PEER_CONNECTED = "geofed_peer_connected"
@@ -95,6 +96,13 @@ class NodeMetrics:
         self.peer_dropped = Counter(
             PEER_QUEUE_DROPPED,
             "Messages dropped because a peer's queue was full.",
+            ["peer"],
+            registry=registry,
+        )
+        self.peer_forgotten = Counter(
+            PEER_UNACKED_FORGOTTEN,
+            "Events and deliveries a link ended without an acknowledgement for and could not"
+            " send again: without a store, beyond the last 4,096 unacknowledged frames.",
             ["peer"],
             registry=registry,
         )

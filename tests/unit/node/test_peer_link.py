@@ -271,6 +271,41 @@ def test_unacknowledged_events_are_resent_after_reconnect_acknowledged_ones_are_
     run(test)
 
 
+def test_frames_beyond_the_unacknowledged_bound_are_counted_when_the_link_ends_without_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without a store a link keeps the last `_UNACKED_FRAMES` unacknowledged frames: the
+    older ones' messages are counted (and logged) when the session ends before an ack
+    covered them, not when an ack did."""
+    monkeypatch.setattr(_links, "_UNACKED_FRAMES", 2)
+
+    async def test() -> None:
+        host = FakeHost(batch_max_messages=1)
+        link = host.make_link()
+        forgotten = "geofed_peer_unacked_forgotten_total"
+        wire, task, _ = await accept(link)
+        for eid in ("e1", "e2", "e3"):
+            link.enqueue(event(eid))
+        seqs = [(await wire.peer_end.frame_with_events()).seq for _ in range(3)]
+        await wire.peer_end.write(gw.ack_frame(seqs[0]))  # e1 arrived after all
+        await host.until(lambda: host.frames == 1)
+        await close(link, wire, task)
+        assert not host.metric(forgotten)  # no sample: nothing counted
+
+        wire, task, _ = await accept(link)  # e2 and e3 again, then four more
+        for eid in ("e4", "e5", "e6", "e7"):
+            link.enqueue(event(eid))
+        got = [ids(await wire.peer_end.frame_with_events())[0] for _ in range(6)]
+        assert got == ["e2", "e3", "e4", "e5", "e6", "e7"]
+        await close(link, wire, task)  # e2..e5 fell out of the two kept frames
+        assert host.metric(forgotten) == 4.0
+        wire, task, _ = await accept(link)
+        assert ids(await wire.peer_end.frame_with_events()) == ["e6"]
+        await link.stop()
+
+    run(test)
+
+
 def test_duplicate_window_remembers_event_ids_per_kind() -> None:
     """An event id seen on the link is a duplicate (per kind) until dedup_window newer keys
     pushed it out; so the host drops an event the peer resends on a new session."""
