@@ -216,10 +216,9 @@ class PeerLink:
         self._writing = 0  # messages in the frame being written
         self._restart_reason = ""
         self._unacked: deque[tuple[int, list[PeerMessage]]] = deque(maxlen=_UNACKED_FRAMES)
-        # Without a store: the messages of frames that fell out of `_unacked` before
-        # an acknowledgement covered them, and the newest such frame's seq.
-        self._forgotten = 0
-        self._forgotten_seq = 0
+        # Without a store: (seq, messages) of the frames that fell out of `_unacked`
+        # and no acknowledgement has covered yet (until the watchdog ends a silent link).
+        self._forgotten: deque[tuple[int, int]] = deque()
         # `settled`: messages taken from the queue so far, (frame seq, that count once
         # the frame was written), the count the peer has acknowledged, and the waiters.
         self._popped = 0
@@ -590,16 +589,17 @@ class PeerLink:
         if not self.durable:
             for _, msgs in self._unacked:
                 self._resend.extend((m, 0) for m in msgs)
-            if self._forgotten:
-                self.node.metrics.peer_forgotten.labels(peer=self.peer.id).inc(self._forgotten)
+            forgotten = sum(n for _, n in self._forgotten)
+            if forgotten:
+                self.node.metrics.peer_forgotten.labels(peer=self.peer.id).inc(forgotten)
                 log.warning(
                     "link %s: %d events and deliveries of unacknowledged frames beyond the"
                     " last %d are not sent again",
                     self.peer.id,
-                    self._forgotten,
+                    forgotten,
                     _UNACKED_FRAMES,
                 )
-                self._forgotten = 0
+        self._forgotten.clear()
         self._unacked.clear()
         self._release_settled(everyone=True)
         self._after_backlog.clear()
@@ -681,8 +681,7 @@ class PeerLink:
                 if len(self._unacked) == self._unacked.maxlen and not self.durable:
                     # The oldest falls out: it cannot be sent again unless acknowledged.
                     seq, lost = self._unacked[0]
-                    self._forgotten += len(lost)
-                    self._forgotten_seq = seq
+                    self._forgotten.append((seq, len(lost)))
                 self._unacked.append((self._seq, resendable))
             self._marks.append((self._seq, self._popped))
         if self._ack_pending:
@@ -716,8 +715,9 @@ class PeerLink:
                 acked: list[PeerMessage] = []
                 while self._unacked and self._unacked[0][0] <= frame.ack.seq:
                     acked.extend(self._unacked.popleft()[1])
-                if self._forgotten and frame.ack.seq >= self._forgotten_seq:
-                    self._forgotten = 0  # they arrived after all
+                forgotten = self._forgotten
+                while forgotten and forgotten[0][0] <= frame.ack.seq:
+                    forgotten.popleft()  # it arrived after all
                 if acked and self.durable:
                     node.outbox_acked(peer, acked)
                 marks = self._marks
