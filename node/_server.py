@@ -1290,7 +1290,7 @@ class BrokerServer(Guarded):
                 # Stored by a held handover (or an area that changed): the client
                 # is elsewhere now, so its move ends here.
                 log.info("session of %s: its location lies outside this area; closed", client)
-                self._moved_away(client, self.core.update_location(client, where))
+                self._end_move(client, where)
         for peer, keys in loaded.seen.items():
             window = self._published if peer == _LOCAL else None
             if peer in self.links:
@@ -1478,11 +1478,7 @@ class BrokerServer(Guarded):
         moved = self.core.update_location(client, where)
         self.dispatch(moved.sends)  # withdrawals, or where its roaming geofences now reach
         if moved.redirect is None:
-            if self.durable and self.persistent(client):
-                session = self._sessions[client]
-                self.store.put_session(
-                    client, where.lat, where.lon, session.expiry_s, session.owner
-                )
+            self._store_location(client, where)
             return None
         self.metrics.redirects.inc()
         return self._moved_away(client, moved)
@@ -1511,9 +1507,7 @@ class BrokerServer(Guarded):
         self.security.may_be_at(who, where)
         if client not in self.core.sessions:
             raise NotFound("client session", client)
-        if self.durable and self.persistent(client):
-            session = self._sessions[client]
-            self.store.put_session(client, where.lat, where.lon, session.expiry_s, session.owner)
+        if self._store_location(client, where):
             await self.store.commit()
         self._unhold(client, where)
         timer = asyncio.get_running_loop().call_later(hold_s, self._hold_ran_out, client)
@@ -1552,16 +1546,32 @@ class BrokerServer(Guarded):
         await self.peers_flushed()
         if self._held.get(client) is held:  # still away (not back meanwhile)
             del self._held[client]
-            self._moved_away(client, self.core.update_location(client, held.where))
+            self._end_move(client, held.where)
 
     def _hold_ran_out(self, client: str) -> None:
         held = self._held.pop(client, None)
         if held is None:
             return
         self.metrics.handovers.labels(outcome="expired").inc()
-        if client in self.core.sessions:  # not expired meanwhile
+        if self._end_move(client, held.where):
             log.info("handover of %s: not left within handover_hold_s; withdrawn", client)
-            self._moved_away(client, self.core.update_location(client, held.where))
+
+    def _end_move(self, client: str, where: LatLon) -> bool:
+        """A client gone to `where`, outside the area: withdraw and close its session here
+        (False: it has none any more, expired meanwhile)."""
+        if client not in self.core.sessions:
+            return False
+        self._moved_away(client, self.core.update_location(client, where))
+        return True
+
+    def _store_location(self, client: str, where: LatLon) -> bool:
+        """Keep a persistent session's new location in the store (uncommitted); False
+        when there is nothing to keep (no store, or a plain session)."""
+        if not (self.durable and self.persistent(client)):
+            return False
+        session = self._sessions[client]
+        self.store.put_session(client, where.lat, where.lon, session.expiry_s, session.owner)
+        return True
 
     def _unhold(self, client: str, where: LatLon) -> None:
         """A held client's new location or connect: the hold ends without withdrawing."""
