@@ -37,7 +37,9 @@ it. `Client.close` then leaves the subscriptions at the broker (a client that
 connects again with the same id and subscription ids resumes them), and
 publishing retries a broker that is unavailable with the same event id (the
 broker drops an id it already published), so an acknowledged publish is
-delivered at least once and a retried one at most once per broker.
+delivered at least once and a retried one at most once per broker. A move
+takes the queues along: the old broker hands what the client has not
+acknowledged to the new one, which queues it with offsets of its own.
 
 Every failure is a `geofed.GeofedError` subclass (`geofed.errors`), never a
 raw ``grpc.RpcError``: input the broker rejects raises the same
@@ -920,7 +922,9 @@ class Subscription:
             except TimeoutError:
                 raise DeadlineExceeded(f"subscription {self.id}", timeout) from None
         msg = self._items.popleft()
-        if msg.offset:
+        # An offset of the broker left behind by a move (received before it) means
+        # nothing at the new one: acknowledged there, it would cover others.
+        if msg.offset and msg.broker == self._broker:
             self._taken = msg.offset
             if self._acking is None or self._acking.done():
                 self._acking = asyncio.create_task(self._ack_later(), name=f"ack-{self.id}")

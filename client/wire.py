@@ -36,6 +36,7 @@ from geofed.routing import (
     GeofedError,
     Geofence,
     GeofenceCache,
+    HandoffMsg,
     HistoryQuery,
     HistoryRecord,
     InvalidInput,
@@ -677,7 +678,7 @@ FRAME_RANK = {
     "event": 3,
     "delivery": 4,
     "transition": 5,
-    "control": 6,  # adaptive-controller reports, handover flushes
+    "control": 6,  # adaptive-controller reports, handover flushes and queue handoffs
 }
 """Application order of message kinds within one frame."""
 
@@ -713,6 +714,14 @@ def add_to_frame(frame: fpb.Frame, msg: PeerMessage, origin: str) -> int:
     elif isinstance(msg, FlushMsg):
         pb = fpb.Flush(token=msg.token, reply=msg.reply)
         frame.flushes.append(pb)
+    elif isinstance(msg, HandoffMsg):
+        client, sub_id = msg.key
+        pb = fpb.QueueHandoff(
+            id=msg.id,
+            subscription=fpb.SubscriptionRef(client=client, id=sub_id),
+            deliveries=msg.deliveries,
+        )
+        frame.handoffs.append(pb)
     else:
         # A delivery to a busy broker names many subscriptions: its encoding
         # is joined from cached encoded references and parsed in C, 2.5x
@@ -869,7 +878,7 @@ def messages_from_frame(
 
     A frame applies subscribes, then unsubscribes, relocations, events,
     deliveries, strategy tables and proposals, then control traffic (reports,
-    handover flushes); senders start a new frame rather than put a message
+    handover flushes, queue handoffs); senders start a new frame rather than put a message
     behind one of a later rank (`FRAME_RANK`), so this order is the order sent.
 
     `cache` is the receiving broker's `PeerGeofenceCache`. A message that
@@ -929,6 +938,10 @@ def messages_from_frame(
         _each(frame.reports, Kind.CONTROL, lambda r: str(r.window), report_from_pb, rejected)
     )
     out.extend(FlushMsg(int(f.token), f.reply) for f in frame.flushes)
+    out.extend(
+        HandoffMsg(h.id, (h.subscription.client, h.subscription.id), tuple(h.deliveries))
+        for h in frame.handoffs
+    )
     return out
 
 

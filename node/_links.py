@@ -41,6 +41,7 @@ from geofed.routing import (
     DeliveryMsg,
     EventMsg,
     GeofenceCache,
+    HandoffMsg,
     Kind,
     PeerMessage,
     StorageFailed,
@@ -67,7 +68,9 @@ log = logging.getLogger("geofed.node.links")
 PROTOCOL_VERSION = 4
 _UNACKED_FRAMES = 4096
 _ACK_DELAY_S = 0.02
-_RESENDABLE = (Kind.EVENT, Kind.DELIVERY)
+_RESENDABLE = (EventMsg, DeliveryMsg, HandoffMsg)
+"""Messages resent after a broken session (from the outbox, in durable mode): nothing else
+would repair their loss."""
 _STATE_KINDS = (Kind.SUBSCRIBE, Kind.UNSUBSCRIBE, Kind.RELOCATE, Kind.TRANSITION)
 """Kinds whose loss the next session repairs (snapshot, table state): not kept for resending."""
 _PAGE = 2048  # outbox messages read back at a time
@@ -362,15 +365,15 @@ class PeerLink:
     def _keep_resendable(self, unacked: int = 0) -> None:
         """Drop queued subscription changes (the snapshot supersedes them).
 
-        In durable mode the events and deliveries go too: the next session
+        In durable mode the events, deliveries and handoffs go too: the next session
         reads them back from the outbox, with everything not acknowledged
         (`unacked` messages written to the link that ended), and the queue
         gauge goes on counting them there.
         """
         if not self.durable:
-            self._queue = deque(e for e in self._queue if e[0].kind in _RESENDABLE)
+            self._queue = deque(e for e in self._queue if isinstance(e[0], _RESENDABLE))
         else:
-            left = sum(1 for m, _ in self._queue if m.kind in _RESENDABLE) + unacked
+            left = sum(1 for m, _ in self._queue if isinstance(m, _RESENDABLE)) + unacked
             self._queue = deque()
             if self._behind is None:
                 self._skipped = 0
@@ -676,7 +679,7 @@ class PeerLink:
         if msgs:
             self._seq += 1
             frame.seq = self._seq
-            resendable = [m for m in msgs if m.kind in _RESENDABLE]
+            resendable: list[PeerMessage] = [m for m in msgs if isinstance(m, _RESENDABLE)]
             if resendable:
                 if len(self._unacked) == self._unacked.maxlen and not self.durable:
                     # The oldest falls out: it cannot be sent again unless acknowledged.
@@ -750,6 +753,8 @@ def _size(msg: PeerMessage) -> int:
     if isinstance(msg, EventMsg | DeliveryMsg):
         fence = msg.event.geofence
         return _OVERHEAD + len(msg.event.payload) + (len(fence.wkt) if fence is not None else 0)
+    if isinstance(msg, HandoffMsg):
+        return _OVERHEAD + sum(map(len, msg.deliveries))
     return _OVERHEAD
 
 

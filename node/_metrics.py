@@ -36,6 +36,7 @@ SESSION_QUEUE_DROPPED = "geofed_session_queue_dropped_total"
 SESSIONS_EXPIRED = "geofed_sessions_expired_total"
 HANDOVERS = "geofed_handovers_total"
 HANDOVER_WAIT_TIMEOUTS = "geofed_handover_wait_timeouts_total"
+HANDOFF_DELIVERIES = "geofed_handoff_deliveries_total"
 AUTH_REFUSED = "geofed_auth_refused_total"
 QUEUED_BYTES = "geofed_queued_bytes"
 PEER_REFUSED = "geofed_peer_refused_total"
@@ -444,6 +445,16 @@ class NodeMetrics:
         )
         for step in ("settle", "flush"):
             self.handover_wait_timeouts.labels(step=step)
+        self.handoff_deliveries = Counter(
+            HANDOFF_DELIVERIES,
+            "Queued deliveries of persistent subscriptions moved by handovers: sent to the"
+            " client's new broker (sent), queued here for a client that arrived (queued), or"
+            " lost: no link to the new broker, or no such subscription there (dropped).",
+            ["outcome"],
+            registry=registry,
+        )
+        for outcome in ("sent", "queued", "dropped"):
+            self.handoff_deliveries.labels(outcome=outcome)
 
     def reject_peer_message(self, peer: str, kind: str, msg_id: str, reason: str) -> None:
         """Account for a message from `peer` that was skipped: counted, logged once.

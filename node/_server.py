@@ -9,6 +9,7 @@ import json
 import logging
 import math
 import time
+import uuid
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from geofed.routing import (
     GeofedError,
     Geofence,
     GeofenceCache,
+    HandoffMsg,
     HistoryQuery,
     HistoryRecord,
     InvalidInput,
@@ -135,6 +137,7 @@ _REPLAY_PAGE = 1024  # queued deliveries read back from the store at a time
 _LOCAL = ""  # the duplicate window of local publishes, among the peers' windows in the store
 _PUBLISH = "publish"
 _NUMBERED_WAIT_S = 20.0  # a strategy change waits this long for its number without peer_timeout_s
+_HANDOFF_BYTES = 1 << 20  # a handoff message carries at most this many bytes of deliveries
 
 Refill = Callable[[int], Awaitable[list[tuple[int, cpb.Delivery]]]]
 
@@ -392,6 +395,8 @@ class BrokerServer(Guarded):
         self.publish_calls: dict[asyncio.Task[Any], bool] = {}
         self._sessions: dict[str, _Session] = {}
         self._held: dict[str, _Held] = {}  # clients that moved away, not yet withdrawn
+        self._moving: dict[str, asyncio.Event] = {}  # clients whose queues are being handed off
+        self._ending: set[asyncio.Task[None]] = set()  # moves ended by a hold that ran out
         self._flush_token = 0
         self._flushes: dict[tuple[str, int], asyncio.Future[None]] = {}  # (peer, token)
         self.pending: dict[SubKey, PendingInfo] = {}  # persistent subscriptions' queues
@@ -428,7 +433,11 @@ class BrokerServer(Guarded):
         if self._started:
             return
         self._started = True
-        self._restore(self.store.open())
+        for client, where in self._restore(self.store.open()):
+            # Stored by a held handover (or an area that changed): the client
+            # is elsewhere now, so its move ends here.
+            log.info("session of %s: its location lies outside this area; closed", client)
+            await self._end_move(client, where)
         if self.history is not None:
             self.history.open()
             self.history.start_sweeping()
@@ -961,15 +970,18 @@ class BrokerServer(Guarded):
         changed = False
         for msg in msgs:
             try:
-                if isinstance(msg, EventMsg | DeliveryMsg):
-                    key = (msg.kind, msg.event.id)
+                if (once := _once_id(msg)) is not None:
+                    key = (msg.kind, once)
                     if link.window.seen(*key) or key in in_frame:
                         self.metrics.peer_duplicates.labels(peer=peer).inc()
                         staged.received.append(msg.kind)
                         continue
-                    with self.metrics.match_seconds.time():
-                        out = self.core.on_message(peer, msg)
-                    self._stage_deliveries(out.deliveries, peer, staged)
+                    if isinstance(msg, HandoffMsg):
+                        self._take_handoff(peer, msg, staged)
+                    else:
+                        with self.metrics.match_seconds.time():
+                            out = self.core.on_message(peer, msg)
+                        self._stage_deliveries(out.deliveries, peer, staged)
                     in_frame.add(key)
                     staged.seen.append((peer, *key))
                 elif isinstance(msg, TableMsg | ProposeMsg):
@@ -1132,14 +1144,11 @@ class BrokerServer(Guarded):
         for send in sends:
             oid = 0
             msg = send.msg
-            if self.durable and isinstance(msg, EventMsg | DeliveryMsg):
+            once = _once_id(msg)
+            if self.durable and once is not None:
                 oid, self._next_oid = self._next_oid, self._next_oid + 1
                 self.store.put_outbox(
-                    oid,
-                    send.dst,
-                    msg.kind.value,
-                    msg.event.id,
-                    message_to_bytes(msg, self.broker_id),
+                    oid, send.dst, msg.kind.value, once, message_to_bytes(msg, self.broker_id)
                 )
             staged.sends.append((send, oid))
 
@@ -1160,21 +1169,55 @@ class BrokerServer(Guarded):
             pb = wire.get(id(d.event))
             if pb is None:
                 pb = wire[id(d.event)] = event_to_pb(d.event, origin)
+            item = delivery_to_pb(d.subscription, pb, now, filter_scheme=_flag(d))
             if info is not None:
-                info.last += 1
-                item = delivery_to_pb(d.subscription, pb, now, info.last, _flag(d))
-                data = item.SerializeToString()
-                self.store.put_pending(_stored(key), info.last, data)
-                info.count += 1
-                info.bytes += len(data)
-                if info.bytes > self.config.session_queue_bytes and not info.trimming:
-                    info.trimming = True
-                    asyncio.get_running_loop().create_task(self._trim(key, info))
-            else:
-                item = delivery_to_pb(d.subscription, pb, now, filter_scheme=_flag(d))
+                self._queue_delivery(key, info, item)
             staged.delivered += 1
             if stream is not None:
                 staged.pushes.append((stream, item))
+
+    def _queue_delivery(self, key: SubKey, info: PendingInfo, item: cpb.Delivery) -> None:
+        """Give `item` the persistent subscription's next offset and queue it in the store."""
+        info.last += 1
+        item.offset = info.last
+        data = item.SerializeToString()
+        self.store.put_pending(_stored(key), info.last, data)
+        info.count += 1
+        info.bytes += len(data)
+        if info.bytes > self.config.session_queue_bytes and not info.trimming:
+            info.trimming = True
+            asyncio.get_running_loop().create_task(self._trim(key, info))
+
+    def _take_handoff(self, peer: str, msg: HandoffMsg, staged: _Staged) -> None:
+        """A queue handed off by `peer`, the broker the client left: queued for the same
+        subscription here (with offsets of this broker), or pushed to its stream.
+
+        Raises:
+            InvalidInput: a delivery is not a valid ``geofed.v1.Delivery`` (none is taken).
+        """
+        key = msg.key
+        stream = self._streams.get(key)
+        info = self.pending.get(key)
+        if stream is None and info is None:
+            self.metrics.handoff_deliveries.labels(outcome="dropped").inc(len(msg.deliveries))
+            log.warning(
+                "%d queued deliveries of %s handed off by %s dropped: no such subscription here",
+                len(msg.deliveries),
+                key,
+                peer,
+            )
+            return
+        try:
+            items = [cpb.Delivery.FromString(data) for data in msg.deliveries]
+        except Exception as exc:
+            raise InvalidInput("handoff.deliveries", f"not a valid Delivery: {exc}") from None
+        for item in items:
+            item.offset = 0
+            if info is not None:
+                self._queue_delivery(key, info, item)
+            if stream is not None:
+                staged.pushes.append((stream, item))
+        self.metrics.handoff_deliveries.labels(outcome="queued").inc(len(items))
 
     async def _commit(self, staged: _Staged) -> None:
         """Wait for the store to hold what `staged` wrote, then let it take effect."""
@@ -1259,14 +1302,14 @@ class BrokerServer(Guarded):
     def outbox_acked(self, peer: str, msgs: list[PeerMessage]) -> None:
         """`peer` acknowledged these: the outbox forgets them."""
         self.store.delete_outbox(
-            peer,
-            [(m.kind.value, m.event.id) for m in msgs if isinstance(m, EventMsg | DeliveryMsg)],
+            peer, [(m.kind.value, once) for m in msgs if (once := _once_id(m)) is not None]
         )
 
     # -- restart ---------------------------------------------------------------
 
-    def _restore(self, loaded: Loaded) -> None:
-        """Rebuild the state a store kept (nothing to do for a new or in-memory one)."""
+    def _restore(self, loaded: Loaded) -> list[tuple[str, LatLon]]:
+        """Rebuild the state a store kept (nothing to do for a new or in-memory one);
+        return the sessions whose location lies outside this area, to end (`_end_move`)."""
         if loaded.strategy_state:
             # Before the subscriptions: they are placed for the tables in force.
             state = json.loads(loaded.strategy_state)
@@ -1285,12 +1328,11 @@ class BrokerServer(Guarded):
             self.pending[msg.sub.key] = loaded.pending.get(stored) or PendingInfo()
         for home, data in loaded.remote:
             self.core.on_message(home, message_from_bytes(data, self.peer_geofences))
-        for client, where in list(self.core.sessions.items()):
-            if self.federation.responsible(where) != self.broker_id:
-                # Stored by a held handover (or an area that changed): the client
-                # is elsewhere now, so its move ends here.
-                log.info("session of %s: its location lies outside this area; closed", client)
-                self._end_move(client, where)
+        away = [
+            (client, where)
+            for client, where in self.core.sessions.items()
+            if self.federation.responsible(where) != self.broker_id
+        ]
         for peer, keys in loaded.seen.items():
             window = self._published if peer == _LOCAL else None
             if peer in self.links:
@@ -1313,6 +1355,7 @@ class BrokerServer(Guarded):
                 sum(loaded.outbox.values()),
             )
         self._update_sub_gauges()
+        return away
 
     # -- sessions ----------------------------------------------------------
 
@@ -1448,6 +1491,8 @@ class BrokerServer(Guarded):
         """
         if not (math.isfinite(expiry_s) and expiry_s >= 0):
             raise InvalidInput("session_expiry_s", f"must be a number >= 0, got {expiry_s!r}")
+        if (moving := self._moving.get(client)) is not None:
+            await moving.wait()  # its session here is ending (`_end_move`): then a new one
         self.check_owner(who, client)
         self.security.may_be_at(who, where)
         if client in self.core.sessions and self.federation.responsible(where) == self.broker_id:
@@ -1546,23 +1591,101 @@ class BrokerServer(Guarded):
         await self.peers_flushed()
         if self._held.get(client) is held:  # still away (not back meanwhile)
             del self._held[client]
-            self._end_move(client, held.where)
+            await self._end_move(client, held.where)
 
     def _hold_ran_out(self, client: str) -> None:
         held = self._held.pop(client, None)
         if held is None:
             return
-        self.metrics.handovers.labels(outcome="expired").inc()
-        if self._end_move(client, held.where):
-            log.info("handover of %s: not left within handover_hold_s; withdrawn", client)
+        task = asyncio.get_running_loop().create_task(
+            self._expire(client, held.where), name=f"expire-{client}"
+        )
+        self._ending.add(task)
+        task.add_done_callback(self._ending.discard)
 
-    def _end_move(self, client: str, where: LatLon) -> bool:
-        """A client gone to `where`, outside the area: withdraw and close its session here
-        (False: it has none any more, expired meanwhile)."""
+    async def _expire(self, client: str, where: LatLon) -> None:
+        if await self._end_move(client, where):
+            log.info("handover of %s: not left within handover_hold_s; withdrawn", client)
+        # Counted once withdrawn: whoever sees the count sees the withdrawal.
+        self.metrics.handovers.labels(outcome="expired").inc()
+
+    async def _end_move(self, client: str, where: LatLon) -> bool:
+        """A client gone to `where`, outside the area: withdraw and close its session here,
+        its persistent queues handed off to its new broker (False: it has no session any
+        more, expired meanwhile).
+
+        The queues are read after the withdrawal (nothing is added to them then),
+        and the handoffs go into the transaction that deletes them: a crash
+        before it commits finds the session at its new place again on restart
+        and ends the move anew. A `Connect` of the client meanwhile waits.
+        """
         if client not in self.core.sessions:
             return False
-        self._moved_away(client, self.core.update_location(client, where))
+        moved = self.core.update_location(client, where)  # nothing is matched for it here now
+        assert moved.redirect is not None
+        done = self._moving[client] = asyncio.Event()
+        staged = _Staged()
+        try:
+            sent = self._stage_handoffs(moved.redirect, await self._queues(moved.dropped), staged)
+            self._moved_away(client, moved)
+            await self._commit(staged)
+        except StorageFailed as exc:  # a restart ends the move again
+            log.error("session of %s: its move did not reach the store: %s", client, exc)
+        else:
+            self.metrics.handoff_deliveries.labels(outcome="sent").inc(sent)
+        finally:
+            del self._moving[client]
+            done.set()
         return True
+
+    async def _queues(self, subs: list[Subscription]) -> list[tuple[SubKey, list[bytes]]]:
+        """The deliveries queued, not acknowledged, for the persistent ones of `subs` (a
+        queue the store cannot read is left out, counted as dropped)."""
+        out: list[tuple[SubKey, list[bytes]]] = []
+        for sub in subs:
+            info = self.pending.get(sub.key)
+            if info is None or not info.count:
+                continue
+            items: list[bytes] = []
+            after = info.acked
+            try:
+                while rows := await self.store.pending_page(_stored(sub.key), after, _REPLAY_PAGE):
+                    items.extend(data for _, data in rows)
+                    after = rows[-1][0]
+            except StorageFailed as exc:
+                self.metrics.handoff_deliveries.labels(outcome="dropped").inc(info.count)
+                log.error(
+                    "subscription %s: its queue could not be read to hand off: %s", sub.key, exc
+                )
+                continue
+            if items:
+                out.append((sub.key, items))
+        return out
+
+    def _stage_handoffs(
+        self, dst: str, queues: list[tuple[SubKey, list[bytes]]], staged: _Staged
+    ) -> int:
+        """Handoffs of `queues` to broker `dst`, in messages of at most `_HANDOFF_BYTES`;
+        the number of deliveries they carry."""
+        n = sum(len(items) for _, items in queues)
+        if dst not in self.links:  # not a peer (a federation file changed): nowhere to go
+            if n:
+                self.metrics.handoff_deliveries.labels(outcome="dropped").inc(n)
+                log.warning("%d queued deliveries lost: broker %s is not a peer", n, dst)
+            return 0
+        sends: list[Send] = []
+        for key, items in queues:
+            part: list[bytes] = []
+            size = 0
+            for data in items:
+                if part and size + len(data) > _HANDOFF_BYTES:
+                    sends.append(Send(dst, HandoffMsg(uuid.uuid4().hex, key, tuple(part))))
+                    part, size = [], 0
+                part.append(data)
+                size += len(data)
+            sends.append(Send(dst, HandoffMsg(uuid.uuid4().hex, key, tuple(part))))
+        self._stage_sends(sends, staged)
+        return n
 
     def _store_location(self, client: str, where: LatLon) -> bool:
         """Keep a persistent session's new location in the store (uncommitted); False
@@ -2012,9 +2135,22 @@ def _flag(d: Delivery) -> str:
     return "" if d.scheme is Scheme.EXACT else d.scheme.value
 
 
+def _once_id(msg: PeerMessage) -> str | None:
+    """The id by which a peer takes a message once (its duplicate window) and the outbox
+    keeps it: the event's of an event or delivery, a handoff's own; None for the others,
+    which are not resent as they are."""
+    if isinstance(msg, EventMsg | DeliveryMsg):
+        return msg.event.id
+    if isinstance(msg, HandoffMsg):
+        return msg.id
+    return None
+
+
 def _trace_fields(msg: PeerMessage) -> tuple[list[str], str | None]:
     if isinstance(msg, EventMsg | DeliveryMsg):
         return [msg.event.id], msg.event.topic
+    if isinstance(msg, HandoffMsg):
+        return [msg.id], None
     if isinstance(msg, SubscribeMsg):
         return [msg.sub.id], msg.sub.topic_filter
     if isinstance(msg, TableMsg):

@@ -155,6 +155,24 @@ class FlushMsg:
     kind = Kind.CONTROL
 
 
+@dataclass(frozen=True, slots=True)
+class HandoffMsg:
+    """A persistent subscription's queue, moved with its client by a handover (§7).
+
+    Sent by the broker the client left to its new broker, which queues the
+    deliveries for the subscription `key` there (with its own offsets).
+    `deliveries` are the queued deliveries as the client protocol encodes them
+    (``geofed.v1.Delivery``), oldest first: the broker core never reads them.
+    `id` is unique per sending broker, so that a resent handoff is taken once.
+    Control traffic: the cost model leaves it out.
+    """
+
+    id: str
+    key: SubKey
+    deliveries: tuple[bytes, ...]
+    kind = Kind.CONTROL
+
+
 PeerMessage = (
     EventMsg
     | SubscribeMsg
@@ -165,6 +183,7 @@ PeerMessage = (
     | ProposeMsg
     | ReportMsg
     | FlushMsg
+    | HandoffMsg
 )
 
 MessageKey = tuple[str, str, str]

@@ -27,6 +27,7 @@ from geofed.bench.faults import until
 from geofed.client import Publication, RetryConfig, Subscription
 from geofed.node import (
     EVENTS_PUBLISHED,
+    HANDOFF_DELIVERIES,
     PUBLISH_DUPLICATES,
     SESSIONS,
     SESSIONS_EXPIRED,
@@ -472,5 +473,41 @@ def test_a_broker_killed_while_it_holds_a_handover_ends_the_move_when_restarted(
         assert metric(eu, SESSIONS) == 0
         assert metric(eu, SUBSCRIPTIONS, scope="local") == 0
         await mover.close()
+
+    asyncio.run(run())
+
+
+def test_a_restarted_broker_hands_a_held_sessions_queue_to_the_new_broker(
+    durable: LocalFederation,
+) -> None:
+    """eu holds the handover of a persistent session with deliveries queued, the client
+    renewed its subscription at us, and eu is killed before the client leaves: the
+    restarted eu ends the move and hands the queue to us, which delivers it."""
+    fed = durable
+
+    async def run() -> None:
+        mover = await client(fed, "hand-kill", PARIS, session_expiry_s=300.0)
+        await mover.subscribe("d/#", subscription_id="hk")
+        pub = await client(fed, "hand-pub", PARIS)
+        sent = [await pub.publish("d/x", f"q{i}".encode()) for i in range(3)]  # queued at eu
+        answer = await mover._call(
+            "move",
+            lambda stub, timeout: stub.UpdateLocation(
+                update_location_request("hand-kill", NEW_YORK, hold=True), timeout=timeout
+            ),
+        )
+        assert answer.held_s > 0
+        await mover.close()  # nothing taken: the subscription and its queue stay at eu
+        renewed = await client(fed, "hand-kill", NEW_YORK, session_expiry_s=300.0)
+        sub = await renewed.subscribe("d/#", subscription_id="hk")
+        fed.stop_node("eu", signal.SIGKILL)
+        fed.start_node("eu")
+        fed.wait_ready(HANG_S)
+        assert metric(fed.nodes["eu"].metrics_url, HANDOFF_DELIVERIES, outcome="sent") == 3
+        got = await collect(sub, 3)
+        assert sorted(m.event_id for m in got) == sorted(sent)
+        assert {m.broker for m in got} == {"us"}
+        for c in (renewed, pub):
+            await c.close()
 
     asyncio.run(run())

@@ -24,6 +24,7 @@ from geofed.bench import LocalFederation, metric
 from geofed.bench.faults import until
 from geofed.node import (
     DELIVERIES,
+    HANDOFF_DELIVERIES,
     HANDOVER_WAIT_TIMEOUTS,
     HANDOVERS,
     PEER_MESSAGES_RECEIVED,
@@ -267,6 +268,48 @@ def test_a_publisher_at_the_old_broker_misses_nothing_while_the_client_moves(
         assert sorted(got) == sorted(published)
         assert sub.pending == 0
         await mover.close()
+        await pub.close()
+
+    asyncio.run(run())
+
+
+def test_a_persistent_queue_moves_with_its_client(fed: LocalFederation) -> None:
+    """A persistent subscriber behind its queue at eu moves to us: eu hands us what the
+    client has not acknowledged, us queues it, and the session resumed at us gets it."""
+
+    async def keeper(where: geofed.LatLon) -> geofed.Client:
+        return await geofed.connect(
+            client_id="queue",
+            location=where,
+            federation=fed.federation_path,
+            session_expiry_s=600.0,
+        )
+
+    async def run() -> None:
+        first = await keeper(PARIS)
+        await first.subscribe("queue/x", subscription_id="q")
+        await first.close()  # the subscription stays at eu, its deliveries queued there
+        pub = await connect(fed, "queue-pub", FRANKFURT)
+        sent = [await pub.publish("queue/x", f"{i}".encode()) for i in range(5)]
+        handed = count(fed, "eu", HANDOFF_DELIVERIES, outcome="sent")
+        queued = count(fed, "us", HANDOFF_DELIVERIES, outcome="queued")
+        second = await keeper(PARIS)
+        await second.subscribe("queue/x", subscription_id="q")  # nothing taken, nothing acked
+        assert await second.move(NEW_YORK)
+        assert count(fed, "eu", HANDOFF_DELIVERIES, outcome="sent") == handed + 5
+        await until(
+            lambda: count(fed, "us", HANDOFF_DELIVERIES, outcome="queued") == queued + 5,
+            "us queued the handoff",
+            WAIT_S,
+            scrapes=True,
+        )
+        await second.close()
+        third = await keeper(NEW_YORK)
+        sub = await third.subscribe("queue/x", subscription_id="q")
+        got = [await sub.next(timeout=WAIT_S) for _ in sent]
+        assert sorted(m.event_id for m in got) == sorted(sent)
+        assert [(m.broker, m.offset) for m in got] == [("us", i) for i in range(1, 6)]
+        await third.close()
         await pub.close()
 
     asyncio.run(run())

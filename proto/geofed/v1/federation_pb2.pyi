@@ -132,7 +132,7 @@ class Ack(_message.Message):
     def __init__(self, seq: _Optional[int] = ...) -> None: ...
 
 class Frame(_message.Message):
-    __slots__ = ("seq", "hello", "ack", "events", "subscribes", "unsubscribes", "deliveries", "snapshot", "refuse_reason", "relocations", "tables", "proposals", "reports", "flushes")
+    __slots__ = ("seq", "hello", "ack", "events", "subscribes", "unsubscribes", "deliveries", "snapshot", "refuse_reason", "relocations", "tables", "proposals", "reports", "flushes", "handoffs")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
@@ -147,6 +147,7 @@ class Frame(_message.Message):
     PROPOSALS_FIELD_NUMBER: _ClassVar[int]
     REPORTS_FIELD_NUMBER: _ClassVar[int]
     FLUSHES_FIELD_NUMBER: _ClassVar[int]
+    HANDOFFS_FIELD_NUMBER: _ClassVar[int]
     seq: int
     hello: Hello
     ack: Ack
@@ -161,7 +162,8 @@ class Frame(_message.Message):
     proposals: _containers.RepeatedCompositeFieldContainer[StrategyProposal]
     reports: _containers.RepeatedCompositeFieldContainer[AdaptiveReport]
     flushes: _containers.RepeatedCompositeFieldContainer[Flush]
-    def __init__(self, seq: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_geo_pb2.Event, _Mapping]]] = ..., subscribes: _Optional[_Iterable[_Union[RemoteSubscription, _Mapping]]] = ..., unsubscribes: _Optional[_Iterable[_Union[Unsubscription, _Mapping]]] = ..., deliveries: _Optional[_Iterable[_Union[EventDelivery, _Mapping]]] = ..., snapshot: _Optional[_Union[SubscriptionSnapshot, _Mapping]] = ..., refuse_reason: _Optional[str] = ..., relocations: _Optional[_Iterable[_Union[Relocation, _Mapping]]] = ..., tables: _Optional[_Iterable[_Union[TableState, _Mapping]]] = ..., proposals: _Optional[_Iterable[_Union[StrategyProposal, _Mapping]]] = ..., reports: _Optional[_Iterable[_Union[AdaptiveReport, _Mapping]]] = ..., flushes: _Optional[_Iterable[_Union[Flush, _Mapping]]] = ...) -> None: ...
+    handoffs: _containers.RepeatedCompositeFieldContainer[QueueHandoff]
+    def __init__(self, seq: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_geo_pb2.Event, _Mapping]]] = ..., subscribes: _Optional[_Iterable[_Union[RemoteSubscription, _Mapping]]] = ..., unsubscribes: _Optional[_Iterable[_Union[Unsubscription, _Mapping]]] = ..., deliveries: _Optional[_Iterable[_Union[EventDelivery, _Mapping]]] = ..., snapshot: _Optional[_Union[SubscriptionSnapshot, _Mapping]] = ..., refuse_reason: _Optional[str] = ..., relocations: _Optional[_Iterable[_Union[Relocation, _Mapping]]] = ..., tables: _Optional[_Iterable[_Union[TableState, _Mapping]]] = ..., proposals: _Optional[_Iterable[_Union[StrategyProposal, _Mapping]]] = ..., reports: _Optional[_Iterable[_Union[AdaptiveReport, _Mapping]]] = ..., flushes: _Optional[_Iterable[_Union[Flush, _Mapping]]] = ..., handoffs: _Optional[_Iterable[_Union[QueueHandoff, _Mapping]]] = ...) -> None: ...
 
 class Flush(_message.Message):
     __slots__ = ("token", "reply")
@@ -170,6 +172,16 @@ class Flush(_message.Message):
     token: int
     reply: bool
     def __init__(self, token: _Optional[int] = ..., reply: _Optional[bool] = ...) -> None: ...
+
+class QueueHandoff(_message.Message):
+    __slots__ = ("id", "subscription", "deliveries")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    subscription: SubscriptionRef
+    deliveries: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, id: _Optional[str] = ..., subscription: _Optional[_Union[SubscriptionRef, _Mapping]] = ..., deliveries: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class AdaptiveReport(_message.Message):
     __slots__ = ("window", "keys")

@@ -1,0 +1,127 @@
+"""A persistent subscription's queue moves with its client (docs/design.md §7).
+
+The broker a client left hands the deliveries it had queued, not acknowledged, to the
+client's new broker (`HandoffMsg`); the new broker queues them for the same
+subscription with offsets of its own. Brokers of the bundled `three` federation as
+`BrokerServer` objects that are never started (an in-memory store, no sockets):
+frames go straight to `receive_frame`, handoffs are read from the link's queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from node_fixtures import unstarted_node
+from test_peer_isolation import frame_of
+
+from geofed.node import HANDOFF_DELIVERIES, PEER_MESSAGES_REJECTED, BrokerServer
+from geofed.node import _server as node_server
+from geofed.node._auth import ANONYMOUS
+from geofed.routing import Delivery, HandoffMsg, Kind, latlon, make_event
+from geofed.v1 import client_pb2 as cpb
+from geofed.v1 import geo_pb2 as gpb
+
+PARIS = latlon(48.85, 2.35)  # eu
+NEW_YORK = latlon(40.71, -74.0)  # us
+KEY = ("walker", "q")
+
+
+def node(broker_id: str) -> BrokerServer:
+    n = unstarted_node(broker_id)
+    n.store.open()  # in memory
+    return n
+
+
+def handoffs(n: BrokerServer, peer: str) -> list[HandoffMsg]:
+    return [m for m, _ in n.links[peer]._queue if isinstance(m, HandoffMsg)]
+
+
+def handed(n: BrokerServer, outcome: str) -> float:
+    return n.metrics.registry.get_sample_value(HANDOFF_DELIVERIES, {"outcome": outcome}) or 0.0
+
+
+async def persistent_subscriber(n: BrokerServer, where: object) -> None:
+    """`KEY`'s client with a persistent session at `n` and subscription "q", no stream."""
+    opened = await n.client_connect(ANONYMOUS, KEY[0], where, 600.0)  # type: ignore[arg-type]
+    assert opened.redirect is None
+    _, stream = await n.client_subscribe(
+        ANONYMOUS, KEY[0], gpb.Subscription(id=KEY[1], topic_filter="t/#")
+    )
+    n.client_stream_closed(KEY, stream)  # the client went away: its deliveries are queued
+
+
+async def queue(n: BrokerServer, ids: list[str]) -> None:
+    """Deliveries of events `ids` to `KEY`, as a publish here would stage them."""
+    staged = node_server._Staged()
+    events = [make_event(i, "t/x", PARIS, payload=i.encode()) for i in ids]
+    n._stage_deliveries([Delivery(e, KEY[1], KEY[0]) for e in events], n.broker_id, staged)
+    await n._commit(staged)
+
+
+async def queued(n: BrokerServer) -> list[tuple[int, str]]:
+    """(offset, event id) of what `n` holds queued for `KEY`, oldest first."""
+    return [(offset, d.event.id) for offset, d in await n.replay(KEY, 0)]
+
+
+def test_a_client_that_leaves_takes_its_queue_to_its_new_broker() -> None:
+    async def run() -> None:
+        eu, us = node("eu"), node("us")
+        await persistent_subscriber(eu, PARIS)
+        await queue(eu, ["e1", "e2", "e3"])
+        await eu.ack(KEY[0], KEY[1], 1)  # processed: not moved
+        await persistent_subscriber(us, NEW_YORK)  # the renewal at the new broker
+        assert await eu._end_move(KEY[0], NEW_YORK)
+        assert KEY not in eu.pending and KEY[0] not in eu.core.sessions
+        assert await queued(eu) == []
+        sent = handoffs(eu, "us")
+        assert [len(m.deliveries) for m in sent] == [2]
+        assert handed(eu, "sent") == 2
+        await queue(us, ["u1"])  # delivered at us meanwhile
+        await us.receive_frame("eu", frame_of(sent, "eu"))
+        assert await queued(us) == [(1, "u1"), (2, "e2"), (3, "e3")]
+        assert handed(us, "queued") == 2
+        # The same handoff again (a frame resent after a broken link): taken once.
+        await us.receive_frame("eu", frame_of(sent, "eu", seq=2))
+        assert await queued(us) == [(1, "u1"), (2, "e2"), (3, "e3")]
+        assert handed(us, "queued") == 2
+
+    asyncio.run(run())
+
+
+def test_a_large_queue_goes_in_several_handoffs(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def run() -> None:
+        eu = node("eu")
+        await persistent_subscriber(eu, PARIS)
+        ids = [f"e{i}" for i in range(7)]
+        await queue(eu, ids)
+        one = len((await eu.store.pending_page(node_server._stored(KEY), 0, 1))[0][1])
+        monkeypatch.setattr(node_server, "_HANDOFF_BYTES", 3 * one)
+        assert await eu._end_move(KEY[0], NEW_YORK)
+        sent = handoffs(eu, "us")
+        assert [len(m.deliveries) for m in sent] == [3, 3, 1]
+        assert len({m.id for m in sent}) == 3
+        got = [cpb.Delivery.FromString(d).event.id for m in sent for d in m.deliveries]
+        assert got == ids
+
+    asyncio.run(run())
+
+
+def test_a_handoff_without_its_subscription_is_dropped_and_a_bad_one_rejected() -> None:
+    async def run() -> None:
+        us = node("us")
+        good = cpb.Delivery(subscription_id=KEY[1], event=gpb.Event(id="e1", topic="t/x"))
+        lost = HandoffMsg("h1", KEY, (good.SerializeToString(),))
+        await us.receive_frame("eu", frame_of([lost], "eu"))
+        assert handed(us, "dropped") == 1
+        await persistent_subscriber(us, NEW_YORK)
+        bad = HandoffMsg("h2", KEY, (b"\xff not a delivery",))
+        fine = HandoffMsg("h3", KEY, (good.SerializeToString(),))
+        await us.receive_frame("eu", frame_of([bad, fine], "eu", seq=2))
+        rejected = us.metrics.registry.get_sample_value(
+            PEER_MESSAGES_REJECTED, {"peer": "eu", "kind": Kind.CONTROL.value}
+        )
+        assert rejected == 1
+        assert await queued(us) == [(1, "e1")]  # the rest of the frame was applied
+
+    asyncio.run(run())
