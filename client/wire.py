@@ -49,6 +49,7 @@ from geofed.routing import (
     RelocateMsg,
     ReportMsg,
     Roaming,
+    SessionMsg,
     StrategyTable,
     SubKey,
     SubscribeMsg,
@@ -678,7 +679,7 @@ FRAME_RANK = {
     "event": 3,
     "delivery": 4,
     "transition": 5,
-    "control": 6,  # adaptive-controller reports, handover flushes and queue handoffs
+    "control": 6,  # adaptive-controller reports, handover flushes, handoffs, session transfers
 }
 """Application order of message kinds within one frame."""
 
@@ -722,6 +723,17 @@ def add_to_frame(frame: fpb.Frame, msg: PeerMessage, origin: str) -> int:
             deliveries=msg.deliveries,
         )
         frame.handoffs.append(pb)
+    elif isinstance(msg, SessionMsg):
+        pb = fpb.SessionTransfer(
+            token=msg.token,
+            client=msg.client,
+            owner=msg.owner,
+            at=latlon_to_pb(msg.at),
+            expiry_s=msg.expiry_s,
+            subscriptions=[remote_subscription_to_pb(SubscribeMsg(s, "")) for s in msg.subs],
+            mqtt_qos=dict(msg.qos),
+        )
+        frame.sessions.append(pb)
     else:
         # A delivery to a busy broker names many subscriptions: its encoding
         # is joined from cached encoded references and parsed in C, 2.5x
@@ -878,8 +890,9 @@ def messages_from_frame(
 
     A frame applies subscribes, then unsubscribes, relocations, events,
     deliveries, strategy tables and proposals, then control traffic (reports,
-    handover flushes, queue handoffs); senders start a new frame rather than put a message
-    behind one of a later rank (`FRAME_RANK`), so this order is the order sent.
+    handover flushes, queue handoffs, session transfers); senders start a new
+    frame rather than put a message behind one of a later rank (`FRAME_RANK`),
+    so this order is the order sent.
 
     `cache` is the receiving broker's `PeerGeofenceCache`. A message that
     cannot be converted is skipped and appended to `rejected`, and the others
@@ -942,7 +955,41 @@ def messages_from_frame(
         HandoffMsg(h.id, (h.subscription.client, h.subscription.id), tuple(h.deliveries))
         for h in frame.handoffs
     )
+    out.extend(
+        _each(
+            frame.sessions,
+            Kind.CONTROL,
+            lambda st: st.client,
+            lambda st: _session_msg(st, cache),
+            rejected,
+        )
+    )
     return out
+
+
+def _session_msg(st: fpb.SessionTransfer, cache: GeofenceCache) -> SessionMsg:
+    validate_id(st.client, "session.client")
+    if not (math.isfinite(st.expiry_s) and st.expiry_s > 0):
+        raise InvalidInput("session.expiry_s", f"must be a number > 0, got {st.expiry_s!r}")
+    subs = tuple(_subscribe_msg(rs, cache).sub for rs in st.subscriptions)
+    for sub in subs:
+        if sub.client != st.client:
+            raise InvalidInput(
+                "session.subscriptions.client", f"{sub.client!r} is not {st.client!r}"
+            )
+    qos = tuple(sorted((sub_id, int(q)) for sub_id, q in st.mqtt_qos.items()))
+    for _, q in qos:
+        if q > 1:
+            raise InvalidInput("session.mqtt_qos", f"QoS {q}: at most 1")
+    return SessionMsg(
+        int(st.token),
+        st.client,
+        st.owner,
+        location_from_pb(st, "at", "session.at"),
+        float(st.expiry_s),
+        subs,
+        qos,
+    )
 
 
 def report_to_pb(msg: ReportMsg) -> fpb.AdaptiveReport:

@@ -37,6 +37,7 @@ SESSIONS_EXPIRED = "geofed_sessions_expired_total"
 HANDOVERS = "geofed_handovers_total"
 HANDOVER_WAIT_TIMEOUTS = "geofed_handover_wait_timeouts_total"
 HANDOFF_DELIVERIES = "geofed_handoff_deliveries_total"
+SESSION_TRANSFERS = "geofed_session_transfers_total"
 AUTH_REFUSED = "geofed_auth_refused_total"
 QUEUED_BYTES = "geofed_queued_bytes"
 PEER_REFUSED = "geofed_peer_refused_total"
@@ -439,11 +440,12 @@ class NodeMetrics:
             HANDOVER_WAIT_TIMEOUTS,
             "Handover waits whose bound ran out: a renewal answered before every connected"
             " peer acknowledged what it was sent (settle), a withdrawal made before every"
-            " connected peer's flush reply arrived (flush).",
+            " connected peer's flush reply arrived (flush), a client redirected before its"
+            " new broker said it holds the transferred session (transfer).",
             ["step"],
             registry=registry,
         )
-        for step in ("settle", "flush"):
+        for step in ("settle", "flush", "transfer"):
             self.handover_wait_timeouts.labels(step=step)
         self.handoff_deliveries = Counter(
             HANDOFF_DELIVERIES,
@@ -455,6 +457,15 @@ class NodeMetrics:
         )
         for outcome in ("sent", "queued", "dropped"):
             self.handoff_deliveries.labels(outcome=outcome)
+        self.session_transfers = Counter(
+            SESSION_TRANSFERS,
+            "Persistent sessions moved with their MQTT clients: sent to the new broker before"
+            " the redirect (sent), opened here (taken), or not taken here (refused).",
+            ["outcome"],
+            registry=registry,
+        )
+        for outcome in ("sent", "taken", "refused"):
+            self.session_transfers.labels(outcome=outcome)
 
     def reject_peer_message(self, peer: str, kind: str, msg_id: str, reason: str) -> None:
         """Account for a message from `peer` that was skipped: counted, logged once.

@@ -379,6 +379,7 @@ class _Connection:
         self.next_id = 0
         self.closed = asyncio.Event()
         self.acks: set[asyncio.Task[None]] = set()  # offsets being acknowledged to the node
+        self.held = False  # redirected with its session held here (`client_transfer`)
         self.peer = writer.get_extra_info("peername")
 
     # -- writing ---------------------------------------------------------------
@@ -425,6 +426,11 @@ class _Connection:
             self._disconnect(_Close(exc.code, exc.message))
         finally:
             await self._end(clean)
+            if self.held:
+                # Its session went ahead to the new broker; once what it acknowledged
+                # here is acknowledged, the rest of its queues follows (`client_leave`).
+                with contextlib.suppress(GeofedError):
+                    await self.node.client_leave(self.who, self.client)
 
     def _disconnect(self, close: _Close) -> None:
         if self.version == mq.MQTT_5 and self.connected and close.code is not None:
@@ -678,7 +684,7 @@ class _Connection:
         """A location on a packet: the client's last known location, or a redirect."""
         try:
             point = location_from_text(text, where)
-            target = self.node.client_move(self.who, self.client, point)
+            target, self.held = await self.node.client_transfer(self.who, self.client, point)
         except GeofedError as exc:
             raise self._bad_geo(exc) from None
         if target is None:

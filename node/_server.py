@@ -11,7 +11,7 @@ import math
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +53,7 @@ from geofed.routing import (
     ReportMsg,
     Scheme,
     Send,
+    SessionMsg,
     ShareMeter,
     StorageFailed,
     SubKey,
@@ -61,6 +62,7 @@ from geofed.routing import (
     TableMsg,
     TooLarge,
     UnsubscribeMsg,
+    WrongBroker,
     great_circle_m,
     history_targets,
     merge_history,
@@ -396,7 +398,7 @@ class BrokerServer(Guarded):
         self._sessions: dict[str, _Session] = {}
         self._held: dict[str, _Held] = {}  # clients that moved away, not yet withdrawn
         self._moving: dict[str, asyncio.Event] = {}  # clients whose queues are being handed off
-        self._ending: set[asyncio.Task[None]] = set()  # moves ended by a hold that ran out
+        self._background: set[asyncio.Task[None]] = set()  # expired holds, transferred sessions
         self._flush_token = 0
         self._flushes: dict[tuple[str, int], asyncio.Future[None]] = {}  # (peer, token)
         self.pending: dict[SubKey, PendingInfo] = {}  # persistent subscriptions' queues
@@ -967,6 +969,7 @@ class BrokerServer(Guarded):
         staged = _Staged()
         in_frame: set[tuple[Kind, str]] = set()
         flushes: list[FlushMsg] = []
+        sessions: list[SessionMsg] = []
         changed = False
         for msg in msgs:
             try:
@@ -990,6 +993,8 @@ class BrokerServer(Guarded):
                     self._transition(self.core.on_message(peer, msg).sends)
                 elif isinstance(msg, FlushMsg):
                     flushes.append(msg)
+                elif isinstance(msg, SessionMsg):
+                    sessions.append(msg)
                 elif isinstance(msg, ReportMsg):
                     if self.controller is not None:  # a broker's share
                         self.controller.add(peer, msg.shares)
@@ -1019,6 +1024,10 @@ class BrokerServer(Guarded):
             elif (waiter := self._flushes.get((peer, flush.token))) is not None:
                 if not waiter.done():
                     waiter.set_result(None)
+        for transfer in sessions:
+            # In a task: its reply waits for the peers' acknowledgements, which
+            # this link's reader (here) must go on reading.
+            self._spawn(self._take_session(peer, transfer), f"session-{transfer.client}")
 
     def _reject(self, peer: str, kind: Kind, msg_id: str, exc: Exception) -> None:
         """A message from `peer` that could not be applied (its frame goes on)."""
@@ -1560,6 +1569,100 @@ class BrokerServer(Guarded):
         self.metrics.redirects.inc()
         return self.federation.broker(owner), hold_s
 
+    async def client_transfer(
+        self, who: Principal, client: str, where: LatLon
+    ) -> tuple[BrokerInfo | None, bool]:
+        """`client_move` for a front end whose protocol has no leave step (MQTT): (broker
+        to go to, held here).
+
+        A persistent session leaving the area moves first: held as by
+        `client_handover`, it is sent to the new broker (`SessionMsg`), which
+        opens it with the client's subscriptions and replies once its peers
+        applied them (the wait bounded like a renewal's, `step="transfer"`).
+        The caller then redirects the client, which finds its session present
+        there, and calls `client_leave` once its connection here has ended.
+        A plain session, holding off (`handover_hold_s` 0) or a new broker not
+        connected: as `client_move`.
+
+        Raises:
+            NotFound, PermissionDenied, StorageFailed: as for `client_handover`.
+        """
+        owner = self.federation.responsible(where)
+        link = self.links.get(owner)
+        if not (
+            self.config.handover_hold_s
+            and self.persistent(client)
+            and link is not None
+            and link.connected
+        ):
+            return self.client_move(who, client, where), False
+        target, _ = await self.client_handover(who, client, where)
+        session = self._sessions[client]
+        subs = tuple(self.core.subscriptions_of(client))
+        granted = {} if self.mqtt is None else self.mqtt.qos
+        qos = tuple((sub.id, granted[sub.key]) for sub in subs if sub.key in granted)
+        await self._ask(
+            "transfer",
+            [
+                (
+                    owner,
+                    lambda token: SessionMsg(
+                        token, client, session.owner, where, session.expiry_s, subs, qos
+                    ),
+                )
+            ],
+        )
+        self.metrics.session_transfers.labels(outcome="sent").inc()
+        return target, True
+
+    async def _take_session(self, peer: str, msg: SessionMsg) -> None:
+        """A session `peer` transferred (`client_transfer`): opened here with its
+        subscriptions; the flush reply goes once the peers applied them. One that
+        cannot be taken (another owner's session here, a location outside the area,
+        a store that failed) gets no reply: the sender withdraws when its wait runs out."""
+        client, where = msg.client, msg.at
+        if (moving := self._moving.get(client)) is not None:
+            await moving.wait()  # an earlier session of the client here is ending
+        try:
+            if self.federation.responsible(where) != self.broker_id:
+                raise WrongBroker("session.at", self.federation.responsible(where))
+            session = self._sessions.get(client)
+            self.security.deny_other_owner(
+                Principal(msg.owner), client, None if session is None else session.owner
+            )
+            if client in self.core.sessions:
+                self.dispatch(self.core.update_location(client, where).sends)
+            else:
+                self.core.connect(client, where)
+            if session is None:
+                session = self._sessions[client] = _Session(msg.expiry_s, msg.owner)
+            session.expiry_s = max(session.expiry_s, msg.expiry_s)
+            session.idle_since = time.monotonic()
+            if self.durable:
+                self.store.put_session(
+                    client, where.lat, where.lon, session.expiry_s, session.owner
+                )
+            for sub in msg.subs:
+                self.dispatch(self.core.subscribe(sub))
+                self.persist_subscription(sub)
+            for sub_id, qos in msg.qos:
+                if self.mqtt is not None:
+                    self.mqtt.grant((client, sub_id), qos)
+                if self.durable:
+                    self.store.put_mqtt_qos(_stored((client, sub_id)), qos)
+            self._update_sub_gauges()
+            if self.store.dirty:
+                await self.store.commit()
+        except GeofedError as exc:
+            self.metrics.session_transfers.labels(outcome="refused").inc()
+            log.warning("session of %s transferred by %s not taken: %s", client, peer, exc)
+            return
+        self.metrics.session_transfers.labels(outcome="taken").inc()
+        await self.peers_settled()
+        link = self.links[peer]
+        if link.connected:
+            link.enqueue(FlushMsg(msg.token, True))
+
     async def client_leave(self, who: Principal, client: str) -> bool:
         """The client whose handover this broker holds left: withdraw and close its session.
 
@@ -1597,11 +1700,13 @@ class BrokerServer(Guarded):
         held = self._held.pop(client, None)
         if held is None:
             return
-        task = asyncio.get_running_loop().create_task(
-            self._expire(client, held.where), name=f"expire-{client}"
-        )
-        self._ending.add(task)
-        task.add_done_callback(self._ending.discard)
+        self._spawn(self._expire(client, held.where), f"expire-{client}")
+
+    def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        """Run `work` in a task of its own, kept until it ends."""
+        task = asyncio.get_running_loop().create_task(work, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _expire(self, client: str, where: LatLon) -> None:
         if await self._end_move(client, where):
@@ -1734,17 +1839,29 @@ class BrokerServer(Guarded):
         """Ask every connected peer for a flush and wait for the replies (a handover's
         withdrawal): each peer queues its reply behind everything it had queued for
         this broker, and a reply is taken once its frame's effects are in place."""
+        await self._ask(
+            "flush",
+            [
+                (peer, lambda token: FlushMsg(token, False))
+                for peer, link in self.links.items()
+                if link.connected
+            ],
+        )
+
+    async def _ask(self, step: str, asks: list[tuple[str, Callable[[int], PeerMessage]]]) -> None:
+        """Send each peer its request, made with a token of its own, and wait for the
+        flush replies of those tokens (bounded: `_handover_wait`; a link that breaks
+        meanwhile is not waited for)."""
         loop = asyncio.get_running_loop()
         mine: list[tuple[str, int]] = []
-        for peer, link in self.links.items():
-            if link.connected:
-                self._flush_token += 1
-                key = (peer, self._flush_token)
-                self._flushes[key] = loop.create_future()
-                mine.append(key)
-                link.enqueue(FlushMsg(self._flush_token, False))
+        for peer, request in asks:
+            self._flush_token += 1
+            key = (peer, self._flush_token)
+            self._flushes[key] = loop.create_future()
+            mine.append(key)
+            self.links[peer].enqueue(request(self._flush_token))
         try:
-            await self._handover_wait("flush", [self._flushes[key] for key in mine])
+            await self._handover_wait(step, [self._flushes[key] for key in mine])
         finally:
             for key in mine:
                 self._flushes.pop(key, None)
@@ -2161,6 +2278,8 @@ def _trace_fields(msg: PeerMessage) -> tuple[list[str], str | None]:
         return [str(msg.window)], None
     if isinstance(msg, FlushMsg):
         return [str(msg.token)], None
+    if isinstance(msg, SessionMsg):
+        return [msg.client], None
     return [msg.key[1]], None
 
 

@@ -173,6 +173,28 @@ class HandoffMsg:
     kind = Kind.CONTROL
 
 
+@dataclass(frozen=True, slots=True)
+class SessionMsg:
+    """A persistent session moving with its client (§7): sent by the broker the client left
+    to its new broker, before the client is told to go there.
+
+    The receiver opens the session for `client` at `at` (owned by `owner`, kept for
+    `expiry_s` without a connection) with these subscriptions, and answers with a
+    flush reply (`FlushMsg(token, reply=True)`) once its peers have applied them.
+    `qos` is the MQTT QoS granted to subscriptions made over MQTT, by subscription id.
+    Control traffic: the broker core never sees it, and the cost model leaves it out.
+    """
+
+    token: int
+    client: str
+    owner: str
+    at: LatLon
+    expiry_s: float
+    subs: tuple[Subscription, ...]
+    qos: tuple[tuple[str, int], ...] = ()
+    kind = Kind.CONTROL
+
+
 PeerMessage = (
     EventMsg
     | SubscribeMsg
@@ -184,6 +206,7 @@ PeerMessage = (
     | ReportMsg
     | FlushMsg
     | HandoffMsg
+    | SessionMsg
 )
 
 MessageKey = tuple[str, str, str]

@@ -40,6 +40,8 @@ from geofed.node import (
     AUTH_REFUSED,
     DELIVERIES,
     EVENTS_PUBLISHED,
+    HANDOVERS,
+    SESSION_TRANSFERS,
     SUBSCRIPTIONS,
     TLS_REFUSED,
     issue_federation,
@@ -383,6 +385,47 @@ def test_a_persistent_session_keeps_qos1_deliveries_across_a_disconnect(
     s = Paho("x-persistent")
     assert s.connect(us.mqtt, connect, clean=False) == 0 and s.session_present is True
     assert [p for _, p in s.receive(1)] == [b"second"]  # not "while away" again
+    s.close()
+
+
+def test_a_persistent_session_moves_with_its_client_to_the_new_broker(
+    fed: LocalFederation,
+) -> None:
+    """A persistent MQTT 5 session at eu reports a location in us: eu sends the session to
+    us before it redirects the client, so at us the client finds it present, subscribed
+    at the QoS it was granted, with what was published while it was between brokers."""
+    eu, us = fed.nodes["eu"], fed.nodes["us"]
+
+    def props(where: str) -> Properties:
+        p = Properties(PacketTypes.CONNECT)
+        p.SessionExpiryInterval = 300
+        p.UserProperty = [("geofed-location", where)]
+        return p
+
+    s = Paho("x-traveller")
+    assert s.connect(eu.mqtt, props(PARIS)) == 0
+    assert s.subscribe("trips/#", 1) == [1]
+    asyncio.run(fed.quiescent(HANG_S))
+    before = local_subs(fed, "eu")
+    taken = metric(us.metrics_url, SESSION_TRANSFERS, outcome="taken")
+    left = metric(eu.metrics_url, HANDOVERS, outcome="left")
+    s.c.publish(
+        "any/topic", b"x", 0, properties=user(PacketTypes.PUBLISH, geofed_location=NEW_YORK)
+    )
+    until(lambda: s.disconnect is not None, "DISCONNECT", s.step)
+    assert s.disconnect.value == 0x9D and s.disconnect_props.ServerReference == us.mqtt
+    assert metric(us.metrics_url, SESSION_TRANSFERS, outcome="taken") == taken + 1
+    # eu lets go once the connection has ended; then only us holds the subscription.
+    until(lambda: local_subs(fed, "eu") == before - 1, "eu let go")
+    assert metric(eu.metrics_url, HANDOVERS, outcome="left") == left + 1
+    done = mosquitto("mosquitto_pub", "-p", port(fed, "eu"), "-V", "mqttv5", "-q", "1",
+                     "-t", "trips/paris", "-m", "between brokers",
+                     "-D", "publish", "user-property", "geofed-location", PARIS)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    s = Paho("x-traveller")
+    assert s.connect(us.mqtt, props(NEW_YORK), clean=False) == 0 and s.session_present is True
+    [(topic, payload)] = s.receive(1)
+    assert (topic, payload, s.messages[0].qos) == ("trips/paris", b"between brokers", 1)
     s.close()
 
 

@@ -132,7 +132,7 @@ class Ack(_message.Message):
     def __init__(self, seq: _Optional[int] = ...) -> None: ...
 
 class Frame(_message.Message):
-    __slots__ = ("seq", "hello", "ack", "events", "subscribes", "unsubscribes", "deliveries", "snapshot", "refuse_reason", "relocations", "tables", "proposals", "reports", "flushes", "handoffs")
+    __slots__ = ("seq", "hello", "ack", "events", "subscribes", "unsubscribes", "deliveries", "snapshot", "refuse_reason", "relocations", "tables", "proposals", "reports", "flushes", "handoffs", "sessions")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
@@ -148,6 +148,7 @@ class Frame(_message.Message):
     REPORTS_FIELD_NUMBER: _ClassVar[int]
     FLUSHES_FIELD_NUMBER: _ClassVar[int]
     HANDOFFS_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
     seq: int
     hello: Hello
     ack: Ack
@@ -163,7 +164,8 @@ class Frame(_message.Message):
     reports: _containers.RepeatedCompositeFieldContainer[AdaptiveReport]
     flushes: _containers.RepeatedCompositeFieldContainer[Flush]
     handoffs: _containers.RepeatedCompositeFieldContainer[QueueHandoff]
-    def __init__(self, seq: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_geo_pb2.Event, _Mapping]]] = ..., subscribes: _Optional[_Iterable[_Union[RemoteSubscription, _Mapping]]] = ..., unsubscribes: _Optional[_Iterable[_Union[Unsubscription, _Mapping]]] = ..., deliveries: _Optional[_Iterable[_Union[EventDelivery, _Mapping]]] = ..., snapshot: _Optional[_Union[SubscriptionSnapshot, _Mapping]] = ..., refuse_reason: _Optional[str] = ..., relocations: _Optional[_Iterable[_Union[Relocation, _Mapping]]] = ..., tables: _Optional[_Iterable[_Union[TableState, _Mapping]]] = ..., proposals: _Optional[_Iterable[_Union[StrategyProposal, _Mapping]]] = ..., reports: _Optional[_Iterable[_Union[AdaptiveReport, _Mapping]]] = ..., flushes: _Optional[_Iterable[_Union[Flush, _Mapping]]] = ..., handoffs: _Optional[_Iterable[_Union[QueueHandoff, _Mapping]]] = ...) -> None: ...
+    sessions: _containers.RepeatedCompositeFieldContainer[SessionTransfer]
+    def __init__(self, seq: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_geo_pb2.Event, _Mapping]]] = ..., subscribes: _Optional[_Iterable[_Union[RemoteSubscription, _Mapping]]] = ..., unsubscribes: _Optional[_Iterable[_Union[Unsubscription, _Mapping]]] = ..., deliveries: _Optional[_Iterable[_Union[EventDelivery, _Mapping]]] = ..., snapshot: _Optional[_Union[SubscriptionSnapshot, _Mapping]] = ..., refuse_reason: _Optional[str] = ..., relocations: _Optional[_Iterable[_Union[Relocation, _Mapping]]] = ..., tables: _Optional[_Iterable[_Union[TableState, _Mapping]]] = ..., proposals: _Optional[_Iterable[_Union[StrategyProposal, _Mapping]]] = ..., reports: _Optional[_Iterable[_Union[AdaptiveReport, _Mapping]]] = ..., flushes: _Optional[_Iterable[_Union[Flush, _Mapping]]] = ..., handoffs: _Optional[_Iterable[_Union[QueueHandoff, _Mapping]]] = ..., sessions: _Optional[_Iterable[_Union[SessionTransfer, _Mapping]]] = ...) -> None: ...
 
 class Flush(_message.Message):
     __slots__ = ("token", "reply")
@@ -172,6 +174,31 @@ class Flush(_message.Message):
     token: int
     reply: bool
     def __init__(self, token: _Optional[int] = ..., reply: _Optional[bool] = ...) -> None: ...
+
+class SessionTransfer(_message.Message):
+    __slots__ = ("token", "client", "owner", "at", "expiry_s", "subscriptions", "mqtt_qos")
+    class MqttQosEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    EXPIRY_S_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
+    MQTT_QOS_FIELD_NUMBER: _ClassVar[int]
+    token: int
+    client: str
+    owner: str
+    at: _geo_pb2.LatLon
+    expiry_s: float
+    subscriptions: _containers.RepeatedCompositeFieldContainer[RemoteSubscription]
+    mqtt_qos: _containers.ScalarMap[str, int]
+    def __init__(self, token: _Optional[int] = ..., client: _Optional[str] = ..., owner: _Optional[str] = ..., at: _Optional[_Union[_geo_pb2.LatLon, _Mapping]] = ..., expiry_s: _Optional[float] = ..., subscriptions: _Optional[_Iterable[_Union[RemoteSubscription, _Mapping]]] = ..., mqtt_qos: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class QueueHandoff(_message.Message):
     __slots__ = ("id", "subscription", "deliveries")

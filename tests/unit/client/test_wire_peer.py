@@ -9,6 +9,7 @@ message: a message that does not convert is reported and the rest keep their ord
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import shapely
@@ -23,6 +24,7 @@ from geofed.routing import (
     FlushMsg,
     Geofence,
     GeofenceCache,
+    HandoffMsg,
     InvalidInput,
     KeyWindow,
     Kind,
@@ -30,6 +32,7 @@ from geofed.routing import (
     Phase,
     ProposeMsg,
     ReportMsg,
+    SessionMsg,
     StrategyTable,
     SubscribeMsg,
     TableMsg,
@@ -356,3 +359,60 @@ def test_handover_flushes_cross_a_frame_and_are_applied_after_its_events_and_del
     wire = fpb.Frame.FromString(frame.SerializeToString())
     assert gw.messages_from_frame(wire, gw.PeerGeofenceCache()) == [event, *flushes]
     assert gw.FRAME_RANK[Kind.CONTROL.value] == max(gw.FRAME_RANK.values())
+
+
+def test_queue_handoffs_and_session_transfers_cross_a_frame_as_control_traffic() -> None:
+    roaming = make_subscription("r", "walker", "t/#", "roam:circle:2000").placed(ll(48.85, 2.35))
+    plain = make_subscription("p", "walker", "u/+")
+    session = SessionMsg(
+        7, "walker", "alice", ll(40.71, -74.0), 600.0, (roaming, plain), (("p", 1),)
+    )
+    handoff = HandoffMsg("h1", ("walker", "p"), (b"one", b"two"))
+    frame = gw.new_frame()
+    for msg in (session, handoff):
+        gw.add_to_frame(frame, msg, "eu")
+    wire = fpb.Frame.FromString(frame.SerializeToString())
+    got = gw.messages_from_frame(wire, gw.PeerGeofenceCache())
+    assert got[0] == handoff  # control traffic in field order: reports, flushes, handoffs, sessions
+    taken = got[1]
+    assert isinstance(taken, SessionMsg)
+    assert (taken.token, taken.client, taken.owner, taken.at, taken.expiry_s, taken.qos) == (
+        7,
+        "walker",
+        "alice",
+        ll(40.71, -74.0),
+        600.0,
+        (("p", 1),),
+    )
+    # The roaming one keeps its shape (the receiver places it at the client's new location).
+    assert [(s.key, s.roaming is not None) for s in taken.subs] == [
+        (("walker", "r"), True),
+        (("walker", "p"), False),
+    ]
+    assert (
+        gw.FRAME_RANK[session.kind.value]
+        == gw.FRAME_RANK[handoff.kind.value]
+        == max(gw.FRAME_RANK.values())
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (lambda st: setattr(st, "expiry_s", 0.0), "session.expiry_s"),
+        (lambda st: setattr(st, "client", ""), "session.client"),
+        (lambda st: st.mqtt_qos.__setitem__("p", 2), "session.mqtt_qos"),
+        (lambda st: st.subscriptions[0].subscription.__setattr__("client", "other"),
+         "session.subscriptions.client"),
+        (lambda st: st.ClearField("at"), "session.at"),
+    ],
+)  # fmt: skip
+def test_a_bad_session_transfer_is_rejected_by_field(change: Any, field: str) -> None:
+    plain = make_subscription("p", "walker", "u/+")
+    session = SessionMsg(7, "walker", "", ll(40.71, -74.0), 600.0, (plain,), ())
+    frame = gw.new_frame()
+    gw.add_to_frame(frame, session, "eu")
+    change(frame.sessions[0])
+    rejected: list[RejectedMessage] = []
+    assert gw.messages_from_frame(frame, gw.PeerGeofenceCache(), rejected) == []
+    assert [(r.kind, r.reason.split(":")[0]) for r in rejected] == [(Kind.CONTROL, field)]

@@ -1,8 +1,10 @@
-"""A persistent subscription's queue moves with its client (docs/design.md §7).
+"""A persistent session and its queues move with the client (docs/design.md §7).
 
 The broker a client left hands the deliveries it had queued, not acknowledged, to the
 client's new broker (`HandoffMsg`); the new broker queues them for the same
-subscription with offsets of its own. Brokers of the bundled `three` federation as
+subscription with offsets of its own. For a client whose protocol has no leave step
+(MQTT), the old broker first sends the session itself (`SessionMsg`), which the new
+broker opens with its subscriptions. Brokers of the bundled `three` federation as
 `BrokerServer` objects that are never started (an in-memory store, no sockets):
 frames go straight to `receive_frame`, handoffs are read from the link's queue.
 """
@@ -15,10 +17,23 @@ import pytest
 from node_fixtures import unstarted_node
 from test_peer_isolation import frame_of
 
-from geofed.node import HANDOFF_DELIVERIES, PEER_MESSAGES_REJECTED, BrokerServer
+from geofed.node import (
+    HANDOFF_DELIVERIES,
+    PEER_MESSAGES_REJECTED,
+    SESSION_TRANSFERS,
+    BrokerServer,
+)
 from geofed.node import _server as node_server
 from geofed.node._auth import ANONYMOUS
-from geofed.routing import Delivery, HandoffMsg, Kind, latlon, make_event
+from geofed.routing import (
+    Delivery,
+    HandoffMsg,
+    Kind,
+    SessionMsg,
+    latlon,
+    make_event,
+    make_subscription,
+)
 from geofed.v1 import client_pb2 as cpb
 from geofed.v1 import geo_pb2 as gpb
 
@@ -123,5 +138,49 @@ def test_a_handoff_without_its_subscription_is_dropped_and_a_bad_one_rejected() 
         )
         assert rejected == 1
         assert await queued(us) == [(1, "e1")]  # the rest of the frame was applied
+
+    asyncio.run(run())
+
+
+def transfers(n: BrokerServer, outcome: str) -> float:
+    return n.metrics.registry.get_sample_value(SESSION_TRANSFERS, {"outcome": outcome}) or 0.0
+
+
+def test_a_transferred_session_is_opened_with_its_subscriptions() -> None:
+    async def run() -> None:
+        us = node("us")
+        roaming = make_subscription("r", KEY[0], "t/#", "roam:circle:2000").placed(PARIS)
+        plain = make_subscription(KEY[1], KEY[0], "u/+")
+        msg = SessionMsg(3, KEY[0], "", NEW_YORK, 600.0, (roaming, plain), ((KEY[1], 1),))
+        await us.receive_frame("eu", frame_of([msg], "eu"))
+        await asyncio.gather(*us._background)
+        assert transfers(us, "taken") == 1
+        assert us.core.sessions[KEY[0]] == NEW_YORK and us.persistent(KEY[0])
+        placed = us.core.local.get((KEY[0], "r"))
+        assert placed is not None and placed.at == NEW_YORK  # placed anew, where the client is
+        assert set(us.pending) == {(KEY[0], "r"), KEY}  # queues: deliveries wait for the client
+        # The client arrives: its session is there, and it is the one transferred.
+        opened = await us.client_connect(ANONYMOUS, KEY[0], NEW_YORK, 600.0)
+        assert opened.present and opened.redirect is None
+
+    asyncio.run(run())
+
+
+def test_a_transfer_outside_the_area_is_refused_and_one_to_a_session_here_adds_to_it() -> None:
+    async def run() -> None:
+        us = node("us")
+        alien = SessionMsg(4, KEY[0], "", PARIS, 600.0, (), ())  # eu's area
+        await us.receive_frame("eu", frame_of([alien], "eu"))
+        await asyncio.gather(*us._background)
+        assert transfers(us, "refused") == 1 and KEY[0] not in us.core.sessions
+        await persistent_subscriber(us, NEW_YORK)  # the client was here first, with "q"
+        more = make_subscription("r", KEY[0], "v/#")
+        await us.receive_frame(
+            "eu", frame_of([SessionMsg(5, KEY[0], "", NEW_YORK, 60.0, (more,), ())], "eu", seq=2)
+        )
+        await asyncio.gather(*us._background)
+        assert transfers(us, "taken") == 1
+        assert {s.id for s in us.core.subscriptions_of(KEY[0])} == {"q", "r"}
+        assert us._sessions[KEY[0]].expiry_s == 600.0  # the longer expiry stays
 
     asyncio.run(run())
