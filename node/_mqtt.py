@@ -73,6 +73,7 @@ _WRITE_BATCH = 256  # deliveries written to the socket in one go
 _WRITE_BATCH_BYTES = 1 << 20  # ... and at most this many bytes of them
 _PUBLISH_BATCH = 512  # events of a burst of PUBLISH packets published together
 _QOS_SWEEP_AT = 1024  # granted-QoS entries kept before those of ended subscriptions are swept
+_LINGER_S = 2.0  # a connection the broker ends reads what the client still sends, this long
 
 
 class _Writer(Protocol):
@@ -81,6 +82,10 @@ class _Writer(Protocol):
     def write(self, data: bytes) -> None: ...
 
     async def drain(self) -> None: ...
+
+    def can_write_eof(self) -> bool: ...
+
+    def write_eof(self) -> None: ...
 
     def close(self) -> None: ...
 
@@ -380,6 +385,7 @@ class _Connection:
         self.closed = asyncio.Event()
         self.acks: set[asyncio.Task[None]] = set()  # offsets being acknowledged to the node
         self.held = False  # redirected with its session held here (`client_transfer`)
+        self.lingering = False  # the broker ends the connection: `_linger` before closing
         self.peer = writer.get_extra_info("peername")
 
     # -- writing ---------------------------------------------------------------
@@ -420,6 +426,7 @@ class _Connection:
             pass
         except _Close as close:
             self._disconnect(close)
+            self.lingering = True
             clean = close.code == mq.SERVER_MOVED  # redirected, not gone: no will
         except mq.PacketError as exc:
             log.info("mqtt client %s (%s) sent a bad packet: %s", self.client, self.peer, exc)
@@ -469,9 +476,26 @@ class _Connection:
                     await self.listener.publish_will(self.client, event)
         with contextlib.suppress(Exception):
             self.flush()
+            if self.lingering:
+                await self._linger()
             self.writer.close()
             await asyncio.wait_for(self.writer.wait_closed(), 1.0)
         self.closed.set()
+
+    async def _linger(self) -> None:
+        """Half-close, then read and drop what the client still sends until it closes
+        (for at most `_LINGER_S`). A TCP socket closed with input unread is reset, and
+        a reset can discard what was written last before the client read it: the
+        DISCONNECT naming the new broker of a subscriber still acknowledging QoS 1
+        deliveries, say."""
+        if not self.writer.can_write_eof():
+            return  # WebSocket: its close handshake does this
+        await self.writer.drain()
+        self.writer.write_eof()
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(_LINGER_S):
+                while True:
+                    await self.packets.next(None)  # raises at the client's close
 
     async def _will_event(self, will: mq.Will) -> Event | None:
         """The will as the client's event, from where the client was last (None: refused)."""

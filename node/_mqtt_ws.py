@@ -92,6 +92,13 @@ class WebSocketWriter:
         if self._flushing is not None:
             await asyncio.shield(self._flushing)
 
+    def can_write_eof(self) -> bool:
+        """No half-close: the WebSocket close handshake ends a connection cleanly."""
+        return False
+
+    def write_eof(self) -> None:
+        raise NotImplementedError("a WebSocket has no half-close")
+
     def close(self) -> None:
         if self._closing is None:
             self._closing = asyncio.get_running_loop().create_task(self._close())

@@ -311,6 +311,28 @@ def test_redirects_name_the_responsible_brokers_mqtt_endpoint(fed: LocalFederati
     ]
 
 
+def test_a_redirect_reaches_a_client_that_is_still_sending(fed: LocalFederation) -> None:
+    """The broker ends the connection of a client that moved while more of its packets
+    wait to be read: it half-closes and reads them first, since a socket closed with
+    input unread is reset, and the reset would discard the DISCONNECT it just wrote."""
+    r = Paho("x-redirect-busy")
+    assert r.connect(fed.nodes["eu"].mqtt, user(PacketTypes.CONNECT, geofed_location=PARIS)) == 0
+    sock = r.c.socket()
+    sock.setblocking(True)
+    moved = mq.Publish(
+        "any/topic", b"x", properties=mq.Properties(user=[("geofed-location", NEW_YORK)])
+    )
+    # Far more than the broker reads at a time: most are still unread when it closes.
+    sock.sendall(moved.encode(mq.MQTT_5) + mq.PingReq().encode(mq.MQTT_5) * 200_000)
+    got = b""
+    while chunk := sock.recv(65536):
+        got += chunk
+    sock.close()
+    end = got.rfind(bytes([mq.DISCONNECT << 4]))
+    assert end >= 0 and got[end + 2] == mq.SERVER_MOVED
+    assert fed.nodes["us"].mqtt.encode() in got[end:]  # the Server Reference
+
+
 def test_bad_geo_context_is_answered_and_the_node_keeps_serving(fed: LocalFederation) -> None:
     eu = fed.nodes["eu"]
     bad = Paho("x-bad-connect")
