@@ -170,15 +170,18 @@ class _MqttMover:
         if not self._gone.wait(HANG_S):
             raise TimeoutError("no redirect")
         old = self._client
-        target = next(b for b, n in self.fed.nodes.items() if n.mqtt == self._reference[0])
-        self.connect(target, where, clean=False)
+        targets = [b for b, n in self.fed.nodes.items() if n.mqtt == self._reference[0]]
+        if not targets:
+            raise RuntimeError(f"disconnected by {self.broker} without a redirect")
+        self.connect(targets[0], where, clean=False)
         # Its network thread ends within a second (paho's select timeout): not the move's time.
         self._stopping.append(threading.Thread(target=old.loop_stop))
         self._stopping[-1].start()
 
     def close(self) -> None:
-        self._client.disconnect()
-        self._client.loop_stop()
+        if self._client is not None:
+            self._client.disconnect()
+            self._client.loop_stop()
         for thread in self._stopping:
             thread.join()
 
@@ -187,23 +190,27 @@ async def _run_mqtt(fed: LocalFederation, subs: int, moves: int, rate: float) ->
     where = str(fed.federation_path)
     took: list[float] = []
     mover = _MqttMover(fed, subs)
-    await asyncio.to_thread(mover.connect, "eu", PARIS, True)
-    async with await geofed.connect(client_id="pub", location=SINGAPORE, federation=where) as pub:
-        await fed.quiescent(HANG_S)
-        publisher = _Publisher(pub, subs, rate)
-        await publisher.pause()  # publishing before the first move
-        for i in range(moves):
-            began = time.perf_counter()
-            await asyncio.to_thread(mover.move, NEW_YORK if i % 2 == 0 else PARIS)
-            took.append(time.perf_counter() - began)
-            await publisher.pause()  # a quarter second between moves
-        await publisher.stop()
-        await fed.quiescent(HANG_S)
-        with contextlib.suppress(GeofedError):  # what is still on its way arrives
-            await until(
-                lambda: set(publisher.published) <= set(mover.received), "the events", LOST_S
-            )
-    await asyncio.to_thread(mover.close)
+    try:
+        await asyncio.to_thread(mover.connect, "eu", PARIS, True)
+        async with await geofed.connect(
+            client_id="pub", location=SINGAPORE, federation=where
+        ) as pub:
+            await fed.quiescent(HANG_S)
+            publisher = _Publisher(pub, subs, rate)
+            await publisher.pause()  # publishing before the first move
+            for i in range(moves):
+                began = time.perf_counter()
+                await asyncio.to_thread(mover.move, NEW_YORK if i % 2 == 0 else PARIS)
+                took.append(time.perf_counter() - began)
+                await publisher.pause()  # a quarter second between moves
+            await publisher.stop()
+            await fed.quiescent(HANG_S)
+            with contextlib.suppress(GeofedError):  # what is still on its way arrives
+                await until(
+                    lambda: set(publisher.published) <= set(mover.received), "the events", LOST_S
+                )
+    finally:
+        await asyncio.to_thread(mover.close)
     # Not measured: "made, never received" (a queue handed to the new broker is
     # delivered from there again, so deliveries made and copies received differ).
     return _figures(publisher.published, mover.received, took, moves)

@@ -1630,6 +1630,8 @@ class BrokerServer(Guarded):
             self.security.deny_other_owner(
                 Principal(msg.owner), client, None if session is None else session.owner
             )
+            # Back before this broker let go of it: the hold ends, the session stays.
+            self._unhold(client, where)
             if client in self.core.sessions:
                 self.dispatch(self.core.update_location(client, where).sends)
             else:

@@ -19,6 +19,7 @@ from test_peer_isolation import frame_of
 
 from geofed.node import (
     HANDOFF_DELIVERIES,
+    HANDOVERS,
     PEER_MESSAGES_REJECTED,
     SESSION_TRANSFERS,
     BrokerServer,
@@ -182,5 +183,27 @@ def test_a_transfer_outside_the_area_is_refused_and_one_to_a_session_here_adds_t
         assert transfers(us, "taken") == 1
         assert {s.id for s in us.core.subscriptions_of(KEY[0])} == {"q", "r"}
         assert us._sessions[KEY[0]].expiry_s == 600.0  # the longer expiry stays
+
+    asyncio.run(run())
+
+
+def test_a_session_transferred_back_to_a_broker_still_holding_it_stays() -> None:
+    """The client left eu (held) and its session comes back before eu let go: the hold
+    ends as for a client that returns, and nothing of the session is withdrawn."""
+
+    async def run() -> None:
+        eu = node("eu")
+        await persistent_subscriber(eu, PARIS)
+        _, held_s = await eu.client_handover(ANONYMOUS, KEY[0], NEW_YORK)
+        assert held_s > 0 and KEY[0] in eu._held
+        sub = eu.core.local.get(KEY)
+        assert sub is not None
+        back = SessionMsg(6, KEY[0], "", PARIS, 600.0, (sub,), ())
+        await eu.receive_frame("us", frame_of([back], "us"))
+        await asyncio.gather(*eu._background)
+        assert KEY[0] not in eu._held  # no timer or leave withdraws it any more
+        assert eu.core.sessions[KEY[0]] == PARIS and KEY in eu.pending
+        returned = eu.metrics.registry.get_sample_value(HANDOVERS, {"outcome": "returned"})
+        assert returned == 1
 
     asyncio.run(run())
