@@ -450,12 +450,13 @@ class NodeMetrics:
         self.handoff_deliveries = Counter(
             HANDOFF_DELIVERIES,
             "Queued deliveries of persistent subscriptions moved by handovers: sent to the"
-            " client's new broker (sent), queued here for a client that arrived (queued), or"
-            " lost: no link to the new broker, or no such subscription there (dropped).",
+            " client's new broker (sent), queued here for a client that arrived (queued),"
+            " dropped here as queued already since its transferred session came (duplicate),"
+            " or lost: no link to the new broker, or no such subscription there (dropped).",
             ["outcome"],
             registry=registry,
         )
-        for outcome in ("sent", "queued", "dropped"):
+        for outcome in ("sent", "queued", "duplicate", "dropped"):
             self.handoff_deliveries.labels(outcome=outcome)
         self.session_transfers = Counter(
             SESSION_TRANSFERS,

@@ -140,6 +140,7 @@ _LOCAL = ""  # the duplicate window of local publishes, among the peers' windows
 _PUBLISH = "publish"
 _NUMBERED_WAIT_S = 20.0  # a strategy change waits this long for its number without peer_timeout_s
 _HANDOFF_BYTES = 1 << 20  # a handoff message carries at most this many bytes of deliveries
+_ARRIVED_IDS = 1 << 16  # event ids kept per transferred subscription to drop its handoff's repeats
 
 Refill = Callable[[int], Awaitable[list[tuple[int, cpb.Delivery]]]]
 
@@ -399,6 +400,9 @@ class BrokerServer(Guarded):
         self._held: dict[str, _Held] = {}  # clients that moved away, not yet withdrawn
         self._moving: dict[str, asyncio.Event] = {}  # clients whose queues are being handed off
         self._background: set[asyncio.Task[None]] = set()  # expired holds, transferred sessions
+        # Subscriptions that came with a transferred session: the event ids queued for
+        # them since, until their old broker's handoff has come (`_take_handoff`).
+        self._arrived: dict[SubKey, set[str]] = {}
         self._flush_token = 0
         self._flushes: dict[tuple[str, int], asyncio.Future[None]] = {}  # (peer, token)
         self.pending: dict[SubKey, PendingInfo] = {}  # persistent subscriptions' queues
@@ -1191,6 +1195,9 @@ class BrokerServer(Guarded):
         item.offset = info.last
         data = item.SerializeToString()
         self.store.put_pending(_stored(key), info.last, data)
+        arrived = self._arrived.get(key)
+        if arrived is not None and len(arrived) < _ARRIVED_IDS:
+            arrived.add(item.event.id)
         info.count += 1
         info.bytes += len(data)
         if info.bytes > self.config.session_queue_bytes and not info.trimming:
@@ -1220,6 +1227,11 @@ class BrokerServer(Guarded):
             items = [cpb.Delivery.FromString(data) for data in msg.deliveries]
         except Exception as exc:
             raise InvalidInput("handoff.deliveries", f"not a valid Delivery: {exc}") from None
+        arrived = self._arrived.get(key, set())
+        fresh = [item for item in items if item.event.id not in arrived]
+        if len(fresh) < len(items):  # queued here already since the session came
+            self.metrics.handoff_deliveries.labels(outcome="duplicate").inc(len(items) - len(fresh))
+        items = fresh
         for item in items:
             item.offset = 0
             if info is not None:
@@ -1599,6 +1611,13 @@ class BrokerServer(Guarded):
         target, _ = await self.client_handover(who, client, where)
         session = self._sessions[client]
         subs = tuple(self.core.subscriptions_of(client))
+        for sub in subs:
+            # From now on its deliveries wait here with the rest of the queue, for the
+            # handoff; the new broker drops those it queued itself meanwhile. So the
+            # client gets each event once, not once here and again there.
+            stream = self._streams.pop(sub.key, None)
+            if stream is not None:
+                stream.close()
         granted = {} if self.mqtt is None else self.mqtt.qos
         qos = tuple((sub.id, granted[sub.key]) for sub in subs if sub.key in granted)
         await self._ask(
@@ -1644,9 +1663,12 @@ class BrokerServer(Guarded):
                 self.store.put_session(
                     client, where.lat, where.lon, session.expiry_s, session.owner
                 )
+            keep = 2 * self.config.handover_hold_s  # its handoff comes within the hold
             for sub in msg.subs:
                 self.dispatch(self.core.subscribe(sub))
                 self.persist_subscription(sub)
+                self._arrived[sub.key] = set()
+                asyncio.get_running_loop().call_later(keep, self._arrived.pop, sub.key, None)
             for sub_id, qos in msg.qos:
                 if self.mqtt is not None:
                     self.mqtt.grant((client, sub_id), qos)

@@ -207,3 +207,27 @@ def test_a_session_transferred_back_to_a_broker_still_holding_it_stays() -> None
         assert returned == 1
 
     asyncio.run(run())
+
+
+def test_a_handoff_to_a_transferred_session_drops_what_was_queued_here_since() -> None:
+    """Events both brokers matched while the session moved reach the client once: the
+    new broker drops from the handoff those it queued itself since the session came."""
+
+    async def run() -> None:
+        us = node("us")
+        plain = make_subscription(KEY[1], KEY[0], "t/#")
+        await us.receive_frame(
+            "eu", frame_of([SessionMsg(3, KEY[0], "", NEW_YORK, 600.0, (plain,), ())], "eu")
+        )
+        await asyncio.gather(*us._background)
+        await queue(us, ["both"])  # matched here too, after the session came
+        items = [
+            cpb.Delivery(subscription_id=KEY[1], event=gpb.Event(id=i, topic="t/x"), offset=n)
+            for n, i in enumerate(["old", "both"], start=7)
+        ]
+        handoff = HandoffMsg("h", KEY, tuple(d.SerializeToString() for d in items))
+        await us.receive_frame("eu", frame_of([handoff], "eu", seq=2))
+        assert await queued(us) == [(1, "both"), (2, "old")]
+        assert handed(us, "duplicate") == 1 and handed(us, "queued") == 1
+
+    asyncio.run(run())
