@@ -2,7 +2,9 @@
 
 A subscriber with `--subs` world-wide subscriptions (one topic each) moves
 back and forth between Paris (eu) and New York (us) on the bundled `three`
-federation, `--moves` times, while a publisher at Singapore (ap) publishes
+federation, `--moves` times `--gap-s` apart (a quarter second: faster than
+an old broker lets go over a WAN, so the client often comes back to a broker
+that still holds it), while a publisher at Singapore (ap) publishes
 `--rate` events a second on those topics, round robin, for the whole run.
 Every event is world-wide, so a subscriber that held its subscriptions the
 whole time would receive every event once. The client makes before it
@@ -78,10 +80,10 @@ class _Publisher:
             self.published.append(await pub.publish(f"ho/{n % subs}", b"x"))
             n += 1
 
-    async def pause(self) -> None:
-        """Until a quarter second's worth more events went out."""
+    async def pause(self, seconds: float) -> None:
+        """Until `seconds`' worth more events went out."""
         mark = len(self.published)
-        while len(self.published) < mark + self._rate / 4:
+        while len(self.published) < mark + self._rate * seconds:
             await asyncio.sleep(0.01)
 
     async def stop(self) -> None:
@@ -186,7 +188,9 @@ class _MqttMover:
             thread.join()
 
 
-async def _run_mqtt(fed: LocalFederation, subs: int, moves: int, rate: float) -> dict[str, float]:
+async def _run_mqtt(
+    fed: LocalFederation, subs: int, moves: int, rate: float, gap_s: float
+) -> dict[str, float]:
     where = str(fed.federation_path)
     took: list[float] = []
     mover = _MqttMover(fed, subs)
@@ -197,12 +201,12 @@ async def _run_mqtt(fed: LocalFederation, subs: int, moves: int, rate: float) ->
         ) as pub:
             await fed.quiescent(HANG_S)
             publisher = _Publisher(pub, subs, rate)
-            await publisher.pause()  # publishing before the first move
+            await publisher.pause(gap_s)  # publishing before the first move
             for i in range(moves):
                 began = time.perf_counter()
                 await asyncio.to_thread(mover.move, NEW_YORK if i % 2 == 0 else PARIS)
                 took.append(time.perf_counter() - began)
-                await publisher.pause()  # a quarter second between moves
+                await publisher.pause(gap_s)  # between moves
             await publisher.stop()
             await fed.quiescent(HANG_S)
             with contextlib.suppress(GeofedError):  # what is still on its way arrives
@@ -232,7 +236,9 @@ def _figures(
     }
 
 
-async def _run(fed: LocalFederation, subs: int, moves: int, rate: float) -> dict[str, float]:
+async def _run(
+    fed: LocalFederation, subs: int, moves: int, rate: float, gap_s: float
+) -> dict[str, float]:
     where = str(fed.federation_path)
     received: Counter[str] = Counter()
     took: list[float] = []
@@ -250,12 +256,12 @@ async def _run(fed: LocalFederation, subs: int, moves: int, rate: float) -> dict
         takers = [asyncio.create_task(take(s)) for s in streams]
 
         publisher = _Publisher(pub, subs, rate)
-        await publisher.pause()  # publishing before the first move
+        await publisher.pause(gap_s)  # publishing before the first move
         for i in range(moves):
             began = time.perf_counter()
             assert await mover.move(NEW_YORK if i % 2 == 0 else PARIS)
             took.append(time.perf_counter() - began)
-            await publisher.pause()  # a quarter second between moves
+            await publisher.pause(gap_s)  # between moves
         await publisher.stop()
         await fed.quiescent(HANG_S)
         made = await asyncio.to_thread(fed.total, DELIVERIES)  # every delivery the brokers made
@@ -276,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--subs", type=int, default=20, help="subscriptions of the moving client")
     p.add_argument("--moves", type=int, default=20, help="handovers (eu <-> us)")
     p.add_argument("--rate", type=float, default=400.0, help="events/s published at ap")
+    p.add_argument("--gap-s", type=float, default=0.25, help="seconds between moves")
     p.add_argument(
         "--strategy", action="append", choices=list(STRATEGIES), help="repeatable; default: all"
     )
@@ -309,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
             LocalFederation("three", strategy, Path(work), extra_env=env) as fed,
         ):
             runner = _run_mqtt if args.client == "mqtt" else _run
-            r = asyncio.run(runner(fed, args.subs, args.moves, args.rate))
+            r = asyncio.run(runner(fed, args.subs, args.moves, args.rate, args.gap_s))
         lost = "-" if r["lost"] is None else f"{r['lost']:,.0f}"
         rows.append(
             f"| {strategy} | {r['published']:,.0f} | {r['received']:,.0f} | {r['missed']:,.0f}"
@@ -324,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     body = (
         f"{mover} with {args.subs} world-wide subscriptions, {args.moves} moves eu <-> us,"
-        f" a quarter second apart, {args.rate:g} events/s published at ap throughout;"
+        f" {args.gap_s:g} s apart, {args.rate:g} events/s published at ap throughout;"
         f" handover_hold_s {'10, the default' if args.hold_s is None else f'{args.hold_s:g}'}:"
         f" {'break before make' if args.hold_s == 0 else 'make before break'}; WAN"
         f" emulation: {wan_text}.\n\n"

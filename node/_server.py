@@ -1667,8 +1667,8 @@ class BrokerServer(Guarded):
             for sub in msg.subs:
                 self.dispatch(self.core.subscribe(sub))
                 self.persist_subscription(sub)
-                self._arrived[sub.key] = set()
-                asyncio.get_running_loop().call_later(keep, self._arrived.pop, sub.key, None)
+                ids = self._arrived[sub.key] = set()
+                asyncio.get_running_loop().call_later(keep, self._forget_arrived, sub.key, ids)
             for sub_id, qos in msg.qos:
                 if self.mqtt is not None:
                     self.mqtt.grant((client, sub_id), qos)
@@ -1686,6 +1686,10 @@ class BrokerServer(Guarded):
         link = self.links[peer]
         if link.connected:
             link.enqueue(FlushMsg(msg.token, True))
+
+    def _forget_arrived(self, key: SubKey, ids: set[str]) -> None:
+        if self._arrived.get(key) is ids:  # not a later transfer's
+            del self._arrived[key]
 
     async def client_leave(self, who: Principal, client: str) -> bool:
         """The client whose handover this broker holds left: withdraw and close its session.
