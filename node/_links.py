@@ -46,6 +46,7 @@ from geofed.routing import (
     PeerMessage,
     StorageFailed,
     SubscribeMsg,
+    once_id,
 )
 from geofed.v1 import federation_pb2 as fpb
 from geofed.wire import (
@@ -68,9 +69,6 @@ log = logging.getLogger("geofed.node.links")
 PROTOCOL_VERSION = 4
 _UNACKED_FRAMES = 4096
 _ACK_DELAY_S = 0.02
-_RESENDABLE = (EventMsg, DeliveryMsg, HandoffMsg)
-"""Messages resent after a broken session (from the outbox, in durable mode): nothing else
-would repair their loss."""
 _STATE_KINDS = (Kind.SUBSCRIBE, Kind.UNSUBSCRIBE, Kind.RELOCATE, Kind.TRANSITION)
 """Kinds whose loss the next session repairs (snapshot, table state): not kept for resending."""
 _PAGE = 2048  # outbox messages read back at a time
@@ -371,9 +369,9 @@ class PeerLink:
         gauge goes on counting them there.
         """
         if not self.durable:
-            self._queue = deque(e for e in self._queue if isinstance(e[0], _RESENDABLE))
+            self._queue = deque(e for e in self._queue if once_id(e[0]) is not None)
         else:
-            left = sum(1 for m, _ in self._queue if isinstance(m, _RESENDABLE)) + unacked
+            left = sum(1 for m, _ in self._queue if once_id(m) is not None) + unacked
             self._queue = deque()
             if self._behind is None:
                 self._skipped = 0
@@ -679,7 +677,7 @@ class PeerLink:
         if msgs:
             self._seq += 1
             frame.seq = self._seq
-            resendable: list[PeerMessage] = [m for m in msgs if isinstance(m, _RESENDABLE)]
+            resendable = [m for m in msgs if once_id(m) is not None]
             if resendable:
                 if len(self._unacked) == self._unacked.maxlen and not self.durable:
                     # The oldest falls out: it cannot be sent again unless acknowledged.

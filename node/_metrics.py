@@ -427,46 +427,54 @@ class NodeMetrics:
             "Sessions forgotten after their expiry (or session_idle_s) without an open stream.",
             registry=registry,
         )
-        self.handovers = Counter(
-            HANDOVERS,
-            "Held handovers (make before break) that ended: the client left (left), the hold"
-            " ran out (expired) or the client came back into the area (returned).",
-            ["outcome"],
-            registry=registry,
+        self.handovers = _preset(
+            Counter(
+                HANDOVERS,
+                "Held handovers (make before break) that ended: the client left (left), the hold"
+                " ran out (expired) or the client came back into the area (returned).",
+                ["outcome"],
+                registry=registry,
+            ),
+            "outcome",
+            ("left", "expired", "returned"),
         )
-        for outcome in ("left", "expired", "returned"):
-            self.handovers.labels(outcome=outcome)
-        self.handover_wait_timeouts = Counter(
-            HANDOVER_WAIT_TIMEOUTS,
-            "Handover waits whose bound ran out: a renewal answered before every connected"
-            " peer acknowledged what it was sent (settle), a withdrawal made before every"
-            " connected peer's flush reply arrived (flush), a client redirected before its"
-            " new broker said it holds the transferred session (transfer).",
-            ["step"],
-            registry=registry,
+        self.handover_wait_timeouts = _preset(
+            Counter(
+                HANDOVER_WAIT_TIMEOUTS,
+                "Handover waits whose bound ran out: a renewal answered before every connected"
+                " peer acknowledged what it was sent (settle), a withdrawal made before every"
+                " connected peer's flush reply arrived (flush), a client redirected before its"
+                " new broker said it holds the transferred session (transfer).",
+                ["step"],
+                registry=registry,
+            ),
+            "step",
+            ("settle", "flush", "transfer"),
         )
-        for step in ("settle", "flush", "transfer"):
-            self.handover_wait_timeouts.labels(step=step)
-        self.handoff_deliveries = Counter(
-            HANDOFF_DELIVERIES,
-            "Queued deliveries of persistent subscriptions moved by handovers: sent to the"
-            " client's new broker (sent), queued here for a client that arrived (queued),"
-            " dropped here as queued already since its transferred session came (duplicate),"
-            " or lost: no link to the new broker, or no such subscription there (dropped).",
-            ["outcome"],
-            registry=registry,
+        self.handoff_deliveries = _preset(
+            Counter(
+                HANDOFF_DELIVERIES,
+                "Queued deliveries of persistent subscriptions moved by handovers: sent to the"
+                " client's new broker (sent), queued here for a client that arrived (queued),"
+                " dropped here as queued already since its transferred session came (duplicate),"
+                " or lost: no link to the new broker, or no such subscription there (dropped).",
+                ["outcome"],
+                registry=registry,
+            ),
+            "outcome",
+            ("sent", "queued", "duplicate", "dropped"),
         )
-        for outcome in ("sent", "queued", "duplicate", "dropped"):
-            self.handoff_deliveries.labels(outcome=outcome)
-        self.session_transfers = Counter(
-            SESSION_TRANSFERS,
-            "Persistent sessions moved with their MQTT clients: sent to the new broker before"
-            " the redirect (sent), opened here (taken), or not taken here (refused).",
-            ["outcome"],
-            registry=registry,
+        self.session_transfers = _preset(
+            Counter(
+                SESSION_TRANSFERS,
+                "Persistent sessions moved with their MQTT clients: sent to the new broker before"
+                " the redirect (sent), opened here (taken), or not taken here (refused).",
+                ["outcome"],
+                registry=registry,
+            ),
+            "outcome",
+            ("sent", "taken", "refused"),
         )
-        for outcome in ("sent", "taken", "refused"):
-            self.session_transfers.labels(outcome=outcome)
 
     def reject_peer_message(self, peer: str, kind: str, msg_id: str, reason: str) -> None:
         """Account for a message from `peer` that was skipped: counted, logged once.
@@ -477,3 +485,11 @@ class NodeMetrics:
         self.peer_rejected.labels(peer=peer, kind=kind).inc()
         self.peer_received.labels(peer=peer, kind=kind).inc()
         log.warning("peer %s: %s %r rejected and skipped: %s", peer, kind, msg_id, reason)
+
+
+def _preset(counter: Counter, label: str, values: tuple[str, ...]) -> Counter:
+    """`counter` with a sample at 0 for each of `values` of its `label`: exported
+    before anything is counted, so a rate or a wait on it needs no first count."""
+    for value in values:
+        counter.labels(**{label: value})
+    return counter

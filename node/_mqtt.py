@@ -60,7 +60,7 @@ from ._mqtt_geo import (
     split_topic,
     subscription_id,
 )
-from ._server import _END, _stored, _Stream
+from ._server import _END, _Stream
 
 if TYPE_CHECKING:
     from ._server import BrokerServer, _Session
@@ -889,9 +889,8 @@ class _Connection:
             sub, stream = await self.node.client_subscribe(self.who, self.client, pb)
         except GeofedError as exc:
             raise _geo_error(exc, source) from None
-        self.listener.grant(sub.key, qos)
-        if self.node.store.durable and sub.key in self.node.pending:  # persistent: kept
-            self.node.store.put_mqtt_qos(_stored(sub.key), qos)
+        self.node.grant_qos(sub.key, qos)
+        if self.node.store.dirty:  # a persistent subscription's QoS is kept
             await self.node.store.commit()
         old = self.pumps.pop(sub.key, None)
         if old is not None:

@@ -67,6 +67,7 @@ from geofed.routing import (
     history_targets,
     merge_history,
     new_event_id,
+    once_id,
     parse_scheme,
     require_h3,
     scheme_for_load,
@@ -977,7 +978,7 @@ class BrokerServer(Guarded):
         changed = False
         for msg in msgs:
             try:
-                if (once := _once_id(msg)) is not None:
+                if (once := once_id(msg)) is not None:
                     key = (msg.kind, once)
                     if link.window.seen(*key) or key in in_frame:
                         self.metrics.peer_duplicates.labels(peer=peer).inc()
@@ -1157,7 +1158,7 @@ class BrokerServer(Guarded):
         for send in sends:
             oid = 0
             msg = send.msg
-            once = _once_id(msg)
+            once = once_id(msg)
             if self.durable and once is not None:
                 oid, self._next_oid = self._next_oid, self._next_oid + 1
                 self.store.put_outbox(
@@ -1323,7 +1324,7 @@ class BrokerServer(Guarded):
     def outbox_acked(self, peer: str, msgs: list[PeerMessage]) -> None:
         """`peer` acknowledged these: the outbox forgets them."""
         self.store.delete_outbox(
-            peer, [(m.kind.value, once) for m in msgs if (once := _once_id(m)) is not None]
+            peer, [(m.kind.value, once) for m in msgs if (once := once_id(m)) is not None]
         )
 
     # -- restart ---------------------------------------------------------------
@@ -1659,10 +1660,7 @@ class BrokerServer(Guarded):
                 session = self._sessions[client] = _Session(msg.expiry_s, msg.owner)
             session.expiry_s = max(session.expiry_s, msg.expiry_s)
             session.idle_since = time.monotonic()
-            if self.durable:
-                self.store.put_session(
-                    client, where.lat, where.lon, session.expiry_s, session.owner
-                )
+            self._store_location(client, where)
             keep = 2 * self.config.handover_hold_s  # its handoff comes within the hold
             for sub in msg.subs:
                 self.dispatch(self.core.subscribe(sub))
@@ -1670,10 +1668,7 @@ class BrokerServer(Guarded):
                 ids = self._arrived[sub.key] = set()
                 asyncio.get_running_loop().call_later(keep, self._forget_arrived, sub.key, ids)
             for sub_id, qos in msg.qos:
-                if self.mqtt is not None:
-                    self.mqtt.grant((client, sub_id), qos)
-                if self.durable:
-                    self.store.put_mqtt_qos(_stored((client, sub_id)), qos)
+                self.grant_qos((client, sub_id), qos)
             self._update_sub_gauges()
             if self.store.dirty:
                 await self.store.commit()
@@ -1686,6 +1681,14 @@ class BrokerServer(Guarded):
         link = self.links[peer]
         if link.connected:
             link.enqueue(FlushMsg(msg.token, True))
+
+    def grant_qos(self, key: SubKey, qos: int) -> None:
+        """The MQTT QoS granted to a subscription: the listener's (when it runs) and, for a
+        persistent subscription, the store's (uncommitted)."""
+        if self.mqtt is not None:
+            self.mqtt.grant(key, qos)
+        if self.durable and key in self.pending:
+            self.store.put_mqtt_qos(_stored(key), qos)
 
     def _forget_arrived(self, key: SubKey, ids: set[str]) -> None:
         if self._arrived.get(key) is ids:  # not a later transfer's
@@ -2278,17 +2281,6 @@ async def _all(calls: Iterable[Awaitable[list[HistoryRecord]]]) -> list[list[His
 def _flag(d: Delivery) -> str:
     """The wire's filter_scheme of a delivery: its scheme when approximate, else ""."""
     return "" if d.scheme is Scheme.EXACT else d.scheme.value
-
-
-def _once_id(msg: PeerMessage) -> str | None:
-    """The id by which a peer takes a message once (its duplicate window) and the outbox
-    keeps it: the event's of an event or delivery, a handoff's own; None for the others,
-    which are not resent as they are."""
-    if isinstance(msg, EventMsg | DeliveryMsg):
-        return msg.event.id
-    if isinstance(msg, HandoffMsg):
-        return msg.id
-    return None
 
 
 def _trace_fields(msg: PeerMessage) -> tuple[list[str], str | None]:

@@ -38,6 +38,7 @@ from ._broker import (
     SubscribeMsg,
     TableMsg,
     UnsubscribeMsg,
+    once_id,
 )
 from ._cost import CostReport, history_targets, predict
 from ._cover import (
@@ -147,6 +148,7 @@ __all__ = [
     "ReportMsg",
     "FlushMsg",
     "HandoffMsg",
+    "once_id",
     "SessionMsg",
     "StrategyTable",
     "TableMsg",

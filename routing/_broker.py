@@ -209,6 +209,19 @@ PeerMessage = (
     | SessionMsg
 )
 
+
+def once_id(msg: PeerMessage) -> str | None:
+    """The id by which a peer takes a message once (its duplicate window), a sender's
+    outbox keeps it and a broken link resends it: the event's of an event or delivery,
+    a handoff's own; None for the others, which are not resent as they are (a new
+    session's snapshot and table state repair their loss)."""
+    if isinstance(msg, EventMsg | DeliveryMsg):
+        return msg.event.id
+    if isinstance(msg, HandoffMsg):
+        return msg.id
+    return None
+
+
 MessageKey = tuple[str, str, str]
 """(kind, src broker, dst broker)."""
 
