@@ -13,7 +13,7 @@ import uuid
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import shapely
@@ -140,6 +140,7 @@ _REPLAY_PAGE = 1024  # queued deliveries read back from the store at a time
 _LOCAL = ""  # the duplicate window of local publishes, among the peers' windows in the store
 _PUBLISH = "publish"
 _NUMBERED_WAIT_S = 20.0  # a strategy change waits this long for its number without peer_timeout_s
+_T = TypeVar("_T")
 _HANDOFF_BYTES = 1 << 20  # a handoff message carries at most this many bytes of deliveries
 _ARRIVED_IDS = 1 << 16  # event ids kept per transferred subscription to drop its handoff's repeats
 
@@ -1067,19 +1068,12 @@ class BrokerServer(Guarded):
         """`events` in order, in parts of at most half a subscriber stream's size
         (count and bytes, as the stream counts a delivery; at least one event)."""
         cfg = self.config
-        most = max(1, cfg.subscriber_queue_size // 2)
-        budget = cfg.subscriber_queue_bytes // 2
-        part: list[Event] = []
-        size = 0
-        for event in events:
-            cost = _DELIVERY_OVERHEAD + len(event.payload)
-            if part and (len(part) == most or size + cost > budget):
-                yield part
-                part, size = [], 0
-            part.append(event)
-            size += cost
-        if part:
-            yield part
+        return _batches(
+            events,
+            lambda event: _DELIVERY_OVERHEAD + len(event.payload),
+            cfg.subscriber_queue_bytes // 2,
+            most=max(1, cfg.subscriber_queue_size // 2),
+        )
 
     async def _publish_part(self, events: list[Event]) -> None:
         staged = _Staged()
@@ -1811,15 +1805,8 @@ class BrokerServer(Guarded):
             return 0
         sends: list[Send] = []
         for key, items in queues:
-            part: list[bytes] = []
-            size = 0
-            for data in items:
-                if part and size + len(data) > _HANDOFF_BYTES:
-                    sends.append(Send(dst, HandoffMsg(uuid.uuid4().hex, key, tuple(part))))
-                    part, size = [], 0
-                part.append(data)
-                size += len(data)
-            sends.append(Send(dst, HandoffMsg(uuid.uuid4().hex, key, tuple(part))))
+            for part in _batches(items, len, _HANDOFF_BYTES):
+                sends.append(Send(dst, HandoffMsg(uuid.uuid4().hex, key, tuple(part))))
         self._stage_sends(sends, staged)
         return n
 
@@ -2276,6 +2263,24 @@ async def _all(calls: Iterable[Awaitable[list[HistoryRecord]]]) -> list[list[His
             raise r
         out.append(r)
     return out
+
+
+def _batches(
+    items: Iterable[_T], cost: Callable[[_T], int], budget: int, most: int | None = None
+) -> Iterator[list[_T]]:
+    """`items` in order, in lists of at most `budget` total cost and `most` items;
+    an item costing more than `budget` goes alone (a list is never empty)."""
+    part: list[_T] = []
+    size = 0
+    for item in items:
+        c = cost(item)
+        if part and (len(part) == most or size + c > budget):
+            yield part
+            part, size = [], 0
+        part.append(item)
+        size += c
+    if part:
+        yield part
 
 
 def _flag(d: Delivery) -> str:
