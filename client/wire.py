@@ -732,6 +732,10 @@ def add_to_frame(frame: fpb.Frame, msg: PeerMessage, origin: str) -> int:
             expiry_s=msg.expiry_s,
             subscriptions=[remote_subscription_to_pb(SubscribeMsg(s, "")) for s in msg.subs],
             mqtt_qos=dict(msg.qos),
+            queued=[
+                fpb.QueuedEvents(subscription_id=sub_id, event_ids=ids)
+                for sub_id, ids in msg.queued
+            ],
         )
         frame.sessions.append(pb)
     else:
@@ -981,6 +985,17 @@ def _session_msg(st: fpb.SessionTransfer, cache: GeofenceCache) -> SessionMsg:
     for _, q in qos:
         if q > 1:
             raise InvalidInput("session.mqtt_qos", f"QoS {q}: at most 1")
+    sub_ids = {sub.id for sub in subs}
+    queued = []
+    for entry in st.queued:
+        if entry.subscription_id not in sub_ids:
+            raise InvalidInput(
+                "session.queued.subscription_id",
+                f"{entry.subscription_id!r} is not a subscription of the session",
+            )
+        for event_id in entry.event_ids:
+            validate_id(event_id, "session.queued.event_ids")
+        queued.append((entry.subscription_id, tuple(entry.event_ids)))
     return SessionMsg(
         int(st.token),
         st.client,
@@ -989,6 +1004,7 @@ def _session_msg(st: fpb.SessionTransfer, cache: GeofenceCache) -> SessionMsg:
         float(st.expiry_s),
         subs,
         qos,
+        tuple(queued),
     )
 
 

@@ -404,7 +404,7 @@ class BrokerServer(Guarded):
         self._background: set[asyncio.Task[None]] = set()  # expired holds, transferred sessions
         # Subscriptions that came with a transferred session: the event ids queued for
         # them since, until their old broker's handoff has come (`_take_handoff`).
-        self._arrived: dict[SubKey, set[str]] = {}
+        self._arrived: dict[SubKey, dict[str, None]] = {}
         self._flush_token = 0
         self._flushes: dict[tuple[str, int], asyncio.Future[None]] = {}  # (peer, token)
         self.pending: dict[SubKey, PendingInfo] = {}  # persistent subscriptions' queues
@@ -1192,7 +1192,7 @@ class BrokerServer(Guarded):
         self.store.put_pending(_stored(key), info.last, data)
         arrived = self._arrived.get(key)
         if arrived is not None and len(arrived) < _ARRIVED_IDS:
-            arrived.add(item.event.id)
+            arrived[item.event.id] = None
         info.count += 1
         info.bytes += len(data)
         if info.bytes > self.config.session_queue_bytes and not info.trimming:
@@ -1222,7 +1222,7 @@ class BrokerServer(Guarded):
             items = [cpb.Delivery.FromString(data) for data in msg.deliveries]
         except Exception as exc:
             raise InvalidInput("handoff.deliveries", f"not a valid Delivery: {exc}") from None
-        arrived = self._arrived.get(key, set())
+        arrived = self._arrived.get(key, {})
         fresh = [item for item in items if item.event.id not in arrived]
         if len(fresh) < len(items):  # queued here already since the session came
             self.metrics.handoff_deliveries.labels(outcome="duplicate").inc(len(items) - len(fresh))
@@ -1615,19 +1615,67 @@ class BrokerServer(Guarded):
                 stream.close()
         granted = {} if self.mqtt is None else self.mqtt.qos
         qos = tuple((sub.id, granted[sub.key]) for sub in subs if sub.key in granted)
+        queued = self._arrived_ids(subs)
         await self._ask(
             "transfer",
             [
                 (
                     owner,
                     lambda token: SessionMsg(
-                        token, client, session.owner, where, session.expiry_s, subs, qos
+                        token, client, session.owner, where, session.expiry_s, subs, qos, queued
                     ),
                 )
             ],
         )
         self.metrics.session_transfers.labels(outcome="sent").inc()
         return target, True
+
+    def _arrived_ids(self, subs: Iterable[Subscription]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """Per subscription of `subs` that came here with its session, the events queued
+        for it here since (`_arrived`), newest first, at most `_HANDOFF_BYTES` of ids."""
+        budget = _HANDOFF_BYTES
+        out: list[tuple[str, tuple[str, ...]]] = []
+        for sub in subs:
+            arrived = self._arrived.get(sub.key)
+            if not arrived:
+                continue
+            ids: list[str] = []
+            for event_id in reversed(arrived):
+                budget -= len(event_id)
+                if budget < 0:
+                    break
+                ids.append(event_id)
+            out.append((sub.id, tuple(ids)))
+        return tuple(out)
+
+    async def _drop_arrived_there(self, peer: str, msg: SessionMsg) -> None:
+        """The client's session came back from `peer` while held here: drop from its
+        queues here the events `peer` queued for it (`msg.queued`). The client gets
+        those from `peer`, delivered there or in its handoff; delivered here too, they
+        would reach it twice. A queue the store cannot read or change keeps them."""
+        for sub_id, ids in msg.queued:
+            key = (msg.client, sub_id)
+            info = self.pending.get(key)
+            if info is None or not info.count or not ids:
+                continue
+            there = set(ids)
+            offsets: list[int] = []
+            after = info.acked
+            try:
+                while rows := await self.store.pending_page(_stored(key), after, _REPLAY_PAGE):
+                    offsets.extend(
+                        offset
+                        for offset, data in rows
+                        if cpb.Delivery.FromString(data).event.id in there
+                    )
+                    after = rows[-1][0]
+                n, size = await self.store.drop_pending(_stored(key), offsets)
+            except StorageFailed as exc:
+                log.error("subscription %s: events queued at %s kept here: %s", key, peer, exc)
+                continue
+            info.count -= n
+            info.bytes -= size
+            self.metrics.handoff_deliveries.labels(outcome="duplicate").inc(n)
 
     async def _take_session(self, peer: str, msg: SessionMsg) -> None:
         """A session `peer` transferred (`client_transfer`): opened here with its
@@ -1645,6 +1693,7 @@ class BrokerServer(Guarded):
                 Principal(msg.owner), client, None if session is None else session.owner
             )
             # Back before this broker let go of it: the hold ends, the session stays.
+            back = client in self._held
             self._unhold(client, where)
             if client in self.core.sessions:
                 self.dispatch(self.core.update_location(client, where).sends)
@@ -1659,7 +1708,7 @@ class BrokerServer(Guarded):
             for sub in msg.subs:
                 self.dispatch(self.core.subscribe(sub))
                 self.persist_subscription(sub)
-                ids = self._arrived[sub.key] = set()
+                ids = self._arrived[sub.key] = {}
                 asyncio.get_running_loop().call_later(keep, self._forget_arrived, sub.key, ids)
             for sub_id, qos in msg.qos:
                 self.grant_qos((client, sub_id), qos)
@@ -1671,6 +1720,8 @@ class BrokerServer(Guarded):
             log.warning("session of %s transferred by %s not taken: %s", client, peer, exc)
             return
         self.metrics.session_transfers.labels(outcome="taken").inc()
+        if back:
+            await self._drop_arrived_there(peer, msg)
         await self.peers_settled()
         link = self.links[peer]
         if link.connected:
@@ -1684,7 +1735,7 @@ class BrokerServer(Guarded):
         if self.durable and key in self.pending:
             self.store.put_mqtt_qos(_stored(key), qos)
 
-    def _forget_arrived(self, key: SubKey, ids: set[str]) -> None:
+    def _forget_arrived(self, key: SubKey, ids: dict[str, None]) -> None:
         if self._arrived.get(key) is ids:  # not a later transfer's
             del self._arrived[key]
 

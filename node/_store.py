@@ -545,6 +545,33 @@ class Store:
 
         return await self._run(run)
 
+    async def drop_pending(self, key: str, offsets: Sequence[int]) -> tuple[int, int]:
+        """Delete these queued deliveries of a subscription (those still there).
+
+        Returns:
+            (deliveries deleted, their bytes).
+        """
+        await self.commit()
+
+        def run(db: sqlite3.Connection) -> tuple[int, int]:
+            n = size = 0
+            db.execute("BEGIN")
+            try:
+                for offset in offsets:
+                    row = db.execute(
+                        "DELETE FROM pending WHERE sub = ? AND offset = ? RETURNING size",
+                        (key, offset),
+                    ).fetchone()
+                    if row is not None:
+                        n, size = n + 1, size + row[0]
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+            return n, size
+
+        return await self._run(run)
+
     async def _read(self, sql: str, params: Sequence[Any]) -> list[Any]:
         return await self._run(lambda db: db.execute(sql, params).fetchall())
 

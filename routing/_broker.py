@@ -182,6 +182,9 @@ class SessionMsg:
     `expiry_s` without a connection) with these subscriptions, and answers with a
     flush reply (`FlushMsg(token, reply=True)`) once its peers have applied them.
     `qos` is the MQTT QoS granted to subscriptions made over MQTT, by subscription id.
+    `queued` names, per subscription id, events the sender queued for it since the
+    session came there: a receiver that still holds the session (the client came back
+    before it let go) drops them from its queue, as the client gets them from the sender.
     Control traffic: the broker core never sees it, and the cost model leaves it out.
     """
 
@@ -192,6 +195,7 @@ class SessionMsg:
     expiry_s: float
     subs: tuple[Subscription, ...]
     qos: tuple[tuple[str, int], ...] = ()
+    queued: tuple[tuple[str, tuple[str, ...]], ...] = ()
     kind = Kind.CONTROL
 
 

@@ -176,7 +176,7 @@ class Flush(_message.Message):
     def __init__(self, token: _Optional[int] = ..., reply: _Optional[bool] = ...) -> None: ...
 
 class SessionTransfer(_message.Message):
-    __slots__ = ("token", "client", "owner", "at", "expiry_s", "subscriptions", "mqtt_qos")
+    __slots__ = ("token", "client", "owner", "at", "expiry_s", "subscriptions", "mqtt_qos", "queued")
     class MqttQosEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -191,6 +191,7 @@ class SessionTransfer(_message.Message):
     EXPIRY_S_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
     MQTT_QOS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
     token: int
     client: str
     owner: str
@@ -198,7 +199,16 @@ class SessionTransfer(_message.Message):
     expiry_s: float
     subscriptions: _containers.RepeatedCompositeFieldContainer[RemoteSubscription]
     mqtt_qos: _containers.ScalarMap[str, int]
-    def __init__(self, token: _Optional[int] = ..., client: _Optional[str] = ..., owner: _Optional[str] = ..., at: _Optional[_Union[_geo_pb2.LatLon, _Mapping]] = ..., expiry_s: _Optional[float] = ..., subscriptions: _Optional[_Iterable[_Union[RemoteSubscription, _Mapping]]] = ..., mqtt_qos: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    queued: _containers.RepeatedCompositeFieldContainer[QueuedEvents]
+    def __init__(self, token: _Optional[int] = ..., client: _Optional[str] = ..., owner: _Optional[str] = ..., at: _Optional[_Union[_geo_pb2.LatLon, _Mapping]] = ..., expiry_s: _Optional[float] = ..., subscriptions: _Optional[_Iterable[_Union[RemoteSubscription, _Mapping]]] = ..., mqtt_qos: _Optional[_Mapping[str, int]] = ..., queued: _Optional[_Iterable[_Union[QueuedEvents, _Mapping]]] = ...) -> None: ...
+
+class QueuedEvents(_message.Message):
+    __slots__ = ("subscription_id", "event_ids")
+    SUBSCRIPTION_ID_FIELD_NUMBER: _ClassVar[int]
+    EVENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    subscription_id: str
+    event_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, subscription_id: _Optional[str] = ..., event_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class QueueHandoff(_message.Message):
     __slots__ = ("id", "subscription", "deliveries")

@@ -365,7 +365,14 @@ def test_queue_handoffs_and_session_transfers_cross_a_frame_as_control_traffic()
     roaming = make_subscription("r", "walker", "t/#", "roam:circle:2000").placed(ll(48.85, 2.35))
     plain = make_subscription("p", "walker", "u/+")
     session = SessionMsg(
-        7, "walker", "alice", ll(40.71, -74.0), 600.0, (roaming, plain), (("p", 1),)
+        7,
+        "walker",
+        "alice",
+        ll(40.71, -74.0),
+        600.0,
+        (roaming, plain),
+        (("p", 1),),
+        (("p", ("e9", "e8")), ("r", ())),
     )
     handoff = HandoffMsg("h1", ("walker", "p"), (b"one", b"two"))
     frame = gw.new_frame()
@@ -384,6 +391,7 @@ def test_queue_handoffs_and_session_transfers_cross_a_frame_as_control_traffic()
         600.0,
         (("p", 1),),
     )
+    assert taken.queued == (("p", ("e9", "e8")), ("r", ()))  # newest first, as sent
     # The roaming one keeps its shape (the receiver places it at the client's new location).
     assert [(s.key, s.roaming is not None) for s in taken.subs] == [
         (("walker", "r"), True),
@@ -405,6 +413,9 @@ def test_queue_handoffs_and_session_transfers_cross_a_frame_as_control_traffic()
         (lambda st: st.subscriptions[0].subscription.__setattr__("client", "other"),
          "session.subscriptions.client"),
         (lambda st: st.ClearField("at"), "session.at"),
+        (lambda st: st.queued.add(subscription_id="nope"), "session.queued.subscription_id"),
+        (lambda st: st.queued.add(subscription_id="p", event_ids=[""]),
+         "session.queued.event_ids"),
     ],
 )  # fmt: skip
 def test_a_bad_session_transfer_is_rejected_by_field(change: Any, field: str) -> None:

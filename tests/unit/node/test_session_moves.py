@@ -231,3 +231,61 @@ def test_a_handoff_to_a_transferred_session_drops_what_was_queued_here_since() -
         assert handed(us, "duplicate") == 1 and handed(us, "queued") == 1
 
     asyncio.run(run())
+
+
+def test_a_session_back_before_its_broker_let_go_drops_what_the_other_broker_queued() -> None:
+    """The client went eu -> us and comes back before eu let go. eu queued events while
+    it held the session; those us queued too (`SessionMsg.queued`) reach the client
+    from us (delivered there, or in us' handoff), so eu drops them from its queue."""
+
+    async def run() -> None:
+        eu, us = node("eu"), node("us")
+        await persistent_subscriber(eu, PARIS)
+        await eu.client_handover(ANONYMOUS, KEY[0], NEW_YORK)
+        sub = eu.core.local.get(KEY)
+        assert sub is not None
+        await us.receive_frame(
+            "eu", frame_of([SessionMsg(3, KEY[0], "", NEW_YORK, 600.0, (sub,), ())], "eu")
+        )
+        await asyncio.gather(*us._background)
+        await queue(eu, ["early", "both1", "both2", "late"])  # eu still holds the session
+        await queue(us, ["both1", "both2", "only-us"])  # what us matched since it came
+        # us sends it back (the client heads for eu): its message names what us queued.
+        back = us._arrived_ids([sub])
+        assert back == ((KEY[1], ("only-us", "both2", "both1")),)  # newest first
+        info = eu.pending[KEY]
+        before = info.bytes
+        await eu.receive_frame(
+            "us", frame_of([SessionMsg(4, KEY[0], "", PARIS, 600.0, (sub,), (), back)], "us")
+        )
+        await asyncio.gather(*eu._background)
+        assert KEY[0] not in eu._held
+        assert await queued(eu) == [(1, "early"), (4, "late")]
+        assert info.count == 2 and 0 < info.bytes < before
+        assert handed(eu, "duplicate") == 2
+        # A broker that did not hold the session keeps its queue as it is.
+        await queue(us, ["kept"])
+        await us.receive_frame(
+            "eu", frame_of([SessionMsg(5, KEY[0], "", NEW_YORK, 600.0, (sub,), (), back)], "eu")
+        )
+        await asyncio.gather(*us._background)
+        assert [i for _, i in await queued(us)] == ["both1", "both2", "only-us", "kept"]
+
+    asyncio.run(run())
+
+
+def test_a_transfer_names_at_most_a_bounded_number_of_queued_events(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def run() -> None:
+        us = node("us")
+        sub = make_subscription(KEY[1], KEY[0], "t/#")
+        await us.receive_frame(
+            "eu", frame_of([SessionMsg(3, KEY[0], "", NEW_YORK, 600.0, (sub,), ())], "eu")
+        )
+        await asyncio.gather(*us._background)
+        await queue(us, ["e1", "e2", "e3"])
+        monkeypatch.setattr(node_server, "_HANDOFF_BYTES", 5)  # room for two ids of 2 bytes
+        assert us._arrived_ids([sub]) == ((KEY[1], ("e3", "e2")),)
+
+    asyncio.run(run())
