@@ -147,14 +147,19 @@ def transfers(n: BrokerServer, outcome: str) -> float:
     return n.metrics.registry.get_sample_value(SESSION_TRANSFERS, {"outcome": outcome}) or 0.0
 
 
+async def transfer(n: BrokerServer, peer: str, msg: SessionMsg, seq: int = 1) -> None:
+    """`msg` from `peer` in a frame of sequence `seq`, taken by `n` (its task done)."""
+    await n.receive_frame(peer, frame_of([msg], peer, seq=seq))
+    await asyncio.gather(*n._background)
+
+
 def test_a_transferred_session_is_opened_with_its_subscriptions() -> None:
     async def run() -> None:
         us = node("us")
         roaming = make_subscription("r", KEY[0], "t/#", "roam:circle:2000").placed(PARIS)
         plain = make_subscription(KEY[1], KEY[0], "u/+")
         msg = SessionMsg(3, KEY[0], "", NEW_YORK, 600.0, (roaming, plain), ((KEY[1], 1),))
-        await us.receive_frame("eu", frame_of([msg], "eu"))
-        await asyncio.gather(*us._background)
+        await transfer(us, "eu", msg)
         assert transfers(us, "taken") == 1
         assert us.core.sessions[KEY[0]] == NEW_YORK and us.persistent(KEY[0])
         placed = us.core.local.get((KEY[0], "r"))
@@ -171,15 +176,11 @@ def test_a_transfer_outside_the_area_is_refused_and_one_to_a_session_here_adds_t
     async def run() -> None:
         us = node("us")
         alien = SessionMsg(4, KEY[0], "", PARIS, 600.0, (), ())  # eu's area
-        await us.receive_frame("eu", frame_of([alien], "eu"))
-        await asyncio.gather(*us._background)
+        await transfer(us, "eu", alien)
         assert transfers(us, "refused") == 1 and KEY[0] not in us.core.sessions
         await persistent_subscriber(us, NEW_YORK)  # the client was here first, with "q"
         more = make_subscription("r", KEY[0], "v/#")
-        await us.receive_frame(
-            "eu", frame_of([SessionMsg(5, KEY[0], "", NEW_YORK, 60.0, (more,), ())], "eu", seq=2)
-        )
-        await asyncio.gather(*us._background)
+        await transfer(us, "eu", SessionMsg(5, KEY[0], "", NEW_YORK, 60.0, (more,), ()), seq=2)
         assert transfers(us, "taken") == 1
         assert {s.id for s in us.core.subscriptions_of(KEY[0])} == {"q", "r"}
         assert us._sessions[KEY[0]].expiry_s == 600.0  # the longer expiry stays
@@ -199,8 +200,7 @@ def test_a_session_transferred_back_to_a_broker_still_holding_it_stays() -> None
         sub = eu.core.local.get(KEY)
         assert sub is not None
         back = SessionMsg(6, KEY[0], "", PARIS, 600.0, (sub,), ())
-        await eu.receive_frame("us", frame_of([back], "us"))
-        await asyncio.gather(*eu._background)
+        await transfer(eu, "us", back)
         assert KEY[0] not in eu._held  # no timer or leave withdraws it any more
         assert eu.core.sessions[KEY[0]] == PARIS and KEY in eu.pending
         returned = eu.metrics.registry.get_sample_value(HANDOVERS, {"outcome": "returned"})
@@ -216,10 +216,7 @@ def test_a_handoff_to_a_transferred_session_drops_what_was_queued_here_since() -
     async def run() -> None:
         us = node("us")
         plain = make_subscription(KEY[1], KEY[0], "t/#")
-        await us.receive_frame(
-            "eu", frame_of([SessionMsg(3, KEY[0], "", NEW_YORK, 600.0, (plain,), ())], "eu")
-        )
-        await asyncio.gather(*us._background)
+        await transfer(us, "eu", SessionMsg(3, KEY[0], "", NEW_YORK, 600.0, (plain,), ()))
         await queue(us, ["both"])  # matched here too, after the session came
         items = [
             cpb.Delivery(subscription_id=KEY[1], event=gpb.Event(id=i, topic="t/x"), offset=n)
@@ -244,10 +241,7 @@ def test_a_session_back_before_its_broker_let_go_drops_what_the_other_broker_que
         await eu.client_handover(ANONYMOUS, KEY[0], NEW_YORK)
         sub = eu.core.local.get(KEY)
         assert sub is not None
-        await us.receive_frame(
-            "eu", frame_of([SessionMsg(3, KEY[0], "", NEW_YORK, 600.0, (sub,), ())], "eu")
-        )
-        await asyncio.gather(*us._background)
+        await transfer(us, "eu", SessionMsg(3, KEY[0], "", NEW_YORK, 600.0, (sub,), ()))
         await queue(eu, ["early", "both1", "both2", "late"])  # eu still holds the session
         await queue(us, ["both1", "both2", "only-us"])  # what us matched since it came
         # us sends it back (the client heads for eu): its message names what us queued.
@@ -255,20 +249,14 @@ def test_a_session_back_before_its_broker_let_go_drops_what_the_other_broker_que
         assert back == ((KEY[1], ("only-us", "both2", "both1")),)  # newest first
         info = eu.pending[KEY]
         before = info.bytes
-        await eu.receive_frame(
-            "us", frame_of([SessionMsg(4, KEY[0], "", PARIS, 600.0, (sub,), (), back)], "us")
-        )
-        await asyncio.gather(*eu._background)
+        await transfer(eu, "us", SessionMsg(4, KEY[0], "", PARIS, 600.0, (sub,), (), back))
         assert KEY[0] not in eu._held
         assert await queued(eu) == [(1, "early"), (4, "late")]
         assert info.count == 2 and 0 < info.bytes < before
         assert handed(eu, "duplicate") == 2
         # A broker that did not hold the session keeps its queue as it is.
         await queue(us, ["kept"])
-        await us.receive_frame(
-            "eu", frame_of([SessionMsg(5, KEY[0], "", NEW_YORK, 600.0, (sub,), (), back)], "eu")
-        )
-        await asyncio.gather(*us._background)
+        await transfer(us, "eu", SessionMsg(5, KEY[0], "", NEW_YORK, 600.0, (sub,), (), back))
         assert [i for _, i in await queued(us)] == ["both1", "both2", "only-us", "kept"]
 
     asyncio.run(run())
@@ -280,10 +268,7 @@ def test_a_transfer_names_at_most_a_bounded_number_of_queued_events(
     async def run() -> None:
         us = node("us")
         sub = make_subscription(KEY[1], KEY[0], "t/#")
-        await us.receive_frame(
-            "eu", frame_of([SessionMsg(3, KEY[0], "", NEW_YORK, 600.0, (sub,), ())], "eu")
-        )
-        await asyncio.gather(*us._background)
+        await transfer(us, "eu", SessionMsg(3, KEY[0], "", NEW_YORK, 600.0, (sub,), ()))
         await queue(us, ["e1", "e2", "e3"])
         monkeypatch.setattr(node_server, "_HANDOFF_BYTES", 5)  # room for two ids of 2 bytes
         assert us._arrived_ids([sub]) == ((KEY[1], ("e3", "e2")),)
