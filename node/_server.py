@@ -402,8 +402,9 @@ class BrokerServer(Guarded):
         self._held: dict[str, _Held] = {}  # clients that moved away, not yet withdrawn
         self._moving: dict[str, asyncio.Event] = {}  # clients whose queues are being handed off
         self._background: set[asyncio.Task[None]] = set()  # expired holds, transferred sessions
-        # Subscriptions that came with a transferred session: the event ids queued for
-        # them since, until their old broker's handoff has come (`_take_handoff`).
+        # Subscriptions that came with a transferred session: the events the client
+        # gets from here since (queued here), oldest first, until the old broker's
+        # handoff has come (`_take_handoff`) and for a transfer onwards (`_arrived_ids`).
         self._arrived: dict[SubKey, dict[str, None]] = {}
         self._flush_token = 0
         self._flushes: dict[tuple[str, int], asyncio.Future[None]] = {}  # (peer, token)
@@ -1648,26 +1649,34 @@ class BrokerServer(Guarded):
             out.append((sub.id, tuple(ids)))
         return tuple(out)
 
-    async def _drop_arrived_there(self, peer: str, msg: SessionMsg) -> None:
-        """The client's session came back from `peer` while held here: drop from its
-        queues here the events `peer` queued for it (`msg.queued`). The client gets
-        those from `peer`, delivered there or in its handoff; delivered here too, they
-        would reach it twice. A queue the store cannot read or change keeps them."""
-        for sub_id, ids in msg.queued:
-            key = (msg.client, sub_id)
+    async def _take_back(self, peer: str, msg: SessionMsg) -> None:
+        """The client's session came back from `peer` while held here: its queues here
+        keep only what the client does not get from `peer`.
+
+        The events `peer` queued for it (`msg.queued`) reach the client from there,
+        delivered or in its handoff: they are dropped here. What is left here reaches
+        the client from here: those ids join `_arrived`, so `peer`'s handoff drops its
+        copies (events both brokers matched after `peer` sent the session). A queue
+        the store cannot read or change is kept whole."""
+        there = {(msg.client, sub_id): set(ids) for sub_id, ids in msg.queued}
+        for sub in msg.subs:
+            key = sub.key
             info = self.pending.get(key)
-            if info is None or not info.count or not ids:
+            arrived = self._arrived.get(key)
+            if info is None or not info.count or arrived is None:
                 continue
-            there = set(ids)
+            drop = there.get(key, set())
             offsets: list[int] = []
+            kept: list[str] = []
             after = info.acked
             try:
                 while rows := await self.store.pending_page(_stored(key), after, _REPLAY_PAGE):
-                    offsets.extend(
-                        offset
-                        for offset, data in rows
-                        if cpb.Delivery.FromString(data).event.id in there
-                    )
+                    for offset, data in rows:
+                        event_id = cpb.Delivery.FromString(data).event.id
+                        if event_id in drop:
+                            offsets.append(offset)
+                        else:
+                            kept.append(event_id)
                     after = rows[-1][0]
                 n, size = await self.store.drop_pending(_stored(key), offsets)
             except StorageFailed as exc:
@@ -1676,6 +1685,11 @@ class BrokerServer(Guarded):
             info.count -= n
             info.bytes -= size
             self.metrics.handoff_deliveries.labels(outcome="duplicate").inc(n)
+            # Older than what was queued since the session came: first in the order.
+            merged = dict.fromkeys(kept[: max(0, _ARRIVED_IDS - len(arrived))])
+            merged.update(arrived)
+            arrived.clear()
+            arrived.update(merged)
 
     async def _take_session(self, peer: str, msg: SessionMsg) -> None:
         """A session `peer` transferred (`client_transfer`): opened here with its
@@ -1721,7 +1735,7 @@ class BrokerServer(Guarded):
             return
         self.metrics.session_transfers.labels(outcome="taken").inc()
         if back:
-            await self._drop_arrived_there(peer, msg)
+            await self._take_back(peer, msg)
         await self.peers_settled()
         link = self.links[peer]
         if link.connected:

@@ -233,7 +233,8 @@ def test_a_handoff_to_a_transferred_session_drops_what_was_queued_here_since() -
 def test_a_session_back_before_its_broker_let_go_drops_what_the_other_broker_queued() -> None:
     """The client went eu -> us and comes back before eu let go. eu queued events while
     it held the session; those us queued too (`SessionMsg.queued`) reach the client
-    from us (delivered there, or in us' handoff), so eu drops them from its queue."""
+    from us (delivered there, or in us' handoff), so eu drops them from its queue, and
+    drops from us' handoff what it kept."""
 
     async def run() -> None:
         eu, us = node("eu"), node("us")
@@ -254,6 +255,15 @@ def test_a_session_back_before_its_broker_let_go_drops_what_the_other_broker_que
         assert await queued(eu) == [(1, "early"), (4, "late")]
         assert info.count == 2 and 0 < info.bytes < before
         assert handed(eu, "duplicate") == 2
+        # us' handoff then: "late" reached us after it sent the session, and eu has it.
+        items = [
+            cpb.Delivery(subscription_id=KEY[1], event=gpb.Event(id=i, topic="t/x"))
+            for i in ["only-us", "late"]
+        ]
+        handoff = HandoffMsg("h", KEY, tuple(d.SerializeToString() for d in items))
+        await eu.receive_frame("us", frame_of([handoff], "us", seq=2))
+        assert [i for _, i in await queued(eu)] == ["early", "late", "only-us"]
+        assert handed(eu, "duplicate") == 3
         # A broker that did not hold the session keeps its queue as it is.
         await queue(us, ["kept"])
         await transfer(us, "eu", SessionMsg(5, KEY[0], "", NEW_YORK, 600.0, (sub,), (), back))
