@@ -483,11 +483,12 @@ class _Connection:
         self.closed.set()
 
     async def _linger(self) -> None:
-        """Half-close, then read and drop what the client still sends until it closes
-        (for at most `_LINGER_S`). A TCP socket closed with input unread is reset, and
-        a reset can discard what was written last before the client read it: the
-        DISCONNECT naming the new broker of a subscriber still acknowledging QoS 1
-        deliveries, say."""
+        """Half-close, then read what the client still sends until it closes (for at
+        most `_LINGER_S`): its PUBACKs are taken, the rest is dropped. A TCP socket
+        closed with input unread is reset, and a reset can discard what was written
+        last before the client read it: the DISCONNECT naming the new broker of a
+        subscriber still acknowledging QoS 1 deliveries, say. Those acknowledgements
+        count: a redirected client's queue goes to its new broker without them."""
         if not self.writer.can_write_eof():
             return  # WebSocket: its close handshake does this
         await self.writer.drain()
@@ -495,7 +496,13 @@ class _Connection:
         with contextlib.suppress(Exception):
             async with asyncio.timeout(_LINGER_S):
                 while True:
-                    await self.packets.next(None)  # raises at the client's close
+                    kind, flags, body = await self.packets.next(None)  # raises at the close
+                    if kind == mq.PUBACK:
+                        packet = mq.decode(kind, flags, body, self.version)
+                        assert isinstance(packet, mq.PubAck)
+                        self._on_puback(packet)
+        if self.acks:
+            await asyncio.wait(set(self.acks))
 
     async def _will_event(self, will: mq.Will) -> Event | None:
         """The will as the client's event, from where the client was last (None: refused)."""

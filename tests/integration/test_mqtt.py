@@ -451,6 +451,60 @@ def test_a_persistent_session_moves_with_its_client_to_the_new_broker(
     s.close()
 
 
+def test_acknowledgements_sent_after_a_redirect_count_at_the_old_broker(
+    fed: LocalFederation,
+) -> None:
+    """A redirected client acknowledges, after the DISCONNECT, QoS 1 deliveries it read
+    before it (paho does: it answers the packets it had read). The old broker, reading
+    until the client closes, takes those PUBACKs: the queue it hands to the new broker
+    leaves them out, and the client does not get those events a second time there."""
+    eu, us = fed.nodes["eu"], fed.nodes["us"]
+    before = local_subs(fed, "eu")
+    here = mq.Properties({mq.SESSION_EXPIRY_INTERVAL: 300}, [("geofed-location", PARIS)])
+    moved = mq.Properties(user=[("geofed-location", NEW_YORK)])
+
+    async def run() -> None:
+        host, _, p = eu.mqtt.rpartition(":")
+        reader, writer = await asyncio.open_connection(host, int(p))
+        packets = mq.PacketReader(reader, 1 << 20)
+
+        async def read() -> Any:
+            kind, flags, body = await asyncio.wait_for(packets.next(), HANG_S)
+            return mq.decode_server(kind, flags, body, mq.MQTT_5)
+
+        writer.write(mq.Connect("x-late-acks", properties=here).encode())
+        assert (await read()).code == mq.SUCCESS
+        writer.write(mq.Subscribe(1, [("late/#", 1)]).encode(mq.MQTT_5))
+        assert isinstance(await read(), mq.SubAck)
+        await fed.quiescent(HANG_S)
+        # Three events for itself, read and not acknowledged yet.
+        writer.write(b"".join(mq.Publish("late/x", b"m%d" % i).encode(mq.MQTT_5) for i in range(3)))
+        got = [await read() for _ in range(3)]
+        assert [(d.payload, d.qos) for d in got] == [(b"m0", 1), (b"m1", 1), (b"m2", 1)]
+        writer.write(mq.Publish("any/topic", b"x", properties=moved).encode(mq.MQTT_5))
+        bye = await read()
+        assert isinstance(bye, mq.Disconnect) and bye.code == mq.SERVER_MOVED
+        writer.write(b"".join(mq.PubAck(d.packet_id).encode(mq.MQTT_5) for d in got))
+        writer.close()
+        await writer.wait_closed()
+
+    asyncio.run(run())
+    until(lambda: local_subs(fed, "eu") == before, "eu let go")
+    asyncio.run(fed.quiescent(HANG_S))  # eu's handoff, if any, is queued at us
+    done = mosquitto("mosquitto_pub", "-p", port(fed, "eu"), "-V", "mqttv5", "-q", "1",
+                     "-t", "late/marker", "-m", "after",
+                     "-D", "publish", "user-property", "geofed-location", PARIS)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    s = Paho("x-late-acks")
+    props = Properties(PacketTypes.CONNECT)
+    props.SessionExpiryInterval = 300
+    props.UserProperty = [("geofed-location", NEW_YORK)]
+    assert s.connect(us.mqtt, props, clean=False) == 0 and s.session_present is True
+    # A delivery handed over by eu would be queued ahead of the marker.
+    assert s.receive(1)[0] == ("late/marker", b"after")
+    s.close()
+
+
 def test_the_will_is_published_when_a_client_vanishes(fed: LocalFederation) -> None:
     start = local_subs(fed, "eu")
     w = Paho("x-will-watch")
