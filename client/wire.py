@@ -683,6 +683,25 @@ FRAME_RANK = {
 }
 """Application order of message kinds within one frame."""
 
+# A frame keeps the messages of one kind in fields of their own, applied in field
+# order: tables before proposals, then reports, flushes, handoffs, sessions.
+_FIELD_RANK: dict[type, int] = {
+    TableMsg: 0,
+    ProposeMsg: 1,
+    ReportMsg: 0,
+    FlushMsg: 1,
+    HandoffMsg: 2,
+    SessionMsg: 3,
+}
+
+
+def frame_rank(msg: PeerMessage) -> tuple[int, int]:
+    """Where `msg` is applied in a frame: by kind (`FRAME_RANK`), then by the field that
+    carries it. A sender starts a new frame rather than put a message behind one of a
+    later rank, so a frame is applied in the order it was sent (a session transfer
+    before the handoff sent after it, say)."""
+    return FRAME_RANK[msg.kind.value], _FIELD_RANK.get(type(msg), 0)
+
 
 def add_to_frame(frame: fpb.Frame, msg: PeerMessage, origin: str) -> int:
     """Append one logical message to a frame; return its serialized size."""
@@ -895,7 +914,7 @@ def messages_from_frame(
     A frame applies subscribes, then unsubscribes, relocations, events,
     deliveries, strategy tables and proposals, then control traffic (reports,
     handover flushes, queue handoffs, session transfers); senders start a new
-    frame rather than put a message behind one of a later rank (`FRAME_RANK`),
+    frame rather than put a message behind one of a later rank (`frame_rank`),
     so this order is the order sent.
 
     `cache` is the receiving broker's `PeerGeofenceCache`. A message that

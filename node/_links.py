@@ -50,10 +50,10 @@ from geofed.routing import (
 )
 from geofed.v1 import federation_pb2 as fpb
 from geofed.wire import (
-    FRAME_RANK,
     EncodedFrame,
     PeerGeofenceCache,
     RejectedMessage,
+    frame_rank,
     snapshot_frames,
     snapshot_from_frame,
     wire_bytes,
@@ -640,9 +640,9 @@ class PeerLink:
             frame = EncodedFrame()
             msgs: list[PeerMessage] = []
             sizes: list[int] = []
-            rank, total = -1, 0
+            rank, total = (-1, 0), 0
             while self._queue and len(msgs) < max_msgs and total < FRAME_SOFT_LIMIT:
-                r = FRAME_RANK[self._queue[0][0].kind.value]
+                r = frame_rank(self._queue[0][0])
                 if r < rank:
                     break  # keep the sender's order: next frame
                 rank = r

@@ -1605,15 +1605,26 @@ class BrokerServer(Guarded):
         ):
             return self.client_move(who, client, where), False
         target, _ = await self.client_handover(who, client, where)
-        session = self._sessions[client]
-        subs = tuple(self.core.subscriptions_of(client))
-        for sub in subs:
+        for sub in self.core.subscriptions_of(client):
             # From now on its deliveries wait here with the rest of the queue, for the
             # handoff; the new broker drops those it queued itself meanwhile. So the
             # client gets each event once, not once here and again there.
             stream = self._streams.pop(sub.key, None)
             if stream is not None:
                 stream.close()
+        await self._send_session(client, where)
+        return target, True
+
+    async def _send_session(self, client: str, where: LatLon) -> None:
+        """Send the persistent session of `client` to the broker of `where` (`SessionMsg`)
+        and wait for its reply (bounded: `step="transfer"`); nothing when that broker's
+        link is down."""
+        owner = self.federation.responsible(where)
+        link = self.links.get(owner)
+        if link is None or not link.connected:
+            return
+        session = self._sessions[client]
+        subs = tuple(self.core.subscriptions_of(client))
         granted = {} if self.mqtt is None else self.mqtt.qos
         qos = tuple((sub.id, granted[sub.key]) for sub in subs if sub.key in granted)
         queued = self._arrived_ids(subs)
@@ -1629,7 +1640,6 @@ class BrokerServer(Guarded):
             ],
         )
         self.metrics.session_transfers.labels(outcome="sent").inc()
-        return target, True
 
     def _arrived_ids(self, subs: Iterable[Subscription]) -> tuple[tuple[str, tuple[str, ...]], ...]:
         """Per subscription of `subs` that came here with its session, the events queued
@@ -1799,28 +1809,36 @@ class BrokerServer(Guarded):
         task.add_done_callback(self._background.discard)
 
     async def _expire(self, client: str, where: LatLon) -> None:
-        if await self._end_move(client, where):
+        # The client did not reach its new broker in time: a persistent session goes
+        # there ahead of it, so that its queue has subscriptions to join there.
+        if await self._end_move(client, where, send_session=True):
             log.info("handover of %s: not left within handover_hold_s; withdrawn", client)
         # Counted once withdrawn: whoever sees the count sees the withdrawal.
         self.metrics.handovers.labels(outcome="expired").inc()
 
-    async def _end_move(self, client: str, where: LatLon) -> bool:
+    async def _end_move(self, client: str, where: LatLon, send_session: bool = False) -> bool:
         """A client gone to `where`, outside the area: withdraw and close its session here,
         its persistent queues handed off to its new broker (False: it has no session any
         more, expired meanwhile).
 
-        The queues are read after the withdrawal (nothing is added to them then),
-        and the handoffs go into the transaction that deletes them: a crash
-        before it commits finds the session at its new place again on restart
-        and ends the move anew. A `Connect` of the client meanwhile waits.
+        With `send_session`, a persistent session is first sent to the new broker
+        (`_send_session`), for a client that has not renewed there. The queues
+        are read after the withdrawal (nothing is added to them then), and the
+        handoffs go into the transaction that deletes them: a crash before it
+        commits finds the session at its new place again on restart and ends the
+        move anew. A `Connect` of the client meanwhile waits.
         """
         if client not in self.core.sessions:
             return False
-        moved = self.core.update_location(client, where)  # nothing is matched for it here now
-        assert moved.redirect is not None
         done = self._moving[client] = asyncio.Event()
         staged = _Staged()
         try:
+            if send_session and self.persistent(client):
+                await self._send_session(client, where)
+                if client not in self.core.sessions:  # expired meanwhile
+                    return False
+            moved = self.core.update_location(client, where)  # nothing matched for it here now
+            assert moved.redirect is not None
             sent = self._stage_handoffs(moved.redirect, await self._queues(moved.dropped), staged)
             self._moved_away(client, moved)
             await self._commit(staged)

@@ -73,6 +73,16 @@ async def connect(fed: LocalFederation, client_id: str, where: geofed.LatLon) ->
     return await geofed.connect(client_id=client_id, location=where, federation=fed.federation_path)
 
 
+async def keeper(fed: LocalFederation, client_id: str, where: geofed.LatLon) -> geofed.Client:
+    """A client with a persistent session."""
+    return await geofed.connect(
+        client_id=client_id,
+        location=where,
+        federation=fed.federation_path,
+        session_expiry_s=600.0,
+    )
+
+
 async def raw(client: geofed.Client, name: str, request: Any) -> Any:
     """One call of the client service at the client's broker, as the library would send it."""
     return await client._call(
@@ -277,23 +287,15 @@ def test_a_persistent_queue_moves_with_its_client(fed: LocalFederation) -> None:
     """A persistent subscriber behind its queue at eu moves to us: eu hands us what the
     client has not acknowledged, us queues it, and the session resumed at us gets it."""
 
-    async def keeper(where: geofed.LatLon) -> geofed.Client:
-        return await geofed.connect(
-            client_id="queue",
-            location=where,
-            federation=fed.federation_path,
-            session_expiry_s=600.0,
-        )
-
     async def run() -> None:
-        first = await keeper(PARIS)
+        first = await keeper(fed, "queue", PARIS)
         await first.subscribe("queue/x", subscription_id="q")
         await first.close()  # the subscription stays at eu, its deliveries queued there
         pub = await connect(fed, "queue-pub", FRANKFURT)
         sent = [await pub.publish("queue/x", f"{i}".encode()) for i in range(5)]
         handed = count(fed, "eu", HANDOFF_DELIVERIES, outcome="sent")
         queued = count(fed, "us", HANDOFF_DELIVERIES, outcome="queued")
-        second = await keeper(PARIS)
+        second = await keeper(fed, "queue", PARIS)
         await second.subscribe("queue/x", subscription_id="q")  # nothing taken, nothing acked
         assert await second.move(NEW_YORK)
         assert count(fed, "eu", HANDOFF_DELIVERIES, outcome="sent") == handed + 5
@@ -304,7 +306,7 @@ def test_a_persistent_queue_moves_with_its_client(fed: LocalFederation) -> None:
             scrapes=True,
         )
         await second.close()
-        third = await keeper(NEW_YORK)
+        third = await keeper(fed, "queue", NEW_YORK)
         sub = await third.subscribe("queue/x", subscription_id="q")
         got = [await sub.next(timeout=WAIT_S) for _ in sent]
         assert sorted(m.event_id for m in got) == sorted(sent)
@@ -336,5 +338,45 @@ def test_a_handover_not_left_is_withdrawn_when_its_hold_runs_out(short: LocalFed
         assert count(fed, "eu", SESSIONS) == sessions - 1
         assert not (await raw(mover, "Leave", gw.leave_request("gone"))).held
         await mover.close()
+
+    asyncio.run(run())
+
+
+def test_a_persistent_session_not_left_goes_ahead_of_its_client_when_the_hold_runs_out(
+    short: LocalFederation,
+) -> None:
+    """A persistent subscriber asks eu to hold its move to us and never gets there (no
+    renewal, no Leave). When the hold runs out, eu sends us the session before it hands
+    its queue over, so the queue has a subscription to join at us, and the client
+    connecting to us later finds the session with what was queued for it at eu."""
+
+    async def run() -> None:
+        fed = short
+        first = await keeper(fed, "late", PARIS)
+        await first.subscribe("late/x", subscription_id="q")
+        await first.close()  # its deliveries are queued at eu
+        pub = await connect(fed, "late-pub", FRANKFURT)
+        sent = [await pub.publish("late/x", f"{i}".encode()) for i in range(3)]
+        expired = count(fed, "eu", HANDOVERS, outcome="expired")
+        second = await keeper(fed, "late", PARIS)
+        answer = await raw(
+            second, "UpdateLocation", gw.update_location_request("late", NEW_YORK, hold=True)
+        )
+        assert answer.held_s == 0.5
+        await second.close()
+        await until(
+            lambda: count(fed, "eu", HANDOVERS, outcome="expired") == expired + 1,
+            "eu's hold ran out",
+            WAIT_S,
+            scrapes=True,
+        )
+        await fed.quiescent(WAIT_S)  # the session and the handoff have reached us
+        third = await keeper(fed, "late", NEW_YORK)
+        sub = await third.subscribe("late/x", subscription_id="q")
+        got = [await sub.next(timeout=WAIT_S) for _ in sent]
+        assert sorted(m.event_id for m in got) == sorted(sent)
+        assert {m.broker for m in got} == {"us"}
+        await third.close()
+        await pub.close()
 
     asyncio.run(run())

@@ -650,3 +650,31 @@ def test_settled_waits_for_the_peers_ack_of_what_was_queued_and_not_for_later_me
         await link.settled()  # down: at once
 
     run(test)
+
+
+def test_control_messages_are_applied_in_the_order_they_were_queued() -> None:
+    """A frame applies control traffic by field (reports, flushes, handoffs, sessions):
+    a session queued before a handoff and a flush goes in a frame of its own, so the
+    peer opens the session before the handoff joins its queue."""
+
+    async def test() -> None:
+        host = FakeHost(batch_max_messages=10)
+        link = host.make_link()
+        session = routing.SessionMsg(
+            1, "client-1", "", routing.latlon(40.7, -74.0), 60.0, (sub("q").sub,)
+        )
+        handoff = routing.HandoffMsg("h1", ("client-1", "q"), (b"x",))
+        flush = routing.FlushMsg(2, False)
+        wire, task, _ = await accept(link)
+        for msg in (session, handoff, flush):
+            link.enqueue(msg)  # at once: the writer finds all three waiting
+        got: list[object] = []
+        while len(got) < 3:
+            frame = await wire.peer_end.read()
+            assert frame is not None
+            got.extend(gw.messages_from_frame(frame, CACHE))
+        assert got == [session, handoff, flush]
+        assert gw.frame_rank(session) > gw.frame_rank(handoff) > gw.frame_rank(flush)
+        await close(link, wire, task)
+
+    run(test)
