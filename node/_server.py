@@ -1702,10 +1702,13 @@ class BrokerServer(Guarded):
             arrived.update(merged)
 
     async def _take_session(self, peer: str, msg: SessionMsg) -> None:
-        """A session `peer` transferred (`client_transfer`): opened here with its
-        subscriptions; the flush reply goes once the peers applied them. One that
-        cannot be taken (another owner's session here, a location outside the area,
-        a store that failed) gets no reply: the sender withdraws when its wait runs out."""
+        """A session `peer` transferred (`client_transfer`, or a hold that ran out): opened
+        here with its subscriptions; the flush reply goes once the peers applied them.
+        A session here whose client is connected keeps its location and its own
+        subscriptions (a copy of the same id is not taken); one held here (the client
+        is back) or idle takes the sender's. One that cannot be taken (another owner's
+        session here, a location outside the area, a store that failed) gets no reply:
+        the sender withdraws when its wait runs out."""
         client, where = msg.client, msg.at
         if (moving := self._moving.get(client)) is not None:
             await moving.wait()  # an earlier session of the client here is ending
@@ -1718,11 +1721,14 @@ class BrokerServer(Guarded):
             )
             # Back before this broker let go of it: the hold ends, the session stays.
             back = client in self._held
+            # Connected here (it got here first, renewed and never left the sender):
+            # where it is and what it subscribed here are newer than the sender's copy.
+            live = session is not None and session.streams > 0 and not back
             self._unhold(client, where)
-            if client in self.core.sessions:
-                self.dispatch(self.core.update_location(client, where).sends)
-            else:
+            if client not in self.core.sessions:
                 self.core.connect(client, where)
+            elif not live:
+                self.dispatch(self.core.update_location(client, where).sends)
             if session is None:
                 session = self._sessions[client] = _Session(msg.expiry_s, msg.owner)
             session.expiry_s = max(session.expiry_s, msg.expiry_s)
@@ -1730,8 +1736,9 @@ class BrokerServer(Guarded):
             self._store_location(client, where)
             keep = 2 * self.config.handover_hold_s  # its handoff comes within the hold
             for sub in msg.subs:
-                self.dispatch(self.core.subscribe(sub))
-                self.persist_subscription(sub)
+                if not (live and self.core.local.get(sub.key) is not None):
+                    self.dispatch(self.core.subscribe(sub))
+                    self.persist_subscription(sub)
                 ids = self._arrived[sub.key] = {}
                 asyncio.get_running_loop().call_later(keep, self._forget_arrived, sub.key, ids)
             for sub_id, qos in msg.qos:

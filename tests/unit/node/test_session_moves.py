@@ -284,3 +284,29 @@ def test_a_transfer_names_at_most_a_bounded_number_of_queued_events(
         assert us._arrived_ids([sub]) == ((KEY[1], ("e3", "e2")),)
 
     asyncio.run(run())
+
+
+def test_a_transfer_to_a_broker_the_client_is_connected_to_keeps_what_it_has_there() -> None:
+    """eu's hold ran out and eu sends the session, but the client got to us first (it
+    renewed there and never left eu): what it subscribed at us and where it reported
+    being are newer than eu's copy, so us keeps them and only adds what it lacks."""
+
+    async def run() -> None:
+        us = node("us")
+        opened = await us.client_connect(ANONYMOUS, KEY[0], NEW_YORK, 600.0)
+        assert opened.redirect is None
+        await us.client_subscribe(  # its stream stays open: the client is here
+            ANONYMOUS, KEY[0], gpb.Subscription(id=KEY[1], topic_filter="new/#")
+        )
+        boston = latlon(42.36, -71.06)  # us, where the client was when it left eu
+        old = make_subscription(KEY[1], KEY[0], "old/#")
+        more = make_subscription("r", KEY[0], "v/#")
+        await transfer(us, "eu", SessionMsg(3, KEY[0], "", boston, 600.0, (old, more), ()))
+        assert transfers(us, "taken") == 1
+        assert {s.id: s.topic_filter for s in us.core.subscriptions_of(KEY[0])} == {
+            KEY[1]: "new/#",
+            "r": "v/#",
+        }
+        assert us.core.sessions[KEY[0]] == NEW_YORK
+
+    asyncio.run(run())
