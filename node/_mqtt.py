@@ -483,16 +483,15 @@ class _Connection:
         self.closed.set()
 
     async def _linger(self) -> None:
-        """Half-close, then read what the client still sends until it closes (for at
-        most `_LINGER_S`): its PUBACKs are taken, the rest is dropped. A TCP socket
-        closed with input unread is reset, and a reset can discard what was written
-        last before the client read it: the DISCONNECT naming the new broker of a
-        subscriber still acknowledging QoS 1 deliveries, say. Those acknowledgements
-        count: a redirected client's queue goes to its new broker without them."""
-        if not self.writer.can_write_eof():
-            return  # WebSocket: its close handshake does this
+        """Half-close (TCP), then read what the client still sends until it closes (for
+        at most `_LINGER_S`): its PUBACKs are taken, the rest is dropped. Those
+        acknowledgements count: a redirected client's queue goes to its new broker
+        without them. And a TCP socket closed with input unread is reset, which can
+        discard what was written last before the client read it: the DISCONNECT
+        naming the new broker of a subscriber still acknowledging QoS 1 deliveries."""
         await self.writer.drain()
-        self.writer.write_eof()
+        if self.writer.can_write_eof():  # a WebSocket's close handshake comes after
+            self.writer.write_eof()
         with contextlib.suppress(Exception):
             async with asyncio.timeout(_LINGER_S):
                 while True:

@@ -47,6 +47,7 @@ from geofed.node import (
     issue_federation,
 )
 from geofed.node import _mqtt_codec as mq
+from geofed.node._mqtt_ws import WebSocketReader
 
 if TYPE_CHECKING:
     from conftest import TokenSigner  # tests/integration/conftest.py
@@ -451,42 +452,76 @@ def test_a_persistent_session_moves_with_its_client_to_the_new_broker(
     s.close()
 
 
+class RawMqtt:
+    """An MQTT 5 client writing packets exactly as a test gives them, over TCP or a
+    WebSocket (binary frames, subprotocol ``mqtt``)."""
+
+    def __init__(self, endpoint: str, websocket: bool) -> None:
+        self.endpoint, self.websocket = endpoint, websocket
+
+    async def __aenter__(self) -> RawMqtt:
+        if self.websocket:
+            self.http = aiohttp.ClientSession()
+            ws = await self.http.ws_connect(f"http://{self.endpoint}/mqtt", protocols=("mqtt",))
+            self.ws = ws
+            self.packets = mq.PacketReader(WebSocketReader(ws), 1 << 20)  # type: ignore[arg-type]
+        else:
+            host, _, p = self.endpoint.rpartition(":")
+            reader, self.writer = await asyncio.open_connection(host, int(p))
+            self.packets = mq.PacketReader(reader, 1 << 20)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.websocket:
+            await self.ws.close()
+            await self.http.close()
+        else:
+            self.writer.close()
+            await self.writer.wait_closed()
+
+    async def write(self, *packets: Any) -> None:
+        data = b"".join(
+            p.encode() if isinstance(p, mq.Connect) else p.encode(mq.MQTT_5) for p in packets
+        )
+        if self.websocket:
+            await self.ws.send_bytes(data)
+        else:
+            self.writer.write(data)
+
+    async def read(self) -> Any:
+        kind, flags, body = await asyncio.wait_for(self.packets.next(), HANG_S)
+        return mq.decode_server(kind, flags, body, mq.MQTT_5)
+
+
+@pytest.mark.parametrize("websocket", [False, True], ids=["tcp", "websocket"])
 def test_acknowledgements_sent_after_a_redirect_count_at_the_old_broker(
-    fed: LocalFederation,
+    fed: LocalFederation, websocket: bool
 ) -> None:
     """A redirected client acknowledges, after the DISCONNECT, QoS 1 deliveries it read
     before it (paho does: it answers the packets it had read). The old broker, reading
     until the client closes, takes those PUBACKs: the queue it hands to the new broker
     leaves them out, and the client does not get those events a second time there."""
     eu, us = fed.nodes["eu"], fed.nodes["us"]
+    client_id = f"x-late-acks-{websocket}"
     before = local_subs(fed, "eu")
     here = mq.Properties({mq.SESSION_EXPIRY_INTERVAL: 300}, [("geofed-location", PARIS)])
     moved = mq.Properties(user=[("geofed-location", NEW_YORK)])
 
     async def run() -> None:
-        host, _, p = eu.mqtt.rpartition(":")
-        reader, writer = await asyncio.open_connection(host, int(p))
-        packets = mq.PacketReader(reader, 1 << 20)
-
-        async def read() -> Any:
-            kind, flags, body = await asyncio.wait_for(packets.next(), HANG_S)
-            return mq.decode_server(kind, flags, body, mq.MQTT_5)
-
-        writer.write(mq.Connect("x-late-acks", properties=here).encode())
-        assert (await read()).code == mq.SUCCESS
-        writer.write(mq.Subscribe(1, [("late/#", 1)]).encode(mq.MQTT_5))
-        assert isinstance(await read(), mq.SubAck)
-        await fed.quiescent(HANG_S)
-        # Three events for itself, read and not acknowledged yet.
-        writer.write(b"".join(mq.Publish("late/x", b"m%d" % i).encode(mq.MQTT_5) for i in range(3)))
-        got = [await read() for _ in range(3)]
-        assert [(d.payload, d.qos) for d in got] == [(b"m0", 1), (b"m1", 1), (b"m2", 1)]
-        writer.write(mq.Publish("any/topic", b"x", properties=moved).encode(mq.MQTT_5))
-        bye = await read()
-        assert isinstance(bye, mq.Disconnect) and bye.code == mq.SERVER_MOVED
-        writer.write(b"".join(mq.PubAck(d.packet_id).encode(mq.MQTT_5) for d in got))
-        writer.close()
-        await writer.wait_closed()
+        async with RawMqtt(eu.mqtt_ws if websocket else eu.mqtt, websocket) as c:
+            await c.write(mq.Connect(client_id, properties=here))
+            assert (await c.read()).code == mq.SUCCESS
+            await c.write(mq.Subscribe(1, [("late/#", 1)]))
+            assert isinstance(await c.read(), mq.SubAck)
+            await fed.quiescent(HANG_S)
+            # Three events for itself, read and not acknowledged yet.
+            await c.write(*(mq.Publish("late/x", b"m%d" % i) for i in range(3)))
+            got = [await c.read() for _ in range(3)]
+            assert [(d.payload, d.qos) for d in got] == [(b"m0", 1), (b"m1", 1), (b"m2", 1)]
+            await c.write(mq.Publish("any/topic", b"x", properties=moved))
+            bye = await c.read()
+            assert isinstance(bye, mq.Disconnect) and bye.code == mq.SERVER_MOVED
+            await c.write(*(mq.PubAck(d.packet_id) for d in got))
 
     asyncio.run(run())
     until(lambda: local_subs(fed, "eu") == before, "eu let go")
@@ -495,7 +530,7 @@ def test_acknowledgements_sent_after_a_redirect_count_at_the_old_broker(
                      "-t", "late/marker", "-m", "after",
                      "-D", "publish", "user-property", "geofed-location", PARIS)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    s = Paho("x-late-acks")
+    s = Paho(client_id)
     props = Properties(PacketTypes.CONNECT)
     props.SessionExpiryInterval = 300
     props.UserProperty = [("geofed-location", NEW_YORK)]
