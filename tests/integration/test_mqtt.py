@@ -189,6 +189,47 @@ class Paho:
         self.step()
 
 
+class RawMqtt:
+    """An MQTT 5 client writing packets exactly as a test gives them, over TCP or a
+    WebSocket (binary frames, subprotocol ``mqtt``)."""
+
+    def __init__(self, endpoint: str, websocket: bool) -> None:
+        self.endpoint, self.websocket = endpoint, websocket
+
+    async def __aenter__(self) -> RawMqtt:
+        if self.websocket:
+            self.http = aiohttp.ClientSession()
+            ws = await self.http.ws_connect(f"http://{self.endpoint}/mqtt", protocols=("mqtt",))
+            self.ws = ws
+            self.packets = mq.PacketReader(WebSocketReader(ws), 1 << 20)  # type: ignore[arg-type]
+        else:
+            host, _, p = self.endpoint.rpartition(":")
+            reader, self.writer = await asyncio.open_connection(host, int(p))
+            self.packets = mq.PacketReader(reader, 1 << 20)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.websocket:
+            await self.ws.close()
+            await self.http.close()
+        else:
+            self.writer.close()
+            await self.writer.wait_closed()
+
+    async def write(self, *packets: Any) -> None:
+        data = b"".join(
+            p.encode() if isinstance(p, mq.Connect) else p.encode(mq.MQTT_5) for p in packets
+        )
+        if self.websocket:
+            await self.ws.send_bytes(data)
+        else:
+            self.writer.write(data)
+
+    async def read(self) -> Any:
+        kind, flags, body = await asyncio.wait_for(self.packets.next(), HANG_S)
+        return mq.decode_server(kind, flags, body, mq.MQTT_5)
+
+
 def test_mqtt_and_grpc_clients_see_each_others_events_across_regions(
     fed: LocalFederation,
 ) -> None:
@@ -450,47 +491,6 @@ def test_a_persistent_session_moves_with_its_client_to_the_new_broker(
     [(topic, payload)] = s.receive(1)
     assert (topic, payload, s.messages[0].qos) == ("trips/paris", b"between brokers", 1)
     s.close()
-
-
-class RawMqtt:
-    """An MQTT 5 client writing packets exactly as a test gives them, over TCP or a
-    WebSocket (binary frames, subprotocol ``mqtt``)."""
-
-    def __init__(self, endpoint: str, websocket: bool) -> None:
-        self.endpoint, self.websocket = endpoint, websocket
-
-    async def __aenter__(self) -> RawMqtt:
-        if self.websocket:
-            self.http = aiohttp.ClientSession()
-            ws = await self.http.ws_connect(f"http://{self.endpoint}/mqtt", protocols=("mqtt",))
-            self.ws = ws
-            self.packets = mq.PacketReader(WebSocketReader(ws), 1 << 20)  # type: ignore[arg-type]
-        else:
-            host, _, p = self.endpoint.rpartition(":")
-            reader, self.writer = await asyncio.open_connection(host, int(p))
-            self.packets = mq.PacketReader(reader, 1 << 20)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self.websocket:
-            await self.ws.close()
-            await self.http.close()
-        else:
-            self.writer.close()
-            await self.writer.wait_closed()
-
-    async def write(self, *packets: Any) -> None:
-        data = b"".join(
-            p.encode() if isinstance(p, mq.Connect) else p.encode(mq.MQTT_5) for p in packets
-        )
-        if self.websocket:
-            await self.ws.send_bytes(data)
-        else:
-            self.writer.write(data)
-
-    async def read(self) -> Any:
-        kind, flags, body = await asyncio.wait_for(self.packets.next(), HANG_S)
-        return mq.decode_server(kind, flags, body, mq.MQTT_5)
 
 
 @pytest.mark.parametrize("websocket", [False, True], ids=["tcp", "websocket"])
@@ -1045,28 +1045,22 @@ def test_a_burst_of_packets_is_answered_in_order_and_a_subscribe_splits_it(
         mq.Subscribe(2, [("burst/#", 1)]),
         mq.Publish("burst/b", b"after", 1, packet_id=3),
     ]
-    data = b"".join(p.encode() if isinstance(p, mq.Connect) else p.encode(mq.MQTT_5) for p in out)
 
     async def run() -> list[tuple[str, Any]]:
-        host, _, p = fed.nodes["eu"].mqtt.rpartition(":")
-        reader, writer = await asyncio.open_connection(host, int(p))
-        writer.write(data)  # one write: one burst
-        packets = mq.PacketReader(reader, 1 << 20)
         got: list[tuple[str, Any]] = []
-        # Until the first delivery and the last PUBACK (a delivery may come before
-        # the PUBACK of its publish: the broker writes deliveries first).
-        while not any(kind == "publish" for kind, _ in got) or ("puback", 3) not in got:
-            kind, flags, body = await asyncio.wait_for(packets.next(), HANG_S)
-            packet = mq.decode_server(kind, flags, body, mq.MQTT_5)
-            if isinstance(packet, mq.PubAck):
-                got.append(("puback", packet.packet_id))
-            elif isinstance(packet, mq.SubAck):
-                got.append(("suback", packet.packet_id))
-            elif isinstance(packet, mq.Publish):
-                got.append(("publish", (packet.topic, packet.payload)))
-        writer.write(mq.Disconnect().encode(mq.MQTT_5))
-        writer.close()
-        await writer.wait_closed()
+        async with RawMqtt(fed.nodes["eu"].mqtt, websocket=False) as c:
+            await c.write(*out)  # one write: one burst
+            # Until the first delivery and the last PUBACK (a delivery may come before
+            # the PUBACK of its publish: the broker writes deliveries first).
+            while not any(kind == "publish" for kind, _ in got) or ("puback", 3) not in got:
+                packet = await c.read()
+                if isinstance(packet, mq.PubAck):
+                    got.append(("puback", packet.packet_id))
+                elif isinstance(packet, mq.SubAck):
+                    got.append(("suback", packet.packet_id))
+                elif isinstance(packet, mq.Publish):
+                    got.append(("publish", (packet.topic, packet.payload)))
+            await c.write(mq.Disconnect())
         return got
 
     got = asyncio.run(run())
