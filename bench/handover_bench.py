@@ -25,6 +25,14 @@ client subscribes again after each move. Its move time is from the PUBLISH
 with the new location until its subscriptions stand at the new broker
 (CONNACK with the session present, or the last SUBACK).
 
+`--peer mosquitto` moves the same MQTT client between Debian's Mosquitto
+brokers instead, one per region of `three`, eu's and us' bridged to ap's
+(the publisher's) with ``topic # both 1``: the usual build from topic-only
+brokers. Mosquitto does not redirect, so the client disconnects and connects
+to the broker of its new place itself; one run keeps its session (Clean
+Start 0, subscribing again where the session is not there), one starts clean
+at every move.
+
 Reported per strategy: events published, received, missed (in total and per
 move), deliveries the brokers made that never reached the client (counted
 from the nodes' delivery metric: none should be), events received more than
@@ -42,6 +50,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +59,7 @@ from geofed.node import DELIVERIES
 from geofed.routing import STRATEGIES, Federation, GeofedError
 
 from ._machine import record
+from .brokers import Mosquitto
 from .compare import wan_settings
 from .faults import until
 from .local import LocalFederation
@@ -63,21 +73,24 @@ LOST_S = 10.0  # after the barrier, a delivery made that has not arrived by then
 
 
 class _Publisher:
-    """`rate` events a second at ap on topics ho/0 .. ho/{subs - 1}, round robin."""
+    """`rate` events a second at ap on topics ho/0 .. ho/{subs - 1}, round robin;
+    `send(topic, n)` publishes the `n`-th and answers its event id."""
 
-    def __init__(self, pub: geofed.Client, subs: int, rate: float) -> None:
+    def __init__(self, send: Callable[[str, int], Awaitable[str]], subs: int, rate: float) -> None:
         self.published: list[str] = []
         self._stop = asyncio.Event()
-        self._task = asyncio.create_task(self._publish(pub, subs, rate))
+        self._task = asyncio.create_task(self._publish(send, subs, rate))
         self._rate = rate
 
-    async def _publish(self, pub: geofed.Client, subs: int, rate: float) -> None:
+    async def _publish(
+        self, send: Callable[[str, int], Awaitable[str]], subs: int, rate: float
+    ) -> None:
         start, n = time.perf_counter(), 0
         while not self._stop.is_set():
             wait = start + n / rate - time.perf_counter()
             if wait > 0:
                 await asyncio.sleep(wait)
-            self.published.append(await pub.publish(f"ho/{n % subs}", b"x"))
+            self.published.append(await send(f"ho/{n % subs}", n))
             n += 1
 
     async def pause(self, seconds: float) -> None:
@@ -94,8 +107,8 @@ class _Publisher:
 class _MqttMover:
     """A paho-mqtt 5.0 client with a persistent session that follows its redirects."""
 
-    def __init__(self, fed: LocalFederation, subs: int) -> None:
-        self.fed = fed
+    def __init__(self, endpoints: dict[str, str], subs: int) -> None:
+        self.endpoints = endpoints  # broker -> host:port of its MQTT listener
         self.subs = subs
         self.received: Counter[str] = Counter()  # event id -> copies
         self.broker = "eu"
@@ -143,12 +156,13 @@ class _MqttMover:
 
         def on_message(c: Any, u: Any, msg: Any) -> None:
             props = getattr(msg.properties, "UserProperty", [])
+            ids = [v for k, v in props if k == "geofed-event-id"] or [msg.payload.decode()]
             with self._lock:
-                self.received.update(v for k, v in props if k == "geofed-event-id")
+                self.received.update(ids)
 
         c.on_connect, c.on_subscribe = on_connect, on_subscribe
         c.on_disconnect, c.on_message = on_disconnect, on_message
-        host, _, port = self.fed.nodes[broker].mqtt.rpartition(":")
+        host, _, port = self.endpoints[broker].rpartition(":")
         props = self._located("CONNECT", where)
         props.SessionExpiryInterval = 600
         c.connect(host, int(port), clean_start=clean, properties=props)
@@ -171,11 +185,22 @@ class _MqttMover:
         self._client.publish("ho/where", b"", 0, properties=self._located("PUBLISH", where))
         if not self._gone.wait(HANG_S):
             raise TimeoutError("no redirect")
-        old = self._client
-        targets = [b for b, n in self.fed.nodes.items() if n.mqtt == self._reference[0]]
+        targets = [b for b, e in self.endpoints.items() if e == self._reference[0]]
         if not targets:
             raise RuntimeError(f"disconnected by {self.broker} without a redirect")
-        self.connect(targets[0], where, clean=False)
+        self._reconnect(targets[0], where)
+
+    def hop(self, broker: str, where: geofed.LatLon, clean: bool = False) -> None:
+        """Leave this broker (DISCONNECT, the session kept) for `broker`, the one of
+        `where`, as a client of brokers that do not redirect picks its broker itself."""
+        self._client.disconnect()
+        if not self._gone.wait(HANG_S):
+            raise TimeoutError("the DISCONNECT did not end the connection")
+        self._reconnect(broker, where, clean)
+
+    def _reconnect(self, broker: str, where: geofed.LatLon, clean: bool = False) -> None:
+        old = self._client
+        self.connect(broker, where, clean=clean)
         # Its network thread ends within a second (paho's select timeout): not the move's time.
         self._stopping.append(threading.Thread(target=old.loop_stop))
         self._stopping[-1].start()
@@ -193,14 +218,14 @@ async def _run_mqtt(
 ) -> dict[str, float]:
     where = str(fed.federation_path)
     took: list[float] = []
-    mover = _MqttMover(fed, subs)
+    mover = _MqttMover({b: n.mqtt for b, n in fed.nodes.items()}, subs)
     try:
         await asyncio.to_thread(mover.connect, "eu", PARIS, True)
         async with await geofed.connect(
             client_id="pub", location=SINGAPORE, federation=where
         ) as pub:
             await fed.quiescent(HANG_S)
-            publisher = _Publisher(pub, subs, rate)
+            publisher = _Publisher(lambda topic, n: pub.publish(topic, b"x"), subs, rate)
             await publisher.pause(gap_s)  # publishing before the first move
             for i in range(moves):
                 began = time.perf_counter()
@@ -217,6 +242,112 @@ async def _run_mqtt(
         await asyncio.to_thread(mover.close)
     # Not measured: "made, never received" (a queue handed to the new broker is
     # delivered from there again, so deliveries made and copies received differ).
+    return _figures(publisher.published, mover.received, took, moves)
+
+
+def _mosquitto_star() -> dict[str, Mosquitto]:
+    """Debian's Mosquitto for each broker of `three`, eu's and us' bridged to ap's (the
+    publisher's, the hub) with ``topic # both 1``: every event reaches every broker,
+    the usual build from topic-only brokers (bench/peers.py's star)."""
+    hub = Mosquitto().start()
+    out = {"ap": hub}
+    try:
+        for leaf in ("eu", "us"):
+            bridge = [
+                f"connection {leaf}-to-ap",
+                f"address {hub.address}",
+                "topic # both 1",
+                "cleansession true",
+                "try_private true",
+                "notifications false",
+                "restart_timeout 1",
+                f"remote_clientid bridge-{leaf}",
+            ]
+            out[leaf] = Mosquitto(extra=bridge).start()
+    except BaseException:
+        for broker in out.values():
+            broker.stop()
+        raise
+    return out
+
+
+def _paho(endpoint: str, client_id: str) -> Any:
+    """A connected paho-mqtt 5.0 client with its network thread running."""
+    import paho.mqtt.client as paho
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    c = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=paho.MQTTv5)
+    host, _, port = endpoint.rpartition(":")
+    c.connect(host, int(port))
+    c.loop_start()
+    return c
+
+
+async def _bridged(endpoints: dict[str, str]) -> None:
+    """Until a message published at ap reaches eu and us (their bridges are up)."""
+    seen: set[str] = set()
+    probes = []
+    for leaf in ("eu", "us"):
+        c = _paho(endpoints[leaf], f"probe-{leaf}")
+        c.on_message = lambda c, u, m, leaf=leaf: seen.add(leaf)
+        c.subscribe("probe", 1)
+        probes.append(c)
+    pub = _paho(endpoints["ap"], "probe-pub")
+    try:
+        deadline = time.monotonic() + HANG_S
+        while seen != {"eu", "us"}:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the bridges to ap did not come up")
+            pub.publish("probe", b"", 1)
+            await asyncio.sleep(0.1)
+    finally:
+        for c in (*probes, pub):
+            c.disconnect()
+            c.loop_stop()
+
+
+async def _run_mosquitto(
+    subs: int, moves: int, rate: float, gap_s: float, clean: bool
+) -> dict[str, Any]:
+    """The MQTT client's moves between Mosquitto brokers (`_mosquitto_star`). Mosquitto
+    does not redirect: the client disconnects and connects to the broker of its new
+    place itself, with Clean Start 0 (`clean`: 1) and its subscriptions when the
+    session is not there. The publisher is a paho client at ap, the event's id its
+    payload."""
+    brokers = await asyncio.to_thread(_mosquitto_star)
+    took: list[float] = []
+    try:
+        endpoints = {b: m.address for b, m in brokers.items()}
+        await _bridged(endpoints)
+        mover = _MqttMover(endpoints, subs)
+        pub = await asyncio.to_thread(_paho, endpoints["ap"], "pub")
+        try:
+            await asyncio.to_thread(mover.connect, "eu", PARIS, True)
+
+            async def send(topic: str, n: int) -> str:
+                pub.publish(topic, f"e{n}".encode(), 1)
+                return f"e{n}"
+
+            publisher = _Publisher(send, subs, rate)
+            await publisher.pause(gap_s)
+            for i in range(moves):
+                to, where = ("us", NEW_YORK) if i % 2 == 0 else ("eu", PARIS)
+                began = time.perf_counter()
+                await asyncio.to_thread(mover.hop, to, where, clean)
+                took.append(time.perf_counter() - began)
+                await publisher.pause(gap_s)
+            await publisher.stop()
+            with contextlib.suppress(GeofedError):  # what is still on its way arrives
+                await until(
+                    lambda: set(publisher.published) <= set(mover.received), "the events", LOST_S
+                )
+        finally:
+            pub.disconnect()
+            pub.loop_stop()
+            await asyncio.to_thread(mover.close)
+    finally:
+        for broker in brokers.values():
+            broker.stop()
     return _figures(publisher.published, mover.received, took, moves)
 
 
@@ -255,7 +386,7 @@ async def _run(
 
         takers = [asyncio.create_task(take(s)) for s in streams]
 
-        publisher = _Publisher(pub, subs, rate)
+        publisher = _Publisher(lambda topic, n: pub.publish(topic, b"x"), subs, rate)
         await publisher.pause(gap_s)  # publishing before the first move
         for i in range(moves):
             began = time.perf_counter()
@@ -304,8 +435,18 @@ def main(argv: list[str] | None = None) -> int:
         default="grpc",
         help="the moving client: geofed's Python client, or paho-mqtt 5.0 (default: grpc)",
     )
+    p.add_argument(
+        "--peer",
+        choices=("mosquitto",),
+        help="move the MQTT client between Debian Mosquitto brokers bridged to ap's instead"
+        " (persistent and clean sessions; no --strategy, --hold-s or --wan)",
+    )
     p.add_argument("--no-record", action="store_true", help="do not append to handover.md")
     args = p.parse_args(argv)
+    if args.peer and (args.strategy or args.hold_s is not None or args.wan != "off"):
+        p.error("--peer: the brokers are Mosquitto's (no --strategy, --hold-s or --wan)")
+    if args.peer:
+        return _main_peer(args, argv)
     env, wan_text = wan_settings(args.wan, args.wan_ms_per_km, Federation.load("three"))
     if args.hold_s is not None:
         env["GEOFED_HANDOVER_HOLD_S"] = f"{args.hold_s:g}"
@@ -317,13 +458,7 @@ def main(argv: list[str] | None = None) -> int:
         ):
             runner = _run_mqtt if args.client == "mqtt" else _run
             r = asyncio.run(runner(fed, args.subs, args.moves, args.rate, args.gap_s))
-        lost = "-" if r["lost"] is None else f"{r['lost']:,.0f}"
-        rows.append(
-            f"| {strategy} | {r['published']:,.0f} | {r['received']:,.0f} | {r['missed']:,.0f}"
-            f" | {r['per_move']:.1f} | {lost} | {r['twice']:,.0f}"
-            f" | {r['move_ms_p50']:.1f} | {r['move_ms_max']:.1f} |"
-        )
-        print(rows[-1], flush=True)
+        rows.append(_row(strategy, r))
     mover = (
         "an MQTT 5.0 client (paho-mqtt, persistent session, QoS 1)"
         if args.client == "mqtt"
@@ -350,6 +485,41 @@ def main(argv: list[str] | None = None) -> int:
             "`python -m geofed.bench.handover_bench` (bench/handover_bench.py says what it"
             " measures).\n",
         )
+    return 0
+
+
+def _row(name: str, r: dict[str, Any]) -> str:
+    """A table row of one run's figures, printed as it is made."""
+    lost = "-" if r["lost"] is None else f"{r['lost']:,.0f}"
+    row = (
+        f"| {name} | {r['published']:,.0f} | {r['received']:,.0f} | {r['missed']:,.0f}"
+        f" | {r['per_move']:.1f} | {lost} | {r['twice']:,.0f}"
+        f" | {r['move_ms_p50']:.1f} | {r['move_ms_max']:.1f} |"
+    )
+    print(row, flush=True)
+    return row
+
+
+def _main_peer(args: argparse.Namespace, argv: list[str] | None) -> int:
+    rows = []
+    for clean in (False, True):
+        r = asyncio.run(_run_mosquitto(args.subs, args.moves, args.rate, args.gap_s, clean))
+        session = "clean session (Clean Start 1)" if clean else "persistent session"
+        rows.append(_row(f"mosquitto star, {session}", r))
+    body = (
+        f"an MQTT 5.0 client (paho-mqtt, QoS 1) with {args.subs} subscriptions, {args.moves}"
+        f" moves between Mosquitto brokers of eu and us, {args.gap_s:g} s apart, {args.rate:g}"
+        " events/s published at ap's Mosquitto throughout (QoS 1); eu's and us' bridged to"
+        " ap's with `topic # both 1`; the client disconnects and connects to its new place's"
+        " broker itself (Mosquitto does not redirect), subscribing again when its session is"
+        " not there; loopback.\n\n"
+        "| broker | published | received | missed | missed per move | made, never received"
+        " | received twice | move ms p50 | move ms max |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n" + "\n".join(rows) + "\n"
+    )
+    print(body)
+    if not args.no_record:
+        record(RESULTS, "geofed.bench.handover_bench", argv, body)
     return 0
 
 
