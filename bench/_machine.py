@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -54,7 +55,7 @@ def machine_cpu_seconds() -> float | None:
     """User + system CPU seconds the whole machine spent so far (all cores, /proc/stat).
 
     The difference over a run is what every process cost, those that ended
-    unreaped included (which `tree_cpu_seconds` cannot see): the job's CPU
+    too short-lived for `TreeCpu` to see included: the job's CPU
     when nothing else runs, an upper bound of it otherwise. None without /proc.
     """
     try:
@@ -66,37 +67,64 @@ def machine_cpu_seconds() -> float | None:
     return sum(busy) / os.sysconf("SC_CLK_TCK")
 
 
-def tree_cpu_seconds(root: int) -> float | None:
-    """User + system CPU seconds so far of process `root` and all its descendants.
+class TreeCpu:
+    """User + system CPU seconds of process `root` and all its descendants, sampled
+    every `every_s` by a thread of its own while in a ``with`` block.
 
     A Spark job is a Python driver, its JVM and the JVM's Python workers: their
-    CPU time, read on a shared machine, says what the job cost where wall
-    time says mostly how busy the machine was. Children a member of the tree
-    has reaped count too (``cutime``/``cstime``); a process that ended and
-    was not reaped inside the tree does not. None without ``/proc``.
+    CPU time, read on a shared machine, says what the job cost where wall time
+    says mostly how busy the machine was. A process keeps the CPU it was last
+    seen with once it ends, so the count never goes back (reading only the
+    processes alive at a stage's end made stages of short-lived workers come
+    out negative); one that lives less than `every_s` may be missed. None
+    without ``/proc``.
     """
-    try:
-        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return None
-    tick = os.sysconf("SC_CLK_TCK")
-    parent: dict[int, int] = {}
-    cpu: dict[int, float] = {}
-    for pid in pids:
+
+    def __init__(self, root: int, every_s: float = 0.2) -> None:
+        self.root = root
+        self.every_s = every_s
+        self._seen: dict[tuple[int, int], float] = {}  # (pid, start tick) -> CPU seconds
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tree-cpu", daemon=True)
+
+    def __enter__(self) -> TreeCpu:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.seconds()
+
+    def seconds(self) -> float | None:
+        """The tree's CPU seconds so far (a fresh sample)."""
         try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # ended meanwhile
-        parent[pid] = int(fields[1])
-        cpu[pid] = sum(int(x) for x in fields[11:15]) / tick  # utime stime cutime cstime
-    if root not in cpu:
-        return None
-    children: dict[int, list[int]] = {}
-    for pid, ppid in parent.items():
-        children.setdefault(ppid, []).append(pid)
-    total, todo = 0.0, [root]
-    while todo:
-        pid = todo.pop()
-        total += cpu[pid]
-        todo.extend(children.get(pid, ()))
-    return total
+            pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+        except OSError:
+            return None
+        tick = os.sysconf("SC_CLK_TCK")
+        parent: dict[int, int] = {}
+        cpu: dict[int, tuple[int, float]] = {}
+        for pid in pids:
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue  # ended meanwhile
+            parent[pid] = int(fields[1])
+            # utime stime (a child's time is its own: reaped, it is not counted twice)
+            cpu[pid] = (int(fields[19]), (int(fields[11]) + int(fields[12])) / tick)
+        children: dict[int, list[int]] = {}
+        for pid, ppid in parent.items():
+            children.setdefault(ppid, []).append(pid)
+        with self._lock:
+            todo = [self.root] if self.root in cpu else []
+            while todo:
+                pid = todo.pop()
+                start, spent = cpu[pid]
+                self._seen[(pid, start)] = spent
+                todo.extend(children.get(pid, ()))
+            return sum(self._seen.values()) if self._seen else None

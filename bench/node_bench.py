@@ -84,7 +84,7 @@ from geofed.wire import (
     snapshot_frames,
 )
 
-from ._machine import record, tree_cpu_seconds
+from ._machine import TreeCpu, record
 from .local import free_ports, tls_config
 from .scrape import metric
 from .workload import WorkloadConfig, generate
@@ -321,7 +321,8 @@ async def _run(
                 flush=True,
             )
             t0 = time.perf_counter()
-            cpu0 = tree_cpu_seconds(proc.pid)
+            tree = TreeCpu(proc.pid)  # one process: sampled when asked
+            cpu0 = tree.seconds()
             accepted = await client.publish_many(events, batch_size=1000)
             assert len(accepted) == len(events), len(accepted)
             throughput = n_sent / (time.perf_counter() - t0)
@@ -331,7 +332,7 @@ async def _run(
             ) or await _metric(metrics_url, PEER_QUEUE_LENGTH):
                 await asyncio.sleep(0.05)
             absorbed = n_sent / (time.perf_counter() - t0)
-            cpu1 = tree_cpu_seconds(proc.pid)
+            cpu1 = tree.seconds()
             node_cpu = None if cpu0 is None or cpu1 is None else (cpu1 - cpu0) / n_sent
             print(
                 f"{tag} {throughput:,.0f} events/s accepted, {absorbed:,.0f} absorbed;"

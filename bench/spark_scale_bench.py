@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from geofed.bench import WorkloadConfig, generate, write_trace
-from geofed.bench._machine import machine_cpu_seconds, record, tree_cpu_seconds
+from geofed.bench._machine import TreeCpu, machine_cpu_seconds, record
 
 REPO = Path(__file__).resolve().parents[1]
 # Subscribers ask for data from a circle around themselves (10% world-wide),
@@ -138,18 +138,21 @@ def run_job(
     start = time.monotonic()
     machine_start = machine_cpu_seconds()
     stopped = False
-    with subprocess.Popen(
-        cmd,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own process group: stopping it stops its JVM too
-    ) as proc:
+    with (
+        subprocess.Popen(
+            cmd,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # its own process group: stopping it stops its JVM too
+        ) as proc,
+        TreeCpu(proc.pid) as tree,
+    ):
         assert proc.stderr is not None
         for line in proc.stderr:
             if STAGE_START.match(line.strip()):
-                started = tree_cpu_seconds(proc.pid)
+                started = tree.seconds()
                 machine_started = machine_cpu_seconds()
             done = STAGE_DONE.match(line.strip())
             if done:
@@ -158,7 +161,7 @@ def run_job(
                 machine_now = machine_cpu_seconds()
                 if machine_started is not None and machine_now is not None:
                     machine[name] = machine_now - machine_started
-                now = tree_cpu_seconds(proc.pid)
+                now = tree.seconds()
                 if started is not None and now is not None:
                     cpu[name] = now - started
                     last = now
