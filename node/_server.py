@@ -1678,16 +1678,13 @@ class BrokerServer(Guarded):
             drop = there.get(key, set())
             offsets: list[int] = []
             kept: list[str] = []
-            after = info.acked
             try:
-                while rows := await self.store.pending_page(_stored(key), after, _REPLAY_PAGE):
-                    for offset, data in rows:
-                        event_id = cpb.Delivery.FromString(data).event.id
-                        if event_id in drop:
-                            offsets.append(offset)
-                        else:
-                            kept.append(event_id)
-                    after = rows[-1][0]
+                for offset, data in await self._unacked(key, info):
+                    event_id = delivery_from_bytes(data).event.id
+                    if event_id in drop:
+                        offsets.append(offset)
+                    else:
+                        kept.append(event_id)
                 n, size = await self.store.drop_pending(_stored(key), offsets)
             except StorageFailed as exc:
                 log.error("subscription %s: events queued at %s kept here: %s", key, peer, exc)
@@ -1858,6 +1855,20 @@ class BrokerServer(Guarded):
             done.set()
         return True
 
+    async def _unacked(self, key: SubKey, info: PendingInfo) -> list[tuple[int, bytes]]:
+        """(offset, encoded delivery) of everything queued for `key` and not acknowledged,
+        oldest first, read from the store a page at a time.
+
+        Raises:
+            StorageFailed: the store could not read it.
+        """
+        out: list[tuple[int, bytes]] = []
+        after = info.acked
+        while rows := await self.store.pending_page(_stored(key), after, _REPLAY_PAGE):
+            out.extend(rows)
+            after = rows[-1][0]
+        return out
+
     async def _queues(self, subs: list[Subscription]) -> list[tuple[SubKey, list[bytes]]]:
         """The deliveries queued, not acknowledged, for the persistent ones of `subs` (a
         queue the store cannot read is left out, counted as dropped)."""
@@ -1866,12 +1877,8 @@ class BrokerServer(Guarded):
             info = self.pending.get(sub.key)
             if info is None or not info.count:
                 continue
-            items: list[bytes] = []
-            after = info.acked
             try:
-                while rows := await self.store.pending_page(_stored(sub.key), after, _REPLAY_PAGE):
-                    items.extend(data for _, data in rows)
-                    after = rows[-1][0]
+                items = [data for _, data in await self._unacked(sub.key, info)]
             except StorageFailed as exc:
                 self.metrics.handoff_deliveries.labels(outcome="dropped").inc(info.count)
                 log.error(
