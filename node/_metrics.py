@@ -427,53 +427,41 @@ class NodeMetrics:
             "Sessions forgotten after their expiry (or session_idle_s) without an open stream.",
             registry=registry,
         )
-        self.handovers = _preset(
-            Counter(
-                HANDOVERS,
-                "Held handovers (make before break) that ended: the client left (left), the hold"
-                " ran out (expired) or the client came back into the area (returned).",
-                ["outcome"],
-                registry=registry,
-            ),
+        self.handovers = _preset_counter(
+            HANDOVERS,
+            "Held handovers (make before break) that ended: the client left (left), the hold"
+            " ran out (expired) or the client came back into the area (returned).",
             "outcome",
             ("left", "expired", "returned"),
+            registry,
         )
-        self.handover_wait_timeouts = _preset(
-            Counter(
-                HANDOVER_WAIT_TIMEOUTS,
-                "Handover waits whose bound ran out: a renewal answered before every connected"
-                " peer acknowledged what it was sent (settle), a withdrawal made before every"
-                " connected peer's flush reply arrived (flush), a client redirected before its"
-                " new broker said it holds the transferred session (transfer).",
-                ["step"],
-                registry=registry,
-            ),
+        self.handover_wait_timeouts = _preset_counter(
+            HANDOVER_WAIT_TIMEOUTS,
+            "Handover waits whose bound ran out: a renewal answered before every connected"
+            " peer acknowledged what it was sent (settle), a withdrawal made before every"
+            " connected peer's flush reply arrived (flush), a client redirected before its"
+            " new broker said it holds the transferred session (transfer).",
             "step",
             ("settle", "flush", "transfer"),
+            registry,
         )
-        self.handoff_deliveries = _preset(
-            Counter(
-                HANDOFF_DELIVERIES,
-                "Queued deliveries of persistent subscriptions moved by handovers: sent to the"
-                " client's new broker (sent), queued here for a client that arrived (queued),"
-                " dropped here as queued already since its transferred session came (duplicate),"
-                " or lost: no link to the new broker, or no such subscription there (dropped).",
-                ["outcome"],
-                registry=registry,
-            ),
+        self.handoff_deliveries = _preset_counter(
+            HANDOFF_DELIVERIES,
+            "Queued deliveries of persistent subscriptions moved by handovers: sent to the"
+            " client's new broker (sent), queued here for a client that arrived (queued),"
+            " dropped here as queued already since its transferred session came (duplicate),"
+            " or lost: no link to the new broker, or no such subscription there (dropped).",
             "outcome",
             ("sent", "queued", "duplicate", "dropped"),
+            registry,
         )
-        self.session_transfers = _preset(
-            Counter(
-                SESSION_TRANSFERS,
-                "Persistent sessions moved with their MQTT clients: sent to the new broker before"
-                " the redirect (sent), opened here (taken), or not taken here (refused).",
-                ["outcome"],
-                registry=registry,
-            ),
+        self.session_transfers = _preset_counter(
+            SESSION_TRANSFERS,
+            "Persistent sessions moved with their MQTT clients: sent to the new broker before"
+            " the redirect (sent), opened here (taken), or not taken here (refused).",
             "outcome",
             ("sent", "taken", "refused"),
+            registry,
         )
 
     def reject_peer_message(self, peer: str, kind: str, msg_id: str, reason: str) -> None:
@@ -487,9 +475,12 @@ class NodeMetrics:
         log.warning("peer %s: %s %r rejected and skipped: %s", peer, kind, msg_id, reason)
 
 
-def _preset(counter: Counter, label: str, values: tuple[str, ...]) -> Counter:
-    """`counter` with a sample at 0 for each of `values` of its `label`: exported
-    before anything is counted, so a rate or a wait on it needs no first count."""
+def _preset_counter(
+    name: str, doc: str, label: str, values: tuple[str, ...], registry: CollectorRegistry
+) -> Counter:
+    """A counter of one `label` with a sample at 0 for each of `values`: exported before
+    anything is counted, so a rate or a wait on it needs no first count."""
+    counter = Counter(name, doc, [label], registry=registry)
     for value in values:
         counter.labels(**{label: value})
     return counter
