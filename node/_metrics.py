@@ -449,16 +449,19 @@ class NodeMetrics:
             HANDOFF_DELIVERIES,
             "Queued deliveries of persistent subscriptions moved by handovers: sent to the"
             " client's new broker (sent), queued here for a client that arrived (queued),"
-            " dropped here as queued already since its transferred session came (duplicate),"
-            " or lost: no link to the new broker, or no such subscription there (dropped).",
+            " dropped here as the client gets them elsewhere (duplicate: in a handoff, queued"
+            " here already since its transferred session came; in a queue held here when the"
+            " session came back, queued by the broker it came back from), or lost: no link to"
+            " the new broker, or no such subscription there (dropped).",
             "outcome",
             ("sent", "queued", "duplicate", "dropped"),
             registry,
         )
         self.session_transfers = _preset_counter(
             SESSION_TRANSFERS,
-            "Persistent sessions moved with their MQTT clients: sent to the new broker before"
-            " the redirect (sent), opened here (taken), or not taken here (refused).",
+            "Persistent sessions moved with their MQTT clients (or ahead of a client whose"
+            " hold ran out): sent to the new broker (sent), opened here (taken), or not taken"
+            " here (refused).",
             "outcome",
             ("sent", "taken", "refused"),
             registry,
