@@ -459,8 +459,7 @@ class _Connection:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self.pumps.clear()
-        if self.acks:  # what the client acknowledged is acknowledged before a reconnect
-            await asyncio.wait(set(self.acks))
+        await self._acknowledged()  # before a reconnect could read the queue
         if self.connected:
             self.connected = False
             node.metrics.mqtt_connections.labels(version=MQTT_PROTOCOL_VERSIONS[self.version]).dec()
@@ -500,8 +499,7 @@ class _Connection:
                         packet = mq.decode(kind, flags, body, self.version)
                         assert isinstance(packet, mq.PubAck)
                         self._on_puback(packet)
-        if self.acks:
-            await asyncio.wait(set(self.acks))
+        await self._acknowledged()  # before a move hands the rest of the queue over
 
     async def _will_event(self, will: mq.Will) -> Event | None:
         """The will as the client's event, from where the client was last (None: refused)."""
@@ -1003,6 +1001,11 @@ class _Connection:
             task = asyncio.get_running_loop().create_task(self._ack(done.key))
             self.acks.add(task)
             task.add_done_callback(self.acks.discard)
+
+    async def _acknowledged(self) -> None:
+        """Until what the client acknowledged so far is acknowledged to the node."""
+        if self.acks:
+            await asyncio.wait(set(self.acks))
 
     async def _ack(self, key: SubKey) -> None:
         """Acknowledge to the node what the client took: up to the first unacknowledged offset."""
