@@ -246,6 +246,21 @@ class Mosquitto(_Broker):
         conf.write_text("\n".join(lines) + "\n", encoding="utf-8")
         return ["-c", str(conf)]
 
+    @staticmethod
+    def bridge(leaf: str, hub: str, address: str, qos: int) -> list[str]:
+        """``mosquitto.conf`` lines bridging broker `leaf` to broker `hub` at `address`:
+        every topic both ways (``topic # both``) at `qos`, a clean bridge session."""
+        return [
+            f"connection {leaf}-to-{hub}",
+            f"address {address}",
+            f"topic # both {qos}",
+            "cleansession true",
+            "try_private true",
+            "notifications false",
+            "restart_timeout 1",
+            f"remote_clientid bridge-{leaf}",
+        ]
+
     def answers(self, sock: socket.socket) -> bool:
         if self.tls is not None:
             context = ssl.create_default_context(cafile=self.tls_ca)

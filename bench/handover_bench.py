@@ -253,17 +253,7 @@ def _mosquitto_star() -> dict[str, Mosquitto]:
     out = {"ap": hub}
     try:
         for leaf in ("eu", "us"):
-            bridge = [
-                f"connection {leaf}-to-ap",
-                f"address {hub.address}",
-                "topic # both 1",
-                "cleansession true",
-                "try_private true",
-                "notifications false",
-                "restart_timeout 1",
-                f"remote_clientid bridge-{leaf}",
-            ]
-            out[leaf] = Mosquitto(extra=bridge).start()
+            out[leaf] = Mosquitto(extra=Mosquitto.bridge(leaf, "ap", hub.address, 1)).start()
     except BaseException:
         for broker in out.values():
             broker.stop()
@@ -469,10 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         f" {args.gap_s:g} s apart, {args.rate:g} events/s published at ap throughout;"
         f" handover_hold_s {'10, the default' if args.hold_s is None else f'{args.hold_s:g}'}:"
         f" {'break before make' if args.hold_s == 0 else 'make before break'}; WAN"
-        f" emulation: {wan_text}.\n\n"
-        "| strategy | published | received | missed | missed per move | made, never received"
-        " | received twice | move ms p50 | move ms max |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n" + "\n".join(rows) + "\n"
+        f" emulation: {wan_text}.\n\n" + _table("strategy", rows)
     )
     print(body)
     if not args.no_record:
@@ -500,6 +487,15 @@ def _row(name: str, r: dict[str, Any]) -> str:
     return row
 
 
+def _table(first: str, rows: list[str]) -> str:
+    """The results table of `_row`s, its first column headed `first`."""
+    return (
+        f"| {first} | published | received | missed | missed per move | made, never received"
+        " | received twice | move ms p50 | move ms max |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n" + "\n".join(rows) + "\n"
+    )
+
+
 def _main_peer(args: argparse.Namespace, argv: list[str] | None) -> int:
     rows = []
     for clean in (False, True):
@@ -512,10 +508,7 @@ def _main_peer(args: argparse.Namespace, argv: list[str] | None) -> int:
         " events/s published at ap's Mosquitto throughout (QoS 1); eu's and us' bridged to"
         " ap's with `topic # both 1`; the client disconnects and connects to its new place's"
         " broker itself (Mosquitto does not redirect), subscribing again when its session is"
-        " not there; loopback.\n\n"
-        "| broker | published | received | missed | missed per move | made, never received"
-        " | received twice | move ms p50 | move ms max |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n" + "\n".join(rows) + "\n"
+        " not there; loopback.\n\n" + _table("broker", rows)
     )
     print(body)
     if not args.no_record:

@@ -518,16 +518,7 @@ class MosquittoStar(_System):
             proxy = self.proxies.add(
                 f"{region}->{self.hub}", self.brokers[self.hub].address, counting
             )
-            bridge = [
-                f"connection {region}-to-{self.hub}",
-                f"address {proxy.address}",
-                "topic # both 0",
-                "cleansession true",
-                "try_private true",
-                "notifications false",
-                "restart_timeout 1",
-                f"remote_clientid bridge-{region}",
-            ]
+            bridge = Mosquitto.bridge(region, self.hub, proxy.address, 0)
             self.brokers[region] = Mosquitto(extra=sys_conf + bridge).start()
         # Ready: every bridge's SUBSCRIBE to # answered (SUBACK crossed its link).
         links = len(ids) - 1
