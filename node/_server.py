@@ -442,9 +442,8 @@ class BrokerServer(Guarded):
         if self._started:
             return
         self._started = True
-        for client, where in self._restore(self.store.open()):
-            # Stored by a held handover (or an area that changed): the client
-            # is elsewhere now, so its move ends here.
+        away = self._restore(self.store.open())
+        for client, where in away if not self.config.handover_hold_s else ():
             log.info("session of %s: its location lies outside this area; closed", client)
             await self._end_move(client, where)
         if self.history is not None:
@@ -525,6 +524,12 @@ class BrokerServer(Guarded):
         self.link_state_changed()
         for link in self.links.values():
             link.start()
+        for client, where in away if self.config.handover_hold_s else ():
+            # Stored by a held handover (or an area that changed): held again, so that
+            # the client's Leave, its return or the hold running out ends the move
+            # as it would have without the restart (the last sends the session ahead).
+            log.info("session of %s: its location lies outside this area; held", client)
+            self._hold(client, where)
         self._reaper = asyncio.create_task(self._reap_sessions(), name="session-reaper")
         if self.core.meter is not None:
             self._adaptive = asyncio.create_task(self._adapt(), name="adaptive-controller")
@@ -1326,7 +1331,7 @@ class BrokerServer(Guarded):
 
     def _restore(self, loaded: Loaded) -> list[tuple[str, LatLon]]:
         """Rebuild the state a store kept (nothing to do for a new or in-memory one);
-        return the sessions whose location lies outside this area, to end (`_end_move`)."""
+        return the sessions whose location lies outside this area, to hold or end (`start`)."""
         if loaded.strategy_state:
             # Before the subscriptions: they are placed for the tables in force.
             state = json.loads(loaded.strategy_state)
@@ -1554,7 +1559,7 @@ class BrokerServer(Guarded):
         at the client's last location here) until the client leaves
         (`client_leave`, once its subscriptions stand at the new broker) or
         `handover_hold_s` runs out. A persistent session is stored at the new
-        location first, so that a restart meanwhile ends the move (`_restore`).
+        location first, so that a restart meanwhile holds it again (`start`).
         Otherwise (in the area, or `handover_hold_s` 0) as `client_move`.
 
         Raises:
@@ -1571,9 +1576,7 @@ class BrokerServer(Guarded):
             raise NotFound("client session", client)
         if self._store_location(client, where):
             await self.store.commit()
-        self._unhold(client, where)
-        timer = asyncio.get_running_loop().call_later(hold_s, self._hold_ran_out, client)
-        self._held[client] = _Held(where, timer)
+        self._hold(client, where)
         self.metrics.redirects.inc()
         return self.federation.broker(owner), hold_s
 
@@ -1915,6 +1918,13 @@ class BrokerServer(Guarded):
         session = self._sessions[client]
         self.store.put_session(client, where.lat, where.lon, session.expiry_s, session.owner)
         return True
+
+    def _hold(self, client: str, where: LatLon) -> None:
+        """Hold the handover of `client`, gone to `where`, for `handover_hold_s` (anew)."""
+        self._unhold(client, where)
+        hold_s = self.config.handover_hold_s
+        timer = asyncio.get_running_loop().call_later(hold_s, self._hold_ran_out, client)
+        self._held[client] = _Held(where, timer)
 
     def _unhold(self, client: str, where: LatLon) -> None:
         """A held client's new location or connect: the hold ends without withdrawing."""

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 import geofed
@@ -28,13 +29,15 @@ from geofed.client import Publication, RetryConfig, Subscription
 from geofed.node import (
     EVENTS_PUBLISHED,
     HANDOFF_DELIVERIES,
+    HANDOVERS,
     PUBLISH_DUPLICATES,
     SESSIONS,
     SESSIONS_EXPIRED,
     SUBSCRIPTIONS,
 )
 from geofed.routing import STRATEGIES
-from geofed.wire import update_location_request
+from geofed.v1 import client_pb2_grpc as cpb_grpc
+from geofed.wire import leave_request, update_location_request
 
 pytestmark = pytest.mark.integration
 
@@ -446,33 +449,71 @@ def test_two_clients_may_use_the_same_subscription_id(durable: LocalFederation) 
     asyncio.run(run())
 
 
-def test_a_broker_killed_while_it_holds_a_handover_ends_the_move_when_restarted(
+async def hold(mover: geofed.Client, cid: str) -> None:
+    """`mover` asks eu to hold its move to us (make before break, §7)."""
+    answer = await mover._call(
+        "move",
+        lambda stub, timeout: stub.UpdateLocation(
+            update_location_request(cid, NEW_YORK, hold=True), timeout=timeout
+        ),
+    )
+    assert answer.held_s > 0  # held: eu still matches for the client
+
+
+async def leave(fed: LocalFederation, cid: str) -> bool:
+    """The client's `Leave` at eu (raw: the client library leaves only as part of a move
+    it makes itself)."""
+    async with grpc.aio.insecure_channel(fed.nodes["eu"].client) as channel:
+        answer = await cpb_grpc.ClientServiceStub(channel).Leave(leave_request(cid), timeout=HANG_S)
+    return bool(answer.held)
+
+
+async def held_with_a_queue(
+    fed: LocalFederation, cid: str, sub_id: str
+) -> tuple[geofed.Client, list[str]]:
+    """A persistent subscriber of `cid` with three deliveries queued at eu asks eu to hold
+    its move to us and closes (nothing taken: its subscription and queue stay at eu).
+    Returns the publisher, still connected, and the ids it published."""
+    mover = await client(fed, cid, PARIS, session_expiry_s=300.0)
+    await mover.subscribe("d/#", subscription_id=sub_id)
+    pub = await client(fed, f"{cid}-pub", PARIS)
+    sent = [await pub.publish("d/x", f"{cid}{i}".encode()) for i in range(3)]
+    await hold(mover, cid)
+    await mover.close()
+    return pub, sent
+
+
+def restart_eu(fed: LocalFederation) -> str:
+    """Kill eu and start it again; its metrics URL once the federation is ready."""
+    fed.stop_node("eu", signal.SIGKILL)
+    fed.start_node("eu")
+    fed.wait_ready(HANG_S)
+    return fed.nodes["eu"].metrics_url
+
+
+def test_a_broker_killed_while_it_holds_a_handover_holds_it_again_when_restarted(
     durable: LocalFederation,
 ) -> None:
-    """eu holds the handover of a persistent session (make before break, §7) and is killed
-    before the client leaves: the store has the session at its new place, so the restarted
-    eu withdraws its subscription and closes it instead of matching for it again."""
+    """eu holds the handover of a persistent session and is killed before the client
+    leaves: the store has the session at its new place, so the restarted eu holds it
+    again (matching for the client at its last place there) until the client's Leave,
+    which withdraws its subscription and closes the session."""
     fed = durable
 
     async def run() -> None:
         mover = await client(fed, "hold-kill", PARIS, session_expiry_s=300.0)
         await mover.subscribe("d/#", subscription_id="hold-s")
         assert metric(fed.nodes["eu"].metrics_url, SUBSCRIPTIONS, scope="local") == 1
-        answer = await mover._call(
-            "move",
-            lambda stub, timeout: stub.UpdateLocation(
-                update_location_request("hold-kill", NEW_YORK, hold=True), timeout=timeout
-            ),
-        )
-        assert answer.held_s > 0  # held: eu still matches for the client
+        await hold(mover, "hold-kill")
+        await mover.close()  # it does not come back to eu
         assert metric(fed.nodes["eu"].metrics_url, SESSIONS) == 1
-        fed.stop_node("eu", signal.SIGKILL)
-        fed.start_node("eu")
-        fed.wait_ready(HANG_S)
-        eu = fed.nodes["eu"].metrics_url
+        eu = restart_eu(fed)
+        assert metric(eu, SESSIONS) == 1
+        assert metric(eu, SUBSCRIPTIONS, scope="local") == 1
+        assert await leave(fed, "hold-kill")  # a hold was there to end
         assert metric(eu, SESSIONS) == 0
         assert metric(eu, SUBSCRIPTIONS, scope="local") == 0
-        await mover.close()
+        assert metric(eu, HANDOVERS, outcome="left") == 1
 
     asyncio.run(run())
 
@@ -482,32 +523,50 @@ def test_a_restarted_broker_hands_a_held_sessions_queue_to_the_new_broker(
 ) -> None:
     """eu holds the handover of a persistent session with deliveries queued, the client
     renewed its subscription at us, and eu is killed before the client leaves: the
-    restarted eu ends the move and hands the queue to us, which delivers it."""
+    client's Leave at the restarted eu ends the move and hands the queue to us, which
+    delivers it."""
     fed = durable
 
     async def run() -> None:
-        mover = await client(fed, "hand-kill", PARIS, session_expiry_s=300.0)
-        await mover.subscribe("d/#", subscription_id="hk")
-        pub = await client(fed, "hand-pub", PARIS)
-        sent = [await pub.publish("d/x", f"q{i}".encode()) for i in range(3)]  # queued at eu
-        answer = await mover._call(
-            "move",
-            lambda stub, timeout: stub.UpdateLocation(
-                update_location_request("hand-kill", NEW_YORK, hold=True), timeout=timeout
-            ),
-        )
-        assert answer.held_s > 0
-        await mover.close()  # nothing taken: the subscription and its queue stay at eu
+        pub, sent = await held_with_a_queue(fed, "hand-kill", "hk")
         renewed = await client(fed, "hand-kill", NEW_YORK, session_expiry_s=300.0)
         sub = await renewed.subscribe("d/#", subscription_id="hk")
-        fed.stop_node("eu", signal.SIGKILL)
-        fed.start_node("eu")
-        fed.wait_ready(HANG_S)
-        assert metric(fed.nodes["eu"].metrics_url, HANDOFF_DELIVERIES, outcome="sent") == 3
+        eu = restart_eu(fed)
+        assert await leave(fed, "hand-kill")
+        assert metric(eu, HANDOFF_DELIVERIES, outcome="sent") == 3
         got = await collect(sub, 3)
         assert sorted(m.event_id for m in got) == sorted(sent)
         assert {m.broker for m in got} == {"us"}
         for c in (renewed, pub):
+            await c.close()
+
+    asyncio.run(run())
+
+
+def test_a_held_session_goes_ahead_of_its_client_when_its_hold_runs_out_after_a_restart(
+    durable: LocalFederation,
+) -> None:
+    """eu holds the handover of a persistent session with deliveries queued; the client
+    never reaches us and eu is killed. The restarted eu holds the session again, and
+    when that hold runs out it sends us the session before the queue, so the client
+    connecting to us later finds both. (A restart that ended the move at once sent the
+    queue alone, which us dropped: no subscription to queue it for.)"""
+    fed = durable
+
+    async def run() -> None:
+        pub, sent = await held_with_a_queue(fed, "stray", "st")
+        eu = restart_eu(fed)
+        await until(
+            lambda: metric(eu, HANDOVERS, outcome="expired") == 1, "eu's hold ran out", HANG_S
+        )
+        assert metric(eu, HANDOFF_DELIVERIES, outcome="sent") == 3
+        await fed.quiescent(HANG_S)  # the session and the handoff have reached us
+        later = await client(fed, "stray", NEW_YORK, session_expiry_s=300.0)
+        sub = await later.subscribe("d/#", subscription_id="st")
+        got = await collect(sub, 3)
+        assert sorted(m.event_id for m in got) == sorted(sent)
+        assert {m.broker for m in got} == {"us"}
+        for c in (later, pub):
             await c.close()
 
     asyncio.run(run())
