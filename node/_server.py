@@ -404,7 +404,8 @@ class BrokerServer(Guarded):
         self._background: set[asyncio.Task[None]] = set()  # expired holds, transferred sessions
         # Subscriptions that came with a transferred session: the events the client
         # gets from here since (queued here), oldest first, until the old broker's
-        # handoff has come (`_take_handoff`) and for a transfer onwards (`_arrived_ids`).
+        # handoff has come (`_take_handoff`) and for a transfer onwards (`_arrived_ids`),
+        # or the subscription ends here (`forget_queue`).
         self._arrived: dict[SubKey, dict[str, None]] = {}
         self._flush_token = 0
         self._flushes: dict[tuple[str, int], asyncio.Future[None]] = {}  # (peer, token)
@@ -1429,7 +1430,8 @@ class BrokerServer(Guarded):
         return info
 
     def forget_queue(self, key: SubKey) -> None:
-        """A persistent subscription ended: its queue goes."""
+        """A persistent subscription ended: its queue goes, and what it knew had arrived."""
+        self._arrived.pop(key, None)
         if self.pending.pop(key, None) is not None:
             self.store.delete_subscription(_stored(key))
 
@@ -1739,7 +1741,11 @@ class BrokerServer(Guarded):
                 if not (live and self.core.local.get(sub.key) is not None):
                     self.dispatch(self.core.subscribe(sub))
                     self.persist_subscription(sub)
-                ids = self._arrived[sub.key] = {}
+                # Sent again while the session stayed here (a restarted sender whose hold
+                # ran out): what came since the first transfer is still here, queued or
+                # delivered. A session back here gets its ids from `_take_back`.
+                earlier = None if back else self._arrived.get(sub.key)
+                ids = self._arrived[sub.key] = dict(earlier or {})
                 asyncio.get_running_loop().call_later(keep, self._forget_arrived, sub.key, ids)
             for sub_id, qos in msg.qos:
                 self.grant_qos((client, sub_id), qos)

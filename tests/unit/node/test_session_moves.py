@@ -230,6 +230,51 @@ def test_a_handoff_to_a_transferred_session_drops_what_was_queued_here_since() -
     asyncio.run(run())
 
 
+def old_and_both_handoff(seq: int) -> HandoffMsg:
+    """eu's handoff of "old" (queued at eu alone) and "both" (queued at us too)."""
+    items = [
+        cpb.Delivery(subscription_id=KEY[1], event=gpb.Event(id=i, topic="t/x"))
+        for i in ["old", "both"]
+    ]
+    return HandoffMsg(f"h{seq}", KEY, tuple(d.SerializeToString() for d in items))
+
+
+def test_a_session_transferred_again_keeps_what_came_here_since_the_first() -> None:
+    """eu sent the session, was restarted, and sends it again when its hold runs out:
+    what us queued since the first transfer still drops from eu's handoff."""
+
+    async def run() -> None:
+        us = node("us")
+        plain = make_subscription(KEY[1], KEY[0], "t/#")
+        await transfer(us, "eu", SessionMsg(3, KEY[0], "", NEW_YORK, 600.0, (plain,), ()))
+        await queue(us, ["both"])
+        await transfer(us, "eu", SessionMsg(1, KEY[0], "", NEW_YORK, 600.0, (plain,), ()), seq=2)
+        await us.receive_frame("eu", frame_of([old_and_both_handoff(3)], "eu", seq=3))
+        assert await queued(us) == [(1, "both"), (2, "old")]
+        assert handed(us, "duplicate") == 1
+
+    asyncio.run(run())
+
+
+def test_what_arrived_for_a_session_that_left_is_forgotten() -> None:
+    """The session left us (its queue handed on) and comes again: what us queued during
+    its earlier stay is no reason to drop anything from the next handoff."""
+
+    async def run() -> None:
+        us = node("us")
+        plain = make_subscription(KEY[1], KEY[0], "t/#")
+        await transfer(us, "eu", SessionMsg(3, KEY[0], "", NEW_YORK, 600.0, (plain,), ()))
+        await queue(us, ["both"])
+        assert await us._end_move(KEY[0], PARIS)  # handed on to eu
+        assert KEY not in us._arrived
+        await transfer(us, "eu", SessionMsg(4, KEY[0], "", NEW_YORK, 600.0, (plain,), ()), seq=2)
+        await us.receive_frame("eu", frame_of([old_and_both_handoff(3)], "eu", seq=3))
+        assert [i for _, i in await queued(us)] == ["old", "both"]
+        assert handed(us, "duplicate") == 0
+
+    asyncio.run(run())
+
+
 def test_a_session_back_before_its_broker_let_go_drops_what_the_other_broker_queued() -> None:
     """The client went eu -> us and comes back before eu let go. eu queued events while
     it held the session; those us queued too (`SessionMsg.queued`) reach the client
