@@ -451,8 +451,9 @@ class NodeMetrics:
             " client's new broker (sent), queued here for a client that arrived (queued),"
             " dropped here as the client gets them elsewhere (duplicate: in a handoff, queued"
             " here already since its transferred session came; in a queue held here when the"
-            " session came back, queued by the broker it came back from), or lost: no link to"
-            " the new broker, or no such subscription there (dropped).",
+            " session came back, queued by the broker it came back from; an event matched here"
+            " after its session came, which the client gets from the broker it came from), or"
+            " lost: no link to the new broker, or no such subscription there (dropped).",
             "outcome",
             ("sent", "queued", "duplicate", "dropped"),
             registry,

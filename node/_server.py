@@ -407,6 +407,9 @@ class BrokerServer(Guarded):
         # handoff has come (`_take_handoff`) and for a transfer onwards (`_arrived_ids`),
         # or the subscription ends here (`forget_queue`).
         self._arrived: dict[SubKey, dict[str, None]] = {}
+        # Subscriptions whose session came from another broker: the events the client
+        # gets from there (`SessionMsg.queued`), not matched for it here again.
+        self._theirs: dict[SubKey, set[str]] = {}
         self._flush_token = 0
         self._flushes: dict[tuple[str, int], asyncio.Future[None]] = {}  # (peer, token)
         self.pending: dict[SubKey, PendingInfo] = {}  # persistent subscriptions' queues
@@ -1175,11 +1178,15 @@ class BrokerServer(Guarded):
         """
         now = time.time()
         wire: dict[int, gpb.Event] = {}  # one event reaches many subscribers: convert it once
+        theirs = 0
         for d in deliveries:
             key = (d.client, d.subscription)
             stream = self._streams.get(key)
             info = self.pending.get(key)
             if stream is None and info is None:
+                continue
+            if self._theirs and d.event.id in self._theirs.get(key, ()):
+                theirs += 1  # the client gets it from the broker it came from
                 continue
             pb = wire.get(id(d.event))
             if pb is None:
@@ -1190,6 +1197,8 @@ class BrokerServer(Guarded):
             staged.delivered += 1
             if stream is not None:
                 staged.pushes.append((stream, item))
+        if theirs:
+            self.metrics.handoff_deliveries.labels(outcome="duplicate").inc(theirs)
 
     def _queue_delivery(self, key: SubKey, info: PendingInfo, item: cpb.Delivery) -> None:
         """Give `item` the persistent subscription's next offset and queue it in the store."""
@@ -1234,6 +1243,9 @@ class BrokerServer(Guarded):
         if len(fresh) < len(items):  # queued here already since the session came
             self.metrics.handoff_deliveries.labels(outcome="duplicate").inc(len(items) - len(fresh))
         items = fresh
+        theirs = self._theirs.get(key)
+        if theirs is not None:  # an event that reaches this broker later is not matched again
+            theirs.update(item.event.id for item in items)
         for item in items:
             item.offset = 0
             if info is not None:
@@ -1430,8 +1442,9 @@ class BrokerServer(Guarded):
         return info
 
     def forget_queue(self, key: SubKey) -> None:
-        """A persistent subscription ended: its queue goes, and what it knew had arrived."""
-        self._arrived.pop(key, None)
+        """A persistent subscription ended: its queue goes, and the event ids kept for it."""
+        for ids in (self._arrived, self._theirs):
+            ids.pop(key, None)
         if self.pending.pop(key, None) is not None:
             self.store.delete_subscription(_stored(key))
 
@@ -1737,16 +1750,22 @@ class BrokerServer(Guarded):
             session.idle_since = time.monotonic()
             self._store_location(client, where)
             keep = 2 * self.config.handover_hold_s  # its handoff comes within the hold
+            there = dict(msg.queued)
             for sub in msg.subs:
                 if not (live and self.core.local.get(sub.key) is not None):
                     self.dispatch(self.core.subscribe(sub))
                     self.persist_subscription(sub)
                 # Sent again while the session stayed here (a restarted sender whose hold
                 # ran out): what came since the first transfer is still here, queued or
-                # delivered. A session back here gets its ids from `_take_back`.
+                # delivered, and what the sender's handoff brought stays known. A session
+                # back here gets its ids from `_take_back`.
                 earlier = None if back else self._arrived.get(sub.key)
                 ids = self._arrived[sub.key] = dict(earlier or {})
-                asyncio.get_running_loop().call_later(keep, self._forget_arrived, sub.key, ids)
+                known = () if back else self._theirs.get(sub.key, ())
+                theirs = self._theirs[sub.key] = {*there.get(sub.id, ()), *known}
+                loop = asyncio.get_running_loop()
+                loop.call_later(keep, _forget, self._arrived, sub.key, ids)
+                loop.call_later(keep, _forget, self._theirs, sub.key, theirs)
             for sub_id, qos in msg.qos:
                 self.grant_qos((client, sub_id), qos)
             self._update_sub_gauges()
@@ -1771,10 +1790,6 @@ class BrokerServer(Guarded):
             self.mqtt.grant(key, qos)
         if self.durable and key in self.pending:
             self.store.put_mqtt_qos(_stored(key), qos)
-
-    def _forget_arrived(self, key: SubKey, ids: dict[str, None]) -> None:
-        if self._arrived.get(key) is ids:  # not a later transfer's
-            del self._arrived[key]
 
     async def client_leave(self, who: Principal, client: str) -> bool:
         """The client whose handover this broker holds left: withdraw and close its session.
@@ -2438,6 +2453,12 @@ def _mark_adaptive(state: dict[str, Any]) -> None:
                 "strategy"
             ):
                 entry["adaptive"] = True
+
+
+def _forget(table: dict[SubKey, Any], key: SubKey, value: object) -> None:
+    """Drop `key` from `table` if it still holds `value` (not a later transfer's)."""
+    if table.get(key) is value:
+        del table[key]
 
 
 def _stored(key: SubKey) -> str:

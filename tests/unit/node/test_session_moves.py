@@ -275,6 +275,35 @@ def test_what_arrived_for_a_session_that_left_is_forgotten() -> None:
     asyncio.run(run())
 
 
+def test_what_the_client_gets_from_the_broker_it_came_from_is_not_matched_again() -> None:
+    async def run() -> None:
+        us = node("us")
+        plain = make_subscription(KEY[1], KEY[0], "t/#")
+        sent = SessionMsg(3, KEY[0], "", NEW_YORK, 600.0, (plain,), (), ((KEY[1], ("e1",)),))
+        await transfer(us, "eu", sent)
+        await queue(us, ["e1", "e2"])  # e1 reaches us after the session: eu sent it already
+        assert await queued(us) == [(1, "e2")]
+        assert handed(us, "duplicate") == 1
+
+    asyncio.run(run())
+
+
+def test_an_event_handed_off_before_it_reaches_the_new_broker_is_not_matched_again() -> None:
+    """eu's handoff reaches us before one of its events does (that event's own path from
+    its publisher is slower): us matches it then, but the client has it from the handoff."""
+
+    async def run() -> None:
+        us = node("us")
+        plain = make_subscription(KEY[1], KEY[0], "t/#")
+        await transfer(us, "eu", SessionMsg(3, KEY[0], "", NEW_YORK, 600.0, (plain,), ()))
+        await us.receive_frame("eu", frame_of([old_and_both_handoff(2)], "eu", seq=2))
+        await queue(us, ["both", "new"])
+        assert await queued(us) == [(1, "old"), (2, "both"), (3, "new")]
+        assert handed(us, "duplicate") == 1
+
+    asyncio.run(run())
+
+
 def test_a_session_back_before_its_broker_let_go_drops_what_the_other_broker_queued() -> None:
     """The client went eu -> us and comes back before eu let go. eu queued events while
     it held the session; those us queued too (`SessionMsg.queued`) reach the client
