@@ -446,10 +446,13 @@ class BrokerServer(Guarded):
         if self._started:
             return
         self._started = True
+        # Sessions stored outside the area: by a held handover, or an area that changed.
         away = self._restore(self.store.open())
-        for client, where in away if not self.config.handover_hold_s else ():
-            log.info("session of %s: its location lies outside this area; closed", client)
-            await self._end_move(client, where)
+        if not self.config.handover_hold_s:  # no holds: those moves end here
+            for client, where in away:
+                log.info("session of %s: its location lies outside this area; closed", client)
+                await self._end_move(client, where)
+            away = []
         if self.history is not None:
             self.history.open()
             self.history.start_sweeping()
@@ -528,10 +531,10 @@ class BrokerServer(Guarded):
         self.link_state_changed()
         for link in self.links.values():
             link.start()
-        for client, where in away if self.config.handover_hold_s else ():
-            # Stored by a held handover (or an area that changed): held again, so that
-            # the client's Leave, its return or the hold running out ends the move
-            # as it would have without the restart (the last sends the session ahead).
+        for client, where in away:
+            # Held again, so that the client's Leave, its return or the hold running
+            # out ends the move as it would have without the restart (the last sends
+            # the session ahead).
             log.info("session of %s: its location lies outside this area; held", client)
             self._hold(client, where)
         self._reaper = asyncio.create_task(self._reap_sessions(), name="session-reaper")
