@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
+from test_node_behaviour import raw_call
 
 import geofed
 from geofed.bench import LocalFederation, metric
@@ -36,7 +36,6 @@ from geofed.node import (
     SUBSCRIPTIONS,
 )
 from geofed.routing import STRATEGIES
-from geofed.v1 import client_pb2_grpc as cpb_grpc
 from geofed.wire import leave_request, update_location_request
 
 pytestmark = pytest.mark.integration
@@ -463,8 +462,7 @@ async def hold(mover: geofed.Client, cid: str) -> None:
 async def leave(fed: LocalFederation, cid: str) -> bool:
     """The client's `Leave` at eu (raw: the client library leaves only as part of a move
     it makes itself)."""
-    async with grpc.aio.insecure_channel(fed.nodes["eu"].client) as channel:
-        answer = await cpb_grpc.ClientServiceStub(channel).Leave(leave_request(cid), timeout=HANG_S)
+    answer = await raw_call(fed, "eu", "Leave", leave_request(cid), timeout=HANG_S)
     return bool(answer.held)
 
 

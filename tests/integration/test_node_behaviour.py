@@ -91,12 +91,15 @@ async def all_arrived(fed: LocalFederation, subs: list[geofed.Subscription]) -> 
     return int(made)
 
 
-async def raw_call(fed: LocalFederation, broker: str, method: str, request: Any) -> Any:
+async def raw_call(
+    fed: LocalFederation, broker: str, method: str, request: Any, timeout: float = 10
+) -> Any:
     """Raw gRPC, only for a request the client library cannot send (it validates
     its input first); a rejection is raised typed, as the library would raise it."""
     async with grpc.aio.insecure_channel(fed.nodes[broker].client) as channel:
         try:
-            return await getattr(cpb_grpc.ClientServiceStub(channel), method)(request, timeout=10)
+            stub = cpb_grpc.ClientServiceStub(channel)
+            return await getattr(stub, method)(request, timeout=timeout)
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc) from None
 
