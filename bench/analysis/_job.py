@@ -79,16 +79,20 @@ class Analysis:
 
     def release(self) -> None:
         """Unpersist cached tables, destroy broadcasts, delete the job's checkpoints."""
-        for item in self._cleanup:
-            if isinstance(item, DataFrame):
-                item.unpersist()
-            elif callable(item):
-                item()
-            elif hasattr(item, "release"):
-                item.release()
-            else:
-                item.destroy()
-        self._cleanup.clear()
+        _release(self._cleanup)
+
+
+def _release(items: list[Any]) -> None:
+    for item in items:
+        if isinstance(item, DataFrame):
+            item.unpersist()
+        elif callable(item):
+            item()
+        elif hasattr(item, "release"):
+            item.release()
+        else:
+            item.destroy()
+    items.clear()
 
 
 class Progress:
@@ -240,13 +244,25 @@ def load_federation(path: str) -> tuple[Federation, str]:
 def analyze(spark: SparkSession, cfg: AnalysisConfig, progress: Progress | None = None) -> Analysis:
     """Run the what-if (and, with node traces, the measured) analysis.
 
+    The result holds the job's checkpoints until `Analysis.release`; a job
+    that fails deletes them before it raises.
+
     Raises:
         InvalidInput: for an unreadable or invalid federation file, a missing
             input or a Parquet input without a required column.
     """
-    progress = progress or Progress(None)
-    sc = spark.sparkContext
     keep: list[Any] = []
+    try:
+        return _analyze(spark, cfg, progress or Progress(None), keep)
+    except BaseException:
+        _release(keep)
+        raise
+
+
+def _analyze(
+    spark: SparkSession, cfg: AnalysisConfig, progress: Progress, keep: list[Any]
+) -> Analysis:
+    sc = spark.sparkContext
     fed, fed_text = load_federation(cfg.federation)
     ids = fed.ids
     n = len(ids)

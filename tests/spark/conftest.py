@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
+from spark_helpers import RESULTS
 
 _HERE = Path(__file__).resolve().parent
 _SESSION: list[SparkSession] = []
@@ -45,6 +46,15 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """
     if any(_HERE in Path(item.path).parents for item in session.items):
         _session()
+
+
+@pytest.fixture(autouse=True)
+def release_results() -> Iterator[None]:
+    """Release what `spark_helpers.run` gave a test once it ends: its cached
+    tables and checkpoint folder would otherwise outlive the suite."""
+    yield
+    while RESULTS:
+        RESULTS.pop().release()
 
 
 @pytest.fixture(scope="session")

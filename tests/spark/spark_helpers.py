@@ -25,10 +25,16 @@ def write_jsonl(path: Path, records: Iterable[Any]) -> Path:
     return path
 
 
+RESULTS: list[Analysis] = []
+"""The results `run` gave in the running test; conftest releases them after it."""
+
+
 def run(spark: Any, fed_path: Path, trace: Path, **kw: Any) -> Analysis:
     """The job on one trace, progress lines swallowed."""
     cfg = AnalysisConfig(federation=str(fed_path), workload=(str(trace),), **kw)
-    return analyze(spark, cfg, Progress(None, out=io.StringIO()))
+    result = analyze(spark, cfg, Progress(None, out=io.StringIO()))
+    RESULTS.append(result)
+    return result
 
 
 def spark_counts(result: Analysis) -> dict[str, Counter[tuple[str, ...]]]:

@@ -254,10 +254,14 @@ def test_a_workload_with_roaming_geofences_is_refused(spark: Any, tmp_path: Path
         rows = [*THREE_TRACE[:2], roaming]
         cols = ("t", "op", "client", "lat", "lon", "id", "topic", "geofence", "roaming")
         trace = _parquet(tmp_path / "w.parquet", {c: [r.get(c) for r in rows] for c in cols})
+    # Refused halfway through, after the first checkpoints were written: the
+    # job deletes them (and Spark's folder for them) before it raises.
+    folder = tmp_path / "checkpoints"
     with pytest.raises(InvalidInput) as err:
-        run(spark, THREE, trace)
+        run(spark, THREE, trace, checkpoint_dir=str(folder))
     assert err.value.field == "workload.roaming"
     assert "line 3" in err.value.reason and "not supported" in err.value.reason
+    assert not list(folder.iterdir())
 
 
 def test_unsubscribes_beyond_the_workload_are_explained(spark: Any, tmp_path: Path) -> None:
