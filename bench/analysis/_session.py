@@ -12,8 +12,10 @@ an environment installed on every worker, or one packed and sent with
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
+import shutil
 import sys
 import tempfile
 import zipfile
@@ -48,7 +50,8 @@ def is_local(master: str | None) -> bool:
 def package_zip(folder: str | None = None) -> str:
     """A zip of the imported ``geofed`` package (its sources, links followed), for executors.
 
-    Written into `folder` (default: a new temporary folder); returns its path.
+    Written into `folder` (default: a new temporary folder, left to the caller);
+    returns its path.
     """
     import geofed
 
@@ -184,5 +187,10 @@ def build_session(
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     if not is_local(spark.sparkContext.master):
-        spark.sparkContext.addPyFile(package_zip())
+        # Executors fetch the zip from the driver's file server, which reads it
+        # where it lies, for as long as the context lives: the folder goes when
+        # this process ends.
+        folder = tempfile.mkdtemp(prefix="geofed-pyfiles-")
+        atexit.register(shutil.rmtree, folder, True)
+        spark.sparkContext.addPyFile(package_zip(folder))
     return spark

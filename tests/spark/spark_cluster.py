@@ -61,6 +61,9 @@ class Cluster:
             "SPARK_HOME": str(spark_home()),
             "SPARK_LOCAL_IP": "127.0.0.1",
             "SPARK_LOG_DIR": str(root / "logs"),
+            # Scratch space (executor folders, shuffle files) in the test's own
+            # folder: a worker the tests kill leaves its files there, not in /tmp.
+            "SPARK_LOCAL_DIRS": str(root / "scratch"),
         }
         self.python = executor_python(root)
         self.master = self._start(

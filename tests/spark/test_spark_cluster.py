@@ -101,7 +101,7 @@ def readme_recipe() -> list[str]:
 
 
 def test_readme_recipe_on_a_cluster_equals_local(
-    cluster: Cluster, data: dict[str, Any], local_result: dict[str, Any]
+    cluster: Cluster, data: dict[str, Any], local_result: dict[str, Any], tmp_path: Path
 ) -> None:
     uri = data["uri"]
     # README's placeholders -> this cluster, this machine, the linked folder.
@@ -126,13 +126,15 @@ def test_readme_recipe_on_a_cluster_equals_local(
     proc = subprocess.run(
         [*cmd, "--no-plots"],
         cwd=REPO,
-        env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
+        # The driver's temporary files (the package zip it ships) go here.
+        env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "TMPDIR": str(tmp_path)},
         capture_output=True,
         text=True,
         timeout=HANG_GUARD_S * 3,
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-5000:]
+    assert not list(tmp_path.glob("geofed-pyfiles-*"))  # deleted when the driver ended
     out = data["real"] / "out"  # written through the link
     _same_results(out, local_result)
     summary = json.loads((out / "summary.json").read_text())

@@ -16,7 +16,6 @@ import json
 import re
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -143,8 +142,10 @@ def assert_release_only(selector: dict[str, str], release: str) -> None:
             assert not selects(selector, {**selector, key: f"{release}-other"})
 
 
-def volume_files(pod: dict[str, Any], mount_path: str, secrets: dict[str, dict[str, Any]]) -> Path:
-    """The files the kubelet would put at `mount_path`, written under a temporary folder.
+def volume_files(
+    pod: dict[str, Any], mount_path: str, secrets: dict[str, dict[str, Any]], folder: Path
+) -> Path:
+    """The files the kubelet would put at `mount_path`, written into `folder` (made here).
 
     `secrets` holds the Secret objects by name (``kubectl create secret ...
     -o json``); items map keys to paths as the kubelet does.
@@ -156,7 +157,7 @@ def volume_files(pod: dict[str, Any], mount_path: str, secrets: dict[str, dict[s
     secret = volume["secret"]
     data = secrets[secret["secretName"]]["data"]
     items = secret.get("items") or [{"key": k, "path": k} for k in data]
-    folder = Path(tempfile.mkdtemp(prefix="geofed-mounted-"))
+    folder.mkdir()
     for item in items:
         (folder / item["path"]).write_bytes(base64.b64decode(data[item["key"]]))
     return folder
@@ -483,7 +484,7 @@ def pki(tls: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_tls_secrets_from_geofed_certs_are_what_the_node_reads(
-    tls_objects: Objects, pki: Path, three: Federation
+    tls_objects: Objects, pki: Path, three: Federation, tmp_path: Path
 ) -> None:
     """The kubectl flow of DEPLOY.md: one Secret per broker from its `geofed certs` folder."""
     deployments = of_kind(tls_objects, "Deployment")
@@ -498,7 +499,7 @@ def test_tls_secrets_from_geofed_certs_are_what_the_node_reads(
         secret_names.add(name)
         assert volume["secret"]["defaultMode"] & 0o007 == 0  # the key is not world-readable
         secret = kubectl_secret(name, str(pki / "brokers" / cfg.broker_id))
-        mounted = volume_files(pod, cfg.tls_dir, {name: secret})
+        mounted = volume_files(pod, cfg.tls_dir, {name: secret}, tmp_path / cfg.broker_id)
         # The node's own loader takes the files (and checks the key fits the certificate).
         TLSFiles.in_dir(mounted).read()
         cert = x509.load_pem_x509_certificate((mounted / "cert.pem").read_bytes())
@@ -594,7 +595,9 @@ def test_cert_manager_certificates(tmp_path: Path, three: Federation, pki: Path)
             f"tls.key={folder / 'key.pem'}",
             f"ca.crt={folder / 'ca.pem'}",
         )
-        mounted = volume_files(pod, cfg.tls_dir, {volume["secret"]["secretName"]: secret})
+        mounted = volume_files(
+            pod, cfg.tls_dir, {volume["secret"]["secretName"]: secret}, tmp_path / f"mounted-{b.id}"
+        )
         TLSFiles.in_dir(mounted).read()
 
 
