@@ -50,7 +50,7 @@ def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFederation]:
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[webdriver.Chrome]:
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[webdriver.Chrome]:
     chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
     assert chromium and driver, "chromium and chromium-driver are installed by .ci/run"
     options = Options()
@@ -63,6 +63,9 @@ def browser() -> Iterator[webdriver.Chrome]:
         "--window-size=1400,1000",
         # The token test's federation serves HTTPS with a CA made for the test.
         "--ignore-certificate-errors",
+        # Its profile in the test's folder: chromedriver's own temporary one
+        # leaves a folder behind in /tmp when chromium recreates it on exit.
+        f"--user-data-dir={tmp_path_factory.mktemp('chromium')}",
     ):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
