@@ -15,7 +15,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -255,7 +255,9 @@ def analyze(spark: SparkSession, cfg: AnalysisConfig, progress: Progress | None 
     try:
         return _analyze(spark, cfg, progress or Progress(None), keep)
     except BaseException:
-        _release(keep)
+        # Best effort: the job's own error is the one to report.
+        with suppress(Exception):
+            _release(keep)
         raise
 
 
