@@ -50,13 +50,17 @@ def is_local(master: str | None) -> bool:
 def package_zip(folder: str | None = None) -> str:
     """A zip of the imported ``geofed`` package (its sources, links followed), for executors.
 
-    Written into `folder` (default: a new temporary folder, left to the caller);
-    returns its path.
+    Written into `folder`, or by default into a new temporary folder that is
+    deleted when this process ends: `SparkContext.addPyFile` serves the file
+    from where it lies for as long as the context lives. Returns its path.
     """
     import geofed
 
     root = Path(geofed.__file__).parent
-    target = Path(folder or tempfile.mkdtemp(prefix="geofed-pyfiles-")) / "geofed.zip"
+    if folder is None:
+        folder = tempfile.mkdtemp(prefix="geofed-pyfiles-")
+        atexit.register(shutil.rmtree, folder, True)
+    target = Path(folder) / "geofed.zip"
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zf:
         for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
             dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
@@ -187,10 +191,5 @@ def build_session(
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     if not is_local(spark.sparkContext.master):
-        # Executors fetch the zip from the driver's file server, which reads it
-        # where it lies, for as long as the context lives: the folder goes when
-        # this process ends.
-        folder = tempfile.mkdtemp(prefix="geofed-pyfiles-")
-        atexit.register(shutil.rmtree, folder, True)
-        spark.sparkContext.addPyFile(package_zip(folder))
+        spark.sparkContext.addPyFile(package_zip())
     return spark
